@@ -1,0 +1,1 @@
+//! JWT bearer authentication (design.md policy 13).

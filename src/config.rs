@@ -1,0 +1,654 @@
+//! Configuration contract (design.md "Configuration contract"): TOML file, env overrides
+//! for secrets, validated once at start-up with errors naming the key and the problem.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// The dev HS256 secret shipped in `config/taskgate.toml`; refusing it on a
+/// non-loopback listener is part of the hardening in design.md policy 12.
+pub const SHIPPED_DEV_SECRET: &str = "taskgate-dev-secret-change-me-0123456789abcdef";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("config key `{key}`: {problem}")]
+    Invalid { key: String, problem: String },
+}
+
+fn invalid(key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.into(),
+        problem: problem.into(),
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub server: ServerConfig,
+    #[serde(default)]
+    pub store: StoreConfig,
+    #[serde(default)]
+    pub auth: AuthConfig,
+    #[serde(default)]
+    pub tasks: TasksConfig,
+    #[serde(default)]
+    pub limits: LimitsConfig,
+    #[serde(default, rename = "upstream")]
+    pub upstreams: Vec<UpstreamConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    pub listen: String,
+    pub max_body_bytes: usize,
+    pub allowed_origins: Vec<String>,
+    pub allowed_hosts: Vec<String>,
+    pub keepalive_ms: u64,
+    pub max_connections: usize,
+    pub header_timeout_ms: u64,
+    pub body_timeout_ms: u64,
+    pub drain_grace_ms: u64,
+    pub metrics_listen: Option<String>,
+    /// Public base URL (for RFC 9728 metadata); default `http://{listen}`.
+    pub public_url: Option<String>,
+    /// `text` or `json` log lines.
+    pub log_format: String,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8080".into(),
+            max_body_bytes: 1_048_576,
+            allowed_origins: Vec::new(),
+            allowed_hosts: Vec::new(),
+            keepalive_ms: 15_000,
+            max_connections: 10_000,
+            header_timeout_ms: 10_000,
+            body_timeout_ms: 30_000,
+            drain_grace_ms: 30_000,
+            metrics_listen: None,
+            public_url: None,
+            log_format: "text".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    pub path: PathBuf,
+    pub strict_fsync: bool,
+    pub cache_capacity_bytes: u64,
+    pub sweep_interval_ms: u64,
+    pub tombstone_ttl_ms: u64,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            path: PathBuf::from("data"),
+            strict_fsync: false,
+            cache_capacity_bytes: 268_435_456,
+            sweep_interval_ms: 5_000,
+            tombstone_ttl_ms: 86_400_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthMode {
+    Jwt,
+    None,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    pub mode: AuthMode,
+    pub issuer: Option<String>,
+    pub audience: Option<String>,
+    pub tenant_claim: String,
+    pub algorithms: Vec<String>,
+    pub leeway_s: u64,
+    pub resource: Option<String>,
+    pub hs256_secret: Option<String>,
+    pub hs256_secret_env: Option<String>,
+    pub public_key_pem: Option<String>,
+    pub jwks_file: Option<PathBuf>,
+    pub jwks_url: Option<String>,
+    pub required_scope: Option<String>,
+    pub request_state_key_env: Option<String>,
+    /// Minimum interval between JWKS refetches triggered by an unknown `kid`.
+    pub jwks_refresh_min_ms: u64,
+    /// How long a fetched JWKS is trusted before it is refetched.
+    pub jwks_cache_ms: u64,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self {
+            mode: AuthMode::Jwt,
+            issuer: None,
+            audience: None,
+            tenant_claim: "tenant".into(),
+            algorithms: vec!["HS256".into()],
+            leeway_s: 30,
+            resource: None,
+            hs256_secret: None,
+            hs256_secret_env: None,
+            public_key_pem: None,
+            jwks_file: None,
+            jwks_url: None,
+            required_scope: None,
+            request_state_key_env: None,
+            jwks_refresh_min_ms: 10_000,
+            jwks_cache_ms: 300_000,
+        }
+    }
+}
+
+impl AuthConfig {
+    /// The HS256 secret after env override: `hs256_secret_env` names a variable that,
+    /// when set, wins over the inline `hs256_secret`; `TASKGATE_HS256_SECRET` always wins.
+    pub fn resolved_hs256_secret(&self) -> Option<String> {
+        if let Ok(v) = std::env::var("TASKGATE_HS256_SECRET") {
+            if !v.is_empty() {
+                return Some(v);
+            }
+        }
+        if let Some(name) = &self.hs256_secret_env {
+            if let Ok(v) = std::env::var(name) {
+                if !v.is_empty() {
+                    return Some(v);
+                }
+            }
+        }
+        self.hs256_secret.clone()
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TasksConfig {
+    pub promote_after_ms: u64,
+    pub ttl_ms: u64,
+    pub result_retention_ms: u64,
+    pub poll_interval_ms: u64,
+    pub max_poll_interval_ms: u64,
+    pub sync_timeout_ms: u64,
+    pub input_timeout_ms: u64,
+    pub input_gather_ms: u64,
+    pub max_result_bytes: usize,
+}
+
+impl Default for TasksConfig {
+    fn default() -> Self {
+        Self {
+            promote_after_ms: 1_000,
+            ttl_ms: 3_600_000,
+            result_retention_ms: 3_600_000,
+            poll_interval_ms: 1_000,
+            max_poll_interval_ms: 30_000,
+            sync_timeout_ms: 300_000,
+            input_timeout_ms: 600_000,
+            input_gather_ms: 50,
+            max_result_bytes: 16_777_216,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    pub poll_burst: u32,
+    pub requests_per_second: u32,
+    pub max_live_tasks_per_tenant: u64,
+    pub queue_size: usize,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            poll_burst: 3,
+            requests_per_second: 0,
+            max_live_tasks_per_tenant: 10_000,
+            queue_size: 1024,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Isolation {
+    #[default]
+    Shared,
+    Tenant,
+    Principal,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskMode {
+    #[default]
+    Optional,
+    Required,
+    Never,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum OnInput {
+    #[default]
+    Task,
+    Mrtr,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamConfig {
+    pub name: String,
+    #[serde(default = "default_path")]
+    pub path: String,
+    #[serde(default)]
+    pub command: Option<Vec<String>>,
+    #[serde(default)]
+    pub url: Option<String>,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default = "default_max_concurrency")]
+    pub max_concurrency: usize,
+    #[serde(default)]
+    pub promote_after_ms: Option<u64>,
+    #[serde(default)]
+    pub call_timeout_ms: Option<u64>,
+    #[serde(default)]
+    pub stdio_processes: Option<usize>,
+    #[serde(default = "default_cancel_grace_ms")]
+    pub cancel_grace_ms: u64,
+    #[serde(default = "default_idle_reap_ms")]
+    pub idle_reap_ms: u64,
+    #[serde(default)]
+    pub isolation: Isolation,
+    /// Upper bound for one stdio line or SSE event from this upstream.
+    #[serde(default = "default_max_message_bytes")]
+    pub max_message_bytes: usize,
+    #[serde(default)]
+    pub tools: BTreeMap<String, ToolConfig>,
+}
+
+fn default_path() -> String {
+    "/mcp".into()
+}
+fn default_max_concurrency() -> usize {
+    16
+}
+fn default_cancel_grace_ms() -> u64 {
+    5_000
+}
+fn default_idle_reap_ms() -> u64 {
+    300_000
+}
+fn default_max_message_bytes() -> usize {
+    32 * 1024 * 1024
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolConfig {
+    pub promote_after_ms: Option<u64>,
+    #[serde(default)]
+    pub task: TaskMode,
+    #[serde(default)]
+    pub on_input: OnInput,
+    pub idempotency_argument: Option<String>,
+    pub call_timeout_ms: Option<u64>,
+}
+
+/// Where an upstream lives, after validation.
+#[derive(Debug, Clone)]
+pub enum UpstreamTarget {
+    Stdio { program: String, args: Vec<String> },
+    Http { url: String },
+}
+
+impl UpstreamConfig {
+    pub fn target(&self) -> UpstreamTarget {
+        match (&self.command, &self.url) {
+            (Some(cmd), _) => {
+                let mut it = cmd.iter().cloned();
+                let program = it.next().unwrap_or_default();
+                let program = if program == "@self" {
+                    std::env::current_exe()
+                        .map(|p| p.to_string_lossy().into_owned())
+                        .unwrap_or(program)
+                } else {
+                    program
+                };
+                UpstreamTarget::Stdio {
+                    program,
+                    args: it.collect(),
+                }
+            }
+            (None, url) => UpstreamTarget::Http {
+                url: url.clone().unwrap_or_default(),
+            },
+        }
+    }
+
+    pub fn stdio_processes(&self) -> usize {
+        self.stdio_processes.unwrap_or(self.max_concurrency).max(1)
+    }
+
+    /// Static upstream headers with `${VAR}` expanded from the environment.
+    pub fn resolved_headers(&self) -> Result<Vec<(String, String)>, ConfigError> {
+        self.headers
+            .iter()
+            .map(|(k, v)| {
+                interpolate_env(v)
+                    .map(|v| (k.clone(), v))
+                    .map_err(|p| invalid(format!("upstream.{}.headers.{k}", self.name), p))
+            })
+            .collect()
+    }
+}
+
+/// Expand `${NAME}` from the environment; a missing variable is an error, not "".
+pub fn interpolate_env(value: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(value.len());
+    let mut rest = value;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let Some(end) = after.find('}') else {
+            return Err("unterminated `${` in value".into());
+        };
+        let name = &after[..end];
+        match std::env::var(name) {
+            Ok(v) => out.push_str(&v),
+            Err(_) => return Err(format!("environment variable `{name}` is not set")),
+        }
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        // Relative paths in the file (store.path, auth.jwks_file) resolve against the
+        // working directory, like every other command-line tool.
+        Self::parse(&text).map_err(|e| match e {
+            ConfigError::Parse { message, .. } => ConfigError::Parse {
+                path: path.to_path_buf(),
+                message,
+            },
+            other => other,
+        })
+    }
+
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: PathBuf::new(),
+            message: e.to_string(),
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn listen_addr(&self) -> Result<SocketAddr, ConfigError> {
+        self.server
+            .listen
+            .parse()
+            .map_err(|e| invalid("server.listen", format!("not a socket address: {e}")))
+    }
+
+    pub fn upstream(&self, name: &str) -> Option<&UpstreamConfig> {
+        self.upstreams.iter().find(|u| u.name == name)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let listen = self.listen_addr()?;
+        if let Some(m) = &self.server.metrics_listen {
+            m.parse::<SocketAddr>()
+                .map_err(|e| invalid("server.metrics_listen", format!("not a socket address: {e}")))?;
+        }
+        if self.server.max_body_bytes == 0 {
+            return Err(invalid("server.max_body_bytes", "must be > 0"));
+        }
+        if self.server.keepalive_ms == 0 {
+            return Err(invalid("server.keepalive_ms", "must be > 0"));
+        }
+        if self.server.max_connections == 0 {
+            return Err(invalid("server.max_connections", "must be > 0"));
+        }
+        if !matches!(self.server.log_format.as_str(), "text" | "json") {
+            return Err(invalid("server.log_format", "must be \"text\" or \"json\""));
+        }
+        // auth
+        match self.auth.mode {
+            AuthMode::None => {
+                if !listen.ip().is_loopback() {
+                    return Err(invalid(
+                        "auth.mode",
+                        "\"none\" is only allowed on a loopback `server.listen`",
+                    ));
+                }
+            }
+            AuthMode::Jwt => {
+                if self.auth.algorithms.is_empty() {
+                    return Err(invalid("auth.algorithms", "must name at least one algorithm"));
+                }
+                for a in &self.auth.algorithms {
+                    if !matches!(a.as_str(), "HS256" | "RS256" | "ES256") {
+                        return Err(invalid(
+                            "auth.algorithms",
+                            format!("unsupported algorithm {a:?} (HS256, RS256, ES256)"),
+                        ));
+                    }
+                }
+                let secret = self.auth.resolved_hs256_secret();
+                let has_hs = self.auth.algorithms.iter().any(|a| a == "HS256");
+                let has_asym = self.auth.algorithms.iter().any(|a| a != "HS256");
+                if has_hs && secret.is_none() {
+                    return Err(invalid(
+                        "auth.hs256_secret",
+                        "HS256 is enabled but no secret is set (hs256_secret, hs256_secret_env or TASKGATE_HS256_SECRET)",
+                    ));
+                }
+                if let Some(s) = &secret {
+                    if has_hs && s.len() < 32 {
+                        return Err(invalid("auth.hs256_secret", "must be at least 32 bytes"));
+                    }
+                    if has_hs && s == SHIPPED_DEV_SECRET && !listen.ip().is_loopback() {
+                        return Err(invalid(
+                            "auth.hs256_secret",
+                            "the shipped dev secret is refused on a non-loopback `server.listen`",
+                        ));
+                    }
+                }
+                let key_sources = [
+                    self.auth.public_key_pem.is_some(),
+                    self.auth.jwks_file.is_some(),
+                    self.auth.jwks_url.is_some(),
+                ]
+                .iter()
+                .filter(|b| **b)
+                .count();
+                if has_asym && key_sources == 0 {
+                    return Err(invalid(
+                        "auth.algorithms",
+                        "RS256/ES256 need one of public_key_pem, jwks_file, jwks_url",
+                    ));
+                }
+                if key_sources > 1 {
+                    return Err(invalid(
+                        "auth",
+                        "set only one of public_key_pem, jwks_file, jwks_url",
+                    ));
+                }
+                if let Some(u) = &self.auth.jwks_url {
+                    if !(u.starts_with("http://") || u.starts_with("https://")) {
+                        return Err(invalid("auth.jwks_url", "must be an http(s) URL"));
+                    }
+                }
+                if self.auth.tenant_claim.is_empty() {
+                    return Err(invalid("auth.tenant_claim", "must not be empty"));
+                }
+            }
+        }
+        // tasks
+        let t = &self.tasks;
+        if t.ttl_ms == 0 {
+            return Err(invalid("tasks.ttl_ms", "must be > 0"));
+        }
+        if t.poll_interval_ms == 0 {
+            return Err(invalid("tasks.poll_interval_ms", "must be > 0"));
+        }
+        if t.max_poll_interval_ms < t.poll_interval_ms {
+            return Err(invalid(
+                "tasks.max_poll_interval_ms",
+                "must be >= tasks.poll_interval_ms",
+            ));
+        }
+        if t.sync_timeout_ms == 0 {
+            return Err(invalid("tasks.sync_timeout_ms", "must be > 0"));
+        }
+        // upstreams
+        if self.upstreams.is_empty() {
+            return Err(invalid("upstream", "at least one [[upstream]] is required"));
+        }
+        let mut names = std::collections::HashSet::new();
+        let mut paths = std::collections::HashSet::new();
+        for (i, u) in self.upstreams.iter().enumerate() {
+            let key = |k: &str| format!("upstream[{i}].{k}");
+            if u.name.is_empty() {
+                return Err(invalid(key("name"), "must not be empty"));
+            }
+            if !names.insert(u.name.clone()) {
+                return Err(invalid(key("name"), format!("duplicate name {:?}", u.name)));
+            }
+            if !u.path.starts_with('/') || u.path.starts_with("/.well-known") {
+                return Err(invalid(
+                    key("path"),
+                    "must start with '/' and not be under /.well-known",
+                ));
+            }
+            if matches!(u.path.as_str(), "/metrics" | "/healthz" | "/readyz") {
+                return Err(invalid(key("path"), "collides with an operational endpoint"));
+            }
+            if !paths.insert(u.path.clone()) {
+                return Err(invalid(key("path"), format!("duplicate path {:?}", u.path)));
+            }
+            match (&u.command, &u.url) {
+                (Some(_), Some(_)) => {
+                    return Err(invalid(key("command"), "set either `command` or `url`, not both"));
+                }
+                (None, None) => {
+                    return Err(invalid(key("command"), "one of `command` or `url` is required"));
+                }
+                (Some(c), None) if c.is_empty() || c[0].is_empty() => {
+                    return Err(invalid(key("command"), "must name a program"));
+                }
+                (None, Some(url)) if !url.starts_with("http://") => {
+                    return Err(invalid(
+                        key("url"),
+                        "must be an http:// URL (terminate TLS in front of plain-HTTP upstreams)",
+                    ));
+                }
+                _ => {}
+            }
+            if u.max_concurrency == 0 {
+                return Err(invalid(key("max_concurrency"), "must be > 0"));
+            }
+            if u.stdio_processes == Some(0) {
+                return Err(invalid(key("stdio_processes"), "must be > 0"));
+            }
+            if u.max_message_bytes < 1024 {
+                return Err(invalid(key("max_message_bytes"), "must be >= 1024"));
+            }
+            for (k, v) in &u.headers {
+                if http::HeaderName::from_bytes(k.as_bytes()).is_err() {
+                    return Err(invalid(key(&format!("headers.{k}")), "not a valid header name"));
+                }
+                interpolate_env(v).map_err(|p| invalid(key(&format!("headers.{k}")), p))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: &str = r#"
+[auth]
+mode = "none"
+[[upstream]]
+name = "demo"
+command = ["@self", "demo-upstream"]
+"#;
+
+    #[test]
+    fn minimal_config_gets_defaults() {
+        let c = Config::parse(MIN).unwrap();
+        assert_eq!(c.server.listen, "127.0.0.1:8080");
+        assert_eq!(c.tasks.promote_after_ms, 1000);
+        assert_eq!(c.upstreams[0].path, "/mcp");
+        assert_eq!(c.upstreams[0].stdio_processes(), 16);
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let err = Config::parse("[server]\nlisten_addr = \"x\"\n").unwrap_err();
+        assert!(err.to_string().contains("listen_addr"), "{err}");
+    }
+
+    #[test]
+    fn auth_none_refused_off_loopback() {
+        let text = MIN.replace("[auth]", "[server]\nlisten = \"0.0.0.0:8080\"\n[auth]");
+        let err = Config::parse(&text).unwrap_err();
+        assert!(err.to_string().contains("auth.mode"), "{err}");
+    }
+
+    #[test]
+    fn upstream_needs_command_or_url() {
+        let err = Config::parse("[auth]\nmode=\"none\"\n[[upstream]]\nname=\"x\"\n").unwrap_err();
+        assert!(err.to_string().contains("upstream[0].command"), "{err}");
+    }
+
+    #[test]
+    fn hs256_needs_secret() {
+        let err = Config::parse("[[upstream]]\nname=\"x\"\nurl=\"http://127.0.0.1:1/mcp\"\n")
+            .unwrap_err();
+        assert!(err.to_string().contains("auth.hs256_secret"), "{err}");
+    }
+
+    #[test]
+    fn env_interpolation() {
+        // SAFETY: test-only, single-threaded use of a unique variable name.
+        unsafe { std::env::set_var("TG_TEST_TOKEN_X", "abc") };
+        assert_eq!(interpolate_env("Bearer ${TG_TEST_TOKEN_X}").unwrap(), "Bearer abc");
+        assert!(interpolate_env("${TG_TEST_NOPE_NOPE}").is_err());
+    }
+}

@@ -1,0 +1,1 @@
+//! Bundled demo legacy MCP server (`taskgate demo-upstream`).

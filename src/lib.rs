@@ -1,0 +1,8 @@
+//! taskgate: an MCP 2026-07-28 + Tasks gateway in front of legacy synchronous MCP
+//! servers. See `README.md` for the architecture and `../shared/design.md` for policies.
+
+pub mod auth;
+pub mod config;
+pub mod demo;
+pub mod protocol;
+pub mod upstream;

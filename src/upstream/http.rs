@@ -1,0 +1,1 @@
+//! Legacy Streamable HTTP upstream transport (spec C3).

@@ -1,0 +1,178 @@
+//! Legacy upstream client: one trait, two transports (`stdio.rs`, `http.rs`).
+//!
+//! The gateway speaks 2025-era MCP to its upstreams (spec Part C): it runs the
+//! `initialize` handshake itself, keeps session state, answers `ping`, and turns each
+//! client request into exactly one upstream call. Everything the upstream says *about*
+//! a call while it runs (progress, log messages, server→client input requests) arrives
+//! on that call's event channel, so attribution is never guessed (design.md policy 14).
+//!
+//! Cancellation contract: dropping the future returned by [`LegacyTransport::call`]
+//! before it resolves cancels the upstream call (`notifications/cancelled`), and any
+//! late answer is discarded.
+
+pub mod http;
+pub mod registry;
+pub mod session;
+pub mod sse;
+pub mod stdio;
+
+use std::future::Future;
+use std::pin::Pin;
+
+use serde_json::{Map, Value};
+use tokio::sync::{broadcast, mpsc, oneshot};
+
+use crate::protocol::RpcError;
+
+pub use registry::{Upstream, UpstreamSet};
+
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What the upstream told us in its `initialize` result (spec C2).
+#[derive(Debug, Clone)]
+pub struct UpstreamInfo {
+    pub protocol_version: String,
+    pub capabilities: Map<String, Value>,
+    pub server_info: Value,
+    pub instructions: Option<String>,
+}
+
+/// One request to send upstream.
+#[derive(Debug, Clone)]
+pub struct CallSpec {
+    /// Legacy method name (`tools/call`, `resources/read`, …).
+    pub method: String,
+    /// Params as the client sent them, *without* `_meta` (the transport adds its own
+    /// `_meta.progressToken` when `want_progress` is set; client tokens never go
+    /// upstream).
+    pub params: Map<String, Value>,
+    /// Ask the upstream for progress (a gateway-minted token, unique per session).
+    pub want_progress: bool,
+}
+
+/// Something the upstream said about an in-flight call.
+#[derive(Debug)]
+pub enum CallEvent {
+    /// `notifications/progress` params for this call, `progressToken` removed.
+    Progress(Map<String, Value>),
+    /// `notifications/message` params seen while this call was in flight.
+    Log(Map<String, Value>),
+    /// A server→client request (`elicitation/create`, `sampling/createMessage`,
+    /// `roots/list`) attributed to this call. The transport answers the upstream with
+    /// whatever is sent on `respond`; if `respond` is dropped it answers with an error.
+    Input(InputRequest),
+}
+
+#[derive(Debug)]
+pub struct InputRequest {
+    pub method: String,
+    pub params: Option<Value>,
+    pub respond: oneshot::Sender<InputAnswer>,
+}
+
+/// The gateway's answer to an upstream input request.
+#[derive(Debug, Clone)]
+pub enum InputAnswer {
+    Result(Value),
+    Error(RpcError),
+}
+
+/// How an upstream call ended when the upstream answered.
+#[derive(Debug, Clone)]
+pub enum CallOutcome {
+    /// The JSON-RPC `result` object, untouched.
+    Result(Value),
+    /// The JSON-RPC `error` object the upstream sent.
+    Error(RpcError),
+}
+
+/// Why an upstream call did not produce an answer.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum UpstreamError {
+    /// Not started, restarting, connection refused: HTTP 503 + `-32603`.
+    #[error("upstream {upstream} is unavailable: {reason}")]
+    Unavailable { upstream: String, reason: String },
+    /// The child exited or the connection broke while the call was in flight.
+    #[error("upstream {upstream} failed during the call: {reason}")]
+    Broken { upstream: String, reason: String },
+    /// The upstream violated the protocol (bad framing, oversized message, …).
+    #[error("upstream {upstream} protocol error: {reason}")]
+    Protocol { upstream: String, reason: String },
+    /// The gateway is shutting down.
+    #[error("gateway is shutting down")]
+    ShuttingDown,
+}
+
+impl UpstreamError {
+    /// Whether a client should retry later (503 + `Retry-After`).
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, Self::Unavailable { .. } | Self::ShuttingDown)
+    }
+}
+
+/// Observable state of one transport instance (for `/readyz`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TransportState {
+    Starting,
+    Ready,
+    Down(String),
+}
+
+/// A notification the upstream sent that belongs to no call (list changes, resource
+/// updates). Relayed to `subscriptions/listen` streams.
+#[derive(Debug, Clone)]
+pub struct SessionNotification {
+    pub method: String,
+    pub params: Option<Value>,
+}
+
+/// One legacy upstream session (HTTP) or child pool (stdio).
+pub trait LegacyTransport: Send + Sync + 'static {
+    /// Run `initialize` if not yet done (idempotent; concurrent callers share one
+    /// attempt) and return the upstream's identity.
+    fn ensure_ready(&self) -> BoxFuture<'_, Result<UpstreamInfo, UpstreamError>>;
+
+    /// The identity from the last successful `initialize`, if any.
+    fn info(&self) -> Option<UpstreamInfo>;
+
+    fn state(&self) -> TransportState;
+
+    /// Send one request and wait for its answer; events about it go to `events`.
+    /// Dropping the future cancels the call upstream.
+    fn call(
+        &self,
+        spec: CallSpec,
+        events: mpsc::Sender<CallEvent>,
+    ) -> BoxFuture<'_, Result<CallOutcome, UpstreamError>>;
+
+    /// Notifications not tied to a call (`notifications/*/list_changed`,
+    /// `notifications/resources/updated`).
+    fn notifications(&self) -> broadcast::Receiver<SessionNotification>;
+
+    /// Stop: kill children / end the session. Calls in flight fail with `ShuttingDown`.
+    fn shutdown(&self) -> BoxFuture<'_, ()>;
+}
+
+/// Answer for upstream requests that no call owns (design.md policy 14): `ping` → `{}`,
+/// `roots/list` → no roots, anything else → an error.
+pub fn unowned_request_answer(method: &str) -> InputAnswer {
+    match method {
+        "ping" => InputAnswer::Result(Value::Object(Map::new())),
+        "roots/list" => InputAnswer::Result(serde_json::json!({ "roots": [] })),
+        other => InputAnswer::Error(RpcError::new(
+            crate::protocol::error::METHOD_NOT_FOUND,
+            format!("request {other} is not attributable to a client request"),
+        )),
+    }
+}
+
+/// The capabilities the gateway declares to every upstream (design.md policy 14): all
+/// three input kinds, so servers register tools that need them; each kind is surfaced
+/// only to client requests that declared it.
+pub fn gateway_client_capabilities() -> Value {
+    serde_json::json!({
+        "elicitation": { "form": {}, "url": {} },
+        "sampling": {},
+        "roots": {}
+    })
+}

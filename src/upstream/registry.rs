@@ -1,0 +1,4 @@
+//! Upstreams by name, with one transport per isolation scope.
+
+pub struct Upstream;
+pub struct UpstreamSet;

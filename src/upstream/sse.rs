@@ -1,0 +1,1 @@
+//! SSE parsing for legacy upstream streams.
