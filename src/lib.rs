@@ -4,5 +4,6 @@
 pub mod auth;
 pub mod config;
 pub mod demo;
+pub mod front;
 pub mod protocol;
 pub mod upstream;

@@ -1,1 +1,162 @@
-fn main() {}
+//! The `taskgate` binary: the gateway (`serve`, the default), a dev-token minter
+//! (`token`) and the bundled demo legacy server (`demo-upstream`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
+
+use taskgate::auth::{self, Authenticator};
+use taskgate::config::Config;
+use taskgate::front::{self, Gateway};
+use taskgate::upstream::{UpstreamSet, stdio};
+
+const DEFAULT_CONFIG: &str = "config/taskgate.toml";
+
+#[derive(Parser)]
+#[command(name = "taskgate", version, about = "MCP 2026-07-28 + Tasks gateway for legacy MCP servers")]
+struct Cli {
+    /// Configuration file (TOML).
+    #[arg(long, global = true, default_value = DEFAULT_CONFIG)]
+    config: PathBuf,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway (the default).
+    Serve,
+    /// Print a dev token signed with the configured HS256 secret.
+    Token {
+        #[arg(long)]
+        sub: String,
+        #[arg(long)]
+        tenant: String,
+        /// Scope to include (repeatable).
+        #[arg(long)]
+        scope: Vec<String>,
+        /// Lifetime, e.g. 30m, 1h, 2d.
+        #[arg(long, default_value = "1h")]
+        ttl: String,
+    },
+    /// Run the bundled demo legacy MCP server (stdio, or HTTP with --http).
+    DemoUpstream {
+        /// Serve legacy Streamable HTTP on this address instead of stdio.
+        #[arg(long)]
+        http: Option<SocketAddr>,
+    },
+}
+
+fn init_tracing(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TASKGATE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    match cli.command.unwrap_or(Command::Serve) {
+        Command::Serve => runtime.block_on(serve(cli.config)),
+        Command::Token {
+            sub,
+            tenant,
+            scope,
+            ttl,
+        } => {
+            let cfg = Config::load(&cli.config)?;
+            let ttl = auth::parse_ttl(&ttl).map_err(|e| anyhow::anyhow!("--ttl: {e}"))?;
+            let token = auth::mint_token(&cfg.auth, &sub, &tenant, &scope, ttl)?;
+            println!("{token}");
+            Ok(())
+        }
+        Command::DemoUpstream { http } => {
+            init_tracing(false);
+            runtime.block_on(async move {
+                match http {
+                    Some(addr) => taskgate::demo::run_http(addr).await,
+                    None => taskgate::demo::run_stdio().await,
+                }
+            })
+        }
+    }
+}
+
+async fn serve(config_path: PathBuf) -> Result<()> {
+    let cfg = Config::load(&config_path)?;
+    init_tracing(cfg.server.log_format == "json");
+    let listen = cfg.listen_addr()?;
+    let public_url = cfg
+        .server
+        .public_url
+        .clone()
+        .unwrap_or_else(|| format!("http://{listen}"));
+
+    std::fs::create_dir_all(&cfg.store.path)
+        .with_context(|| format!("creating store directory {}", cfg.store.path.display()))?;
+    let pid_dir = cfg.store.path.join("children");
+    std::fs::create_dir_all(&pid_dir)
+        .with_context(|| format!("creating {}", pid_dir.display()))?;
+    let killed = stdio::kill_leftovers(&pid_dir);
+    if killed > 0 {
+        tracing::warn!(killed, "killed upstream children left over from a previous run");
+    }
+
+    let auth = Arc::new(Authenticator::new(&cfg.auth, &public_url)?);
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("binding {listen}"))?;
+    let local = listener.local_addr()?;
+    let upstreams = Arc::new(UpstreamSet::start(&cfg.upstreams, pid_dir));
+    upstreams.spawn_reaper();
+
+    let cfg = Arc::new(cfg);
+    let gw = Arc::new(Gateway {
+        cfg: cfg.clone(),
+        auth,
+        upstreams: upstreams.clone(),
+    });
+    let shutdown = CancellationToken::new();
+    spawn_signal_handler(shutdown.clone());
+    for u in &cfg.upstreams {
+        tracing::info!(upstream = %u.name, path = %u.path, "serving upstream");
+    }
+    tracing::info!(addr = %local, "taskgate listening on http://{local}");
+    front::serve(gw, listener, shutdown).await;
+    tracing::info!("draining done; stopping upstreams");
+    upstreams.shutdown().await;
+    tracing::info!("taskgate stopped");
+    Ok(())
+}
+
+fn spawn_signal_handler(shutdown: CancellationToken) {
+    tokio::spawn(async move {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot install SIGTERM handler");
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+        }
+        shutdown.cancel();
+    });
+}

@@ -1,4 +1,291 @@
-//! Upstreams by name, with one transport per isolation scope.
+//! Upstreams by name, each with one transport per isolation scope (design.md policy 14
+//! "Upstream state isolation"), and the per-session `tools/list` cache that the
+//! promotion decision reads `execution.taskSupport` from.
 
-pub struct Upstream;
-pub struct UpstreamSet;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Map, Value};
+use tokio::sync::mpsc;
+
+use super::http::{HttpOptions, HttpUpstream};
+use super::stdio::{StdioOptions, StdioPool};
+use super::{
+    CallEvent, CallOutcome, CallSpec, LegacyTransport, TransportState, UpstreamError,
+    UpstreamInfo,
+};
+use crate::auth::Principal;
+use crate::config::{Isolation, UpstreamConfig, UpstreamTarget};
+
+/// Scope key for upstream state isolation: "" (shared), tenant, or tenant + subject.
+fn scope_key(isolation: Isolation, principal: &Principal) -> String {
+    match isolation {
+        Isolation::Shared => String::new(),
+        Isolation::Tenant => format!("t:{}", principal.tenant),
+        Isolation::Principal => format!("p:{}\u{0}{}", principal.tenant, principal.subject),
+    }
+}
+
+struct Scoped {
+    transport: Arc<dyn LegacyTransport>,
+    last_used: Instant,
+    /// Cached `tools/list` result (first page) of this upstream session.
+    tools: Arc<Mutex<Option<Value>>>,
+}
+
+/// One configured upstream.
+pub struct Upstream {
+    pub cfg: UpstreamConfig,
+    /// Started eagerly at boot; serves the shared scope and `server/discover`.
+    boot: Arc<dyn LegacyTransport>,
+    boot_tools: Arc<Mutex<Option<Value>>>,
+    scopes: Mutex<HashMap<String, Scoped>>,
+    pid_dir: PathBuf,
+}
+
+impl Upstream {
+    fn start_transport(cfg: &UpstreamConfig, pid_dir: &std::path::Path) -> Arc<dyn LegacyTransport> {
+        match cfg.target() {
+            UpstreamTarget::Stdio { program, args } => StdioPool::start(StdioOptions {
+                name: cfg.name.clone(),
+                program,
+                args,
+                env: cfg.env.clone(),
+                processes: cfg.stdio_processes(),
+                cancel_grace_ms: cfg.cancel_grace_ms,
+                idle_reap_ms: cfg.idle_reap_ms,
+                max_message_bytes: cfg.max_message_bytes,
+                pid_dir: pid_dir.to_path_buf(),
+            }),
+            UpstreamTarget::Http { url } => HttpUpstream::start(HttpOptions {
+                name: cfg.name.clone(),
+                url,
+                // Validated at start-up (config::validate), so resolution cannot fail
+                // here unless the environment changed in between.
+                headers: cfg.resolved_headers().unwrap_or_default(),
+                max_message_bytes: cfg.max_message_bytes,
+            }),
+        }
+    }
+
+    /// Watch a transport's session notifications and drop the cached `tools/list`
+    /// when the upstream says the list changed.
+    fn watch_tools(transport: &Arc<dyn LegacyTransport>, cache: Arc<Mutex<Option<Value>>>) {
+        let mut rx = transport.notifications();
+        tokio::spawn(async move {
+            loop {
+                match rx.recv().await {
+                    Ok(n) if n.method == "notifications/tools/list_changed" => {
+                        if let Ok(mut c) = cache.lock() {
+                            *c = None;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        if let Ok(mut c) = cache.lock() {
+                            *c = None;
+                        }
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+                }
+            }
+        });
+    }
+
+    pub fn start(cfg: UpstreamConfig, pid_dir: PathBuf) -> Arc<Self> {
+        let boot = Self::start_transport(&cfg, &pid_dir);
+        let boot_tools = Arc::new(Mutex::new(None));
+        Self::watch_tools(&boot, boot_tools.clone());
+        Arc::new(Self {
+            cfg,
+            boot,
+            boot_tools,
+            scopes: Mutex::new(HashMap::new()),
+            pid_dir,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.cfg.name
+    }
+
+    /// The transport (and its tools cache) serving a principal's scope.
+    fn scoped(&self, principal: &Principal) -> (Arc<dyn LegacyTransport>, Arc<Mutex<Option<Value>>>) {
+        let key = scope_key(self.cfg.isolation, principal);
+        if key.is_empty() {
+            return (self.boot.clone(), self.boot_tools.clone());
+        }
+        let Ok(mut scopes) = self.scopes.lock() else {
+            return (self.boot.clone(), self.boot_tools.clone());
+        };
+        let entry = scopes.entry(key).or_insert_with(|| {
+            let transport = Self::start_transport(&self.cfg, &self.pid_dir);
+            let tools = Arc::new(Mutex::new(None));
+            Self::watch_tools(&transport, tools.clone());
+            Scoped {
+                transport,
+                last_used: Instant::now(),
+                tools,
+            }
+        });
+        entry.last_used = Instant::now();
+        (entry.transport.clone(), entry.tools.clone())
+    }
+
+    /// Session notifications (list changes, resource updates) of the principal's scope.
+    pub fn session_notifications(
+        &self,
+        principal: &Principal,
+    ) -> tokio::sync::broadcast::Receiver<super::SessionNotification> {
+        self.scoped(principal).0.notifications()
+    }
+
+    /// Identity for `server/discover`, initialising the boot transport if needed.
+    pub async fn info(&self) -> Result<UpstreamInfo, UpstreamError> {
+        if let Some(i) = self.boot.info() {
+            return Ok(i);
+        }
+        self.boot.ensure_ready().await
+    }
+
+    pub fn state(&self) -> TransportState {
+        self.boot.state()
+    }
+
+    /// Call the upstream in the principal's scope. Dropping the future cancels it.
+    pub async fn call(
+        &self,
+        principal: &Principal,
+        spec: CallSpec,
+        events: mpsc::Sender<CallEvent>,
+    ) -> Result<CallOutcome, UpstreamError> {
+        let (transport, _) = self.scoped(principal);
+        transport.ensure_ready().await?;
+        transport.call(spec, events).await
+    }
+
+    /// `tools/list` (first page) for the principal's scope, from the session cache
+    /// when it is fresh.
+    pub async fn tools_list(&self, principal: &Principal) -> Result<CallOutcome, UpstreamError> {
+        let (transport, cache) = self.scoped(principal);
+        if let Some(v) = cache.lock().ok().and_then(|c| c.clone()) {
+            return Ok(CallOutcome::Result(v));
+        }
+        transport.ensure_ready().await?;
+        let (tx, _rx) = mpsc::channel(1);
+        let out = transport
+            .call(
+                CallSpec {
+                    method: "tools/list".into(),
+                    params: Map::new(),
+                    want_progress: false,
+                },
+                tx,
+            )
+            .await?;
+        if let CallOutcome::Result(v) = &out {
+            if let Ok(mut c) = cache.lock() {
+                *c = Some(v.clone());
+            }
+        }
+        Ok(out)
+    }
+
+    /// The upstream's `execution.taskSupport` for a tool, from the cached tools list.
+    pub async fn tool_task_support(&self, principal: &Principal, tool: &str) -> Option<String> {
+        let CallOutcome::Result(list) = self.tools_list(principal).await.ok()? else {
+            return None;
+        };
+        list.get("tools")?
+            .as_array()?
+            .iter()
+            .find(|t| t.get("name").and_then(Value::as_str) == Some(tool))?
+            .get("execution")?
+            .get("taskSupport")?
+            .as_str()
+            .map(str::to_string)
+    }
+
+    /// Drop scoped transports idle for longer than `idle_reap_ms`.
+    pub async fn reap_idle(&self) {
+        let idle = Duration::from_millis(self.cfg.idle_reap_ms);
+        let stale: Vec<Arc<dyn LegacyTransport>> = match self.scopes.lock() {
+            Ok(mut scopes) => {
+                let keys: Vec<String> = scopes
+                    .iter()
+                    .filter(|(_, s)| s.last_used.elapsed() > idle)
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                keys.into_iter()
+                    .filter_map(|k| scopes.remove(&k).map(|s| s.transport))
+                    .collect()
+            }
+            Err(_) => Vec::new(),
+        };
+        for t in stale {
+            t.shutdown().await;
+        }
+    }
+
+    pub async fn shutdown(&self) {
+        let scoped: Vec<Arc<dyn LegacyTransport>> = match self.scopes.lock() {
+            Ok(mut s) => s.drain().map(|(_, v)| v.transport).collect(),
+            Err(_) => Vec::new(),
+        };
+        for t in scoped {
+            t.shutdown().await;
+        }
+        self.boot.shutdown().await;
+    }
+}
+
+/// All configured upstreams.
+pub struct UpstreamSet {
+    upstreams: Vec<Arc<Upstream>>,
+}
+
+impl UpstreamSet {
+    pub fn start(cfgs: &[UpstreamConfig], pid_dir: PathBuf) -> Self {
+        let upstreams = cfgs
+            .iter()
+            .map(|c| Upstream::start(c.clone(), pid_dir.clone()))
+            .collect();
+        Self { upstreams }
+    }
+
+    pub fn by_path(&self, path: &str) -> Option<&Arc<Upstream>> {
+        self.upstreams.iter().find(|u| u.cfg.path == path)
+    }
+
+    pub fn by_name(&self, name: &str) -> Option<&Arc<Upstream>> {
+        self.upstreams.iter().find(|u| u.cfg.name == name)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Upstream>> {
+        self.upstreams.iter()
+    }
+
+    /// Start a background loop that reaps idle isolation scopes.
+    pub fn spawn_reaper(&self) {
+        for u in &self.upstreams {
+            if u.cfg.isolation == Isolation::Shared {
+                continue;
+            }
+            let u = u.clone();
+            let every = Duration::from_millis((u.cfg.idle_reap_ms / 4).clamp(1_000, 60_000));
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(every).await;
+                    u.reap_idle().await;
+                }
+            });
+        }
+    }
+
+    pub async fn shutdown(&self) {
+        let all = self.upstreams.iter().map(|u| u.shutdown());
+        futures_util::future::join_all(all).await;
+    }
+}

@@ -1,0 +1,102 @@
+//! `subscriptions/listen` (spec A9, design.md policy 15): an SSE stream that starts
+//! with the acknowledgement and then relays the notifications the filter asked for,
+//! each tagged with the listen request's id as `subscriptionId`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Response;
+use serde_json::{Map, Value, json};
+use tokio::sync::{broadcast, mpsc};
+
+use super::Gateway;
+use super::reply::{self, Body};
+use super::wire::ValidRequest;
+use crate::auth::Principal;
+use crate::protocol::{self, META_SUBSCRIPTION_ID};
+use crate::upstream::{Upstream, UpstreamInfo};
+
+/// The filter flag that admits an upstream session notification.
+fn flag_for(method: &str) -> Option<&'static str> {
+    match method {
+        "notifications/tools/list_changed" => Some("toolsListChanged"),
+        "notifications/prompts/list_changed" => Some("promptsListChanged"),
+        "notifications/resources/list_changed" => Some("resourcesListChanged"),
+        _ => None,
+    }
+}
+
+fn tagged(method: &str, params: Option<Value>, sub_id: &Value) -> Value {
+    let mut p = match params {
+        Some(Value::Object(o)) => o,
+        _ => Map::new(),
+    };
+    let meta = p.entry("_meta").or_insert_with(|| json!({}));
+    if let Value::Object(m) = meta {
+        m.insert(META_SUBSCRIPTION_ID.into(), sub_id.clone());
+    }
+    protocol::notification(method, Value::Object(p))
+}
+
+pub fn open(
+    upstream: &Arc<Upstream>,
+    principal: &Principal,
+    req: &ValidRequest,
+    _info: &UpstreamInfo,
+    gw: &Gateway,
+) -> Response<Body> {
+    let filter = req
+        .params
+        .get("notifications")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    let mut honoured = Map::new();
+    for flag in ["toolsListChanged", "promptsListChanged", "resourcesListChanged"] {
+        if filter.get(flag).and_then(Value::as_bool) == Some(true) {
+            honoured.insert(flag.into(), Value::Bool(true));
+        }
+    }
+    if filter.contains_key("taskIds") {
+        // Only the caller's own tasks are acknowledged (policy 7); none exist yet.
+        honoured.insert("taskIds".into(), json!([]));
+    }
+    let sub_id = req.id.clone();
+    let ack = tagged(
+        "notifications/subscriptions/acknowledged",
+        Some(json!({ "notifications": Value::Object(honoured.clone()) })),
+        &sub_id,
+    );
+    let mut rx = upstream.session_notifications(principal);
+    let keepalive = Duration::from_millis(gw.cfg.server.keepalive_ms);
+    let (tx, out) = mpsc::channel::<Bytes>(32);
+    tokio::spawn(async move {
+        if tx.send(reply::sse_event(&ack)).await.is_err() {
+            return;
+        }
+        let mut ticker = tokio::time::interval(keepalive);
+        ticker.tick().await;
+        loop {
+            tokio::select! {
+                n = rx.recv() => match n {
+                    Ok(n) => {
+                        let admitted = flag_for(&n.method)
+                            .is_some_and(|f| honoured.contains_key(f));
+                        if admitted && tx.send(reply::sse_event(&tagged(&n.method, n.params, &sub_id))).await.is_err() {
+                            break;
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(broadcast::error::RecvError::Closed) => break,
+                },
+                _ = ticker.tick() => {
+                    if tx.send(reply::sse_keepalive()).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    });
+    reply::sse(out, ())
+}

@@ -1,0 +1,265 @@
+//! The client-facing HTTP front (Streamable HTTP, 2026-07-28; design.md policy 12).
+//!
+//! Each request passes, in this order: path → HTTP method → Origin/Host → auth →
+//! Content-Type/Accept/size → wire validation (`wire.rs`) → dispatch (`dispatch.rs`).
+//! The first failure answers.
+
+pub mod dispatch;
+pub mod http_checks;
+pub mod inline;
+pub mod listen;
+pub mod reply;
+pub mod results;
+pub mod wire;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::auth::Authenticator;
+use crate::config::Config;
+use crate::protocol::RpcError;
+use crate::upstream::{TransportState, UpstreamSet};
+use reply::Body;
+
+/// Everything a request handler needs, shared by all connections.
+pub struct Gateway {
+    pub cfg: Arc<Config>,
+    pub auth: Arc<Authenticator>,
+    pub upstreams: Arc<UpstreamSet>,
+}
+
+const PRM_PATH: &str = "/.well-known/oauth-protected-resource";
+
+impl Gateway {
+    /// Serve one HTTP request.
+    pub async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
+        let path = req.uri().path().to_string();
+
+        // Operational and metadata endpoints: no token (design.md defaults).
+        match path.as_str() {
+            "/healthz" => return reply::json(StatusCode::OK, &json!({"status": "ok"})),
+            "/readyz" => return self.readyz(),
+            _ => {}
+        }
+        if let Some(rest) = path.strip_prefix(PRM_PATH) {
+            if req.method() != Method::GET {
+                return method_not_allowed("GET");
+            }
+            if rest.is_empty() || self.upstreams.by_path(rest).is_some() {
+                return reply::json(StatusCode::OK, &self.auth.resource_metadata(rest));
+            }
+            return reply::empty(StatusCode::NOT_FOUND);
+        }
+
+        let Some(upstream) = self.upstreams.by_path(&path).cloned() else {
+            return reply::json(
+                StatusCode::NOT_FOUND,
+                &json!({"error": "not found", "path": path}),
+            );
+        };
+
+        // Origin/Host before anything else that reveals behaviour (DNS rebinding).
+        if let Err(reason) = http_checks::check_origin_host(req.headers(), &self.cfg.server) {
+            return reply::json(StatusCode::FORBIDDEN, &json!({"error": "forbidden", "reason": reason}));
+        }
+        if req.method() == Method::OPTIONS {
+            return self.preflight(&req);
+        }
+        if req.method() != Method::POST {
+            return method_not_allowed("POST");
+        }
+
+        let principal = match self.auth.authenticate(req.headers(), req.uri().query()).await {
+            Ok(p) => p,
+            Err(f) => {
+                let mut r = reply::json(f.status, &f.body());
+                if let Ok(v) = HeaderValue::from_str(&f.www_authenticate) {
+                    r.headers_mut().insert(header::WWW_AUTHENTICATE, v);
+                }
+                return r;
+            }
+        };
+
+        if !http_checks::content_type_is_json(req.headers()) {
+            return reply::rpc_error(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                None,
+                &RpcError::invalid_request("Content-Type must be application/json"),
+            );
+        }
+        if !http_checks::accept_allows_json_and_sse(req.headers()) {
+            return reply::rpc_error(
+                StatusCode::NOT_ACCEPTABLE,
+                None,
+                &RpcError::invalid_request(
+                    "Accept must allow both application/json and text/event-stream",
+                ),
+            );
+        }
+        let max = self.cfg.server.max_body_bytes;
+        let too_large = || {
+            reply::rpc_error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                None,
+                &RpcError::invalid_request(format!("body larger than {max} bytes")),
+            )
+        };
+        let declared_len = req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok());
+        if declared_len.is_some_and(|n| n > max) {
+            return too_large();
+        }
+        let (parts, body) = req.into_parts();
+        let body_timeout = Duration::from_millis(self.cfg.server.body_timeout_ms);
+        let bytes: Bytes = match tokio::time::timeout(body_timeout, Limited::new(body, max).collect()).await {
+            Err(_) => {
+                return reply::rpc_error(
+                    StatusCode::REQUEST_TIMEOUT,
+                    None,
+                    &RpcError::invalid_request("timed out reading the request body"),
+                );
+            }
+            Ok(Err(e)) => {
+                if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+                    return too_large();
+                }
+                return reply::rpc_error(
+                    StatusCode::BAD_REQUEST,
+                    None,
+                    &RpcError::invalid_request("could not read the request body"),
+                );
+            }
+            Ok(Ok(c)) => c.to_bytes(),
+        };
+
+        let valid = match wire::validate(&bytes, &parts.headers) {
+            Ok(wire::Incoming::Notification) => return reply::empty(StatusCode::ACCEPTED),
+            Ok(wire::Incoming::Request(r)) => r,
+            Err(rej) => return reply::rpc_error(rej.status, rej.id.as_ref(), &rej.error),
+        };
+        dispatch::dispatch(&self, &upstream, principal, valid).await
+    }
+
+    fn readyz(&self) -> Response<Body> {
+        let mut all_ready = true;
+        let mut states = serde_json::Map::new();
+        for u in self.upstreams.iter() {
+            let s = match u.state() {
+                TransportState::Ready => json!({"state": "ready"}),
+                TransportState::Starting => {
+                    all_ready = false;
+                    json!({"state": "starting"})
+                }
+                TransportState::Down(reason) => {
+                    all_ready = false;
+                    json!({"state": "down", "reason": reason})
+                }
+            };
+            states.insert(u.name().to_string(), s);
+        }
+        let status = if all_ready {
+            StatusCode::OK
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        };
+        reply::json(
+            status,
+            &json!({"ready": all_ready, "store": "open", "upstreams": states}),
+        )
+    }
+
+    /// CORS preflight, answered only for origins the config admits (policy 12).
+    fn preflight(&self, req: &Request<Incoming>) -> Response<Body> {
+        let Some(origin) = req.headers().get(header::ORIGIN).cloned() else {
+            return method_not_allowed("POST");
+        };
+        let mut r = reply::empty(StatusCode::NO_CONTENT);
+        let h = r.headers_mut();
+        h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+        h.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static("POST"));
+        h.insert(
+            header::ACCESS_CONTROL_ALLOW_HEADERS,
+            HeaderValue::from_static(
+                "authorization, content-type, accept, mcp-protocol-version, mcp-method, mcp-name, idempotency-key",
+            ),
+        );
+        h.insert(header::ACCESS_CONTROL_MAX_AGE, HeaderValue::from_static("600"));
+        h.insert(header::VARY, HeaderValue::from_static("Origin"));
+        r
+    }
+}
+
+fn method_not_allowed(allow: &'static str) -> Response<Body> {
+    let mut r = reply::rpc_error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        None,
+        &RpcError::invalid_request(format!("only {allow} is allowed")),
+    );
+    r.headers_mut().insert(header::ALLOW, HeaderValue::from_static(allow));
+    r
+}
+
+/// Accept connections until `shutdown` fires, then drain for `drain_grace_ms`.
+pub async fn serve(gw: Arc<Gateway>, listener: TcpListener, shutdown: CancellationToken) {
+    let cfg = gw.cfg.clone();
+    let permits = Arc::new(tokio::sync::Semaphore::new(cfg.server.max_connections));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_millis(cfg.server.header_timeout_ms));
+    loop {
+        let permit = tokio::select! {
+            () = shutdown.cancelled() => break,
+            p = permits.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+        };
+        let (stream, peer): (tokio::net::TcpStream, SocketAddr) = tokio::select! {
+            () = shutdown.cancelled() => break,
+            a = listener.accept() => match a {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let gw = gw.clone();
+        let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+            let gw = gw.clone();
+            async move { Ok::<_, Infallible>(gw.handle(req).await) }
+        });
+        let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
+        let conn = graceful.watch(conn.into_owned());
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+            drop(permit);
+        });
+    }
+    let grace = Duration::from_millis(cfg.server.drain_grace_ms);
+    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
+        tracing::warn!("drain grace period elapsed with connections still open");
+    }
+}

@@ -1,0 +1,348 @@
+//! Wire validation of one client POST, in the order design.md fixes (policy 12,
+//! "Order of checks"): JSON parse → envelope → headers vs body → `_meta` → version →
+//! method. Pure functions over the body bytes and the headers, so every rule is
+//! unit-testable and lives in this one file.
+
+use base64::Engine;
+use http::{HeaderMap, StatusCode};
+use serde_json::{Map, Value, json};
+
+use crate::protocol::{self, PROTOCOL_VERSION, RequestId, RequestMeta, RpcError, error};
+
+/// Methods a 2026-07-28 client may call on the gateway (spec A2 + Tasks extension).
+pub const SERVED_METHODS: [&str; 13] = [
+    "server/discover",
+    "tools/list",
+    "tools/call",
+    "prompts/list",
+    "prompts/get",
+    "resources/list",
+    "resources/templates/list",
+    "resources/read",
+    "completion/complete",
+    "subscriptions/listen",
+    "tasks/get",
+    "tasks/update",
+    "tasks/cancel",
+];
+
+/// A request that passed wire validation.
+#[derive(Debug, Clone)]
+pub struct ValidRequest {
+    pub id: RequestId,
+    pub method: String,
+    /// `params` without `_meta`.
+    pub params: Map<String, Value>,
+    pub meta: RequestMeta,
+}
+
+/// What a POST body turned out to be.
+#[derive(Debug)]
+pub enum Incoming {
+    Request(ValidRequest),
+    /// Notifications are acknowledged with 202 and never dispatched.
+    Notification,
+}
+
+/// A rejection: HTTP status, JSON-RPC error, and the id when it could be parsed.
+#[derive(Debug, Clone)]
+pub struct Reject {
+    pub status: StatusCode,
+    pub id: Option<RequestId>,
+    pub error: RpcError,
+}
+
+impl Reject {
+    pub fn new(status: StatusCode, id: Option<RequestId>, error: RpcError) -> Self {
+        Self { status, id, error }
+    }
+}
+
+/// Decode an MCP header value: `=?base64?…?=` carries UTF-8 that is not plain visible
+/// ASCII (spec A11 "Value encoding"). `None` when the value is not valid.
+pub fn decode_header_value(raw: &[u8]) -> Option<String> {
+    let s = std::str::from_utf8(raw).ok()?;
+    if let Some(inner) = s.strip_prefix("=?base64?").and_then(|r| r.strip_suffix("?=")) {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(inner)
+            .or_else(|_| base64::engine::general_purpose::STANDARD_NO_PAD.decode(inner))
+            .ok()?;
+        return String::from_utf8(bytes).ok();
+    }
+    if s.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+        Some(s.to_string())
+    } else {
+        None
+    }
+}
+
+/// Which body field `Mcp-Name` must equal for a method (spec A11, B10).
+pub fn name_field(method: &str) -> Option<&'static str> {
+    match method {
+        "tools/call" | "prompts/get" => Some("name"),
+        "resources/read" => Some("uri"),
+        "tasks/get" | "tasks/update" | "tasks/cancel" => Some("taskId"),
+        _ => None,
+    }
+}
+
+/// Methods removed in 2026-07-28 or never served: 404 `-32601` (spec A2, B12, D10).
+fn is_known_method(method: &str) -> bool {
+    SERVED_METHODS.contains(&method)
+}
+
+fn header_str(headers: &HeaderMap, name: &str) -> Result<Option<String>, ()> {
+    match headers.get(name) {
+        None => Ok(None),
+        Some(v) => decode_header_value(v.as_bytes()).map(Some).ok_or(()),
+    }
+}
+
+/// Validate a POST body against the headers. The caller has already checked path,
+/// method, Origin/Host, auth, Content-Type, Accept and size.
+pub fn validate(body: &[u8], headers: &HeaderMap) -> Result<Incoming, Reject> {
+    let bad = |id: Option<RequestId>, e: RpcError| Reject::new(StatusCode::BAD_REQUEST, id, e);
+
+    // 1. JSON parse.
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| bad(None, RpcError::parse_error(format!("parse error: {e}"))))?;
+
+    // 2. Envelope.
+    let Value::Object(mut msg) = value else {
+        let what = if value.is_array() {
+            "batches are not supported"
+        } else {
+            "a JSON-RPC message must be an object"
+        };
+        return Err(bad(None, RpcError::invalid_request(what)));
+    };
+    let id = match msg.remove("id") {
+        None => None,
+        Some(id) if protocol::is_valid_id(&id) => Some(id),
+        Some(_) => {
+            return Err(bad(
+                None,
+                RpcError::invalid_request("id must be a string or an integer"),
+            ));
+        }
+    };
+    if msg.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        return Err(bad(id, RpcError::invalid_request("jsonrpc must be \"2.0\"")));
+    }
+    let method = match msg.remove("method") {
+        Some(Value::String(m)) if !m.is_empty() => m,
+        Some(_) => return Err(bad(id, RpcError::invalid_request("method must be a string"))),
+        None => {
+            let what = if msg.contains_key("result") || msg.contains_key("error") {
+                "clients never send JSON-RPC responses in 2026-07-28"
+            } else {
+                "missing method"
+            };
+            return Err(bad(id, RpcError::invalid_request(what)));
+        }
+    };
+    let params = match msg.remove("params") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(p)) => Some(p),
+        Some(_) => return Err(bad(id, RpcError::invalid_request("params must be an object"))),
+    };
+    let Some(id) = id else {
+        // A notification: acknowledged, never dispatched (policy 12).
+        return Ok(Incoming::Notification);
+    };
+
+    // `initialize` from a legacy client carries no 2026 headers or `_meta`; answer
+    // with the method error that names the supported versions (spec D25).
+    if method == "initialize" {
+        return Err(Reject::new(
+            StatusCode::NOT_FOUND,
+            Some(id),
+            RpcError::new(
+                error::METHOD_NOT_FOUND,
+                "initialize was removed in 2026-07-28; this server is stateless",
+            )
+            .with_data(json!({ "supported": [PROTOCOL_VERSION] })),
+        ));
+    }
+
+    // 3. Headers vs body (spec A11 "Server validation").
+    let mismatch = |what: String| bad(Some(id.clone()), RpcError::header_mismatch(what));
+    let body_version = params
+        .as_ref()
+        .and_then(|p| p.get("_meta"))
+        .and_then(|m| m.get(protocol::META_PROTOCOL_VERSION))
+        .and_then(Value::as_str);
+    match header_str(headers, "mcp-protocol-version") {
+        Err(()) => return Err(mismatch("invalid MCP-Protocol-Version header".into())),
+        Ok(None) => return Err(mismatch("missing MCP-Protocol-Version header".into())),
+        Ok(Some(h)) => {
+            if let Some(b) = body_version {
+                if h != b {
+                    return Err(mismatch(format!(
+                        "MCP-Protocol-Version header {h:?} does not match _meta protocolVersion {b:?}"
+                    )));
+                }
+            }
+        }
+    }
+    match header_str(headers, "mcp-method") {
+        Err(()) => return Err(mismatch("invalid Mcp-Method header".into())),
+        Ok(None) => return Err(mismatch("missing Mcp-Method header".into())),
+        Ok(Some(h)) if h != method => {
+            return Err(mismatch(format!(
+                "Mcp-Method header {h:?} does not match method {method:?}"
+            )));
+        }
+        Ok(Some(_)) => {}
+    }
+    if let Some(field) = name_field(&method) {
+        let body_name = params.as_ref().and_then(|p| p.get(field));
+        let header = header_str(headers, "mcp-name")
+            .map_err(|()| mismatch("invalid Mcp-Name header".into()))?;
+        match (header, body_name) {
+            (None, Some(_)) => return Err(mismatch("missing Mcp-Name header".into())),
+            (Some(h), Some(Value::String(b))) if &h != b => {
+                return Err(mismatch(format!(
+                    "Mcp-Name header does not match params.{field}"
+                )));
+            }
+            (Some(_), Some(v)) if !v.is_string() => {
+                return Err(mismatch(format!("params.{field} must be a string")));
+            }
+            _ => {}
+        }
+    }
+
+    // 4. `_meta`.
+    let meta = RequestMeta::parse(params.as_ref()).map_err(|e| bad(Some(id.clone()), e))?;
+
+    // 5. Version.
+    if meta.protocol_version != PROTOCOL_VERSION {
+        return Err(bad(
+            Some(id),
+            RpcError::unsupported_version(&meta.protocol_version),
+        ));
+    }
+
+    // 6. Method.
+    if !is_known_method(&method) {
+        return Err(Reject::new(
+            StatusCode::NOT_FOUND,
+            Some(id),
+            RpcError::method_not_found(&method),
+        ));
+    }
+
+    let mut params = params.unwrap_or_default();
+    params.remove("_meta");
+    Ok(Incoming::Request(ValidRequest {
+        id,
+        method,
+        params,
+        meta,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                http::HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    fn meta() -> Value {
+        json!({
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {}
+        })
+    }
+
+    fn ok_headers(method: &str) -> HeaderMap {
+        headers(&[("mcp-protocol-version", "2026-07-28"), ("mcp-method", method)])
+    }
+
+    fn reject(body: Value, h: &HeaderMap) -> Reject {
+        validate(body.to_string().as_bytes(), h).unwrap_err()
+    }
+
+    #[test]
+    fn parse_error_has_no_id() {
+        let r = validate(b"{not json", &ok_headers("x")).unwrap_err();
+        assert_eq!(r.error.code, -32700);
+        assert!(r.id.is_none());
+    }
+
+    #[test]
+    fn batch_is_invalid_request() {
+        let r = validate(b"[]", &ok_headers("x")).unwrap_err();
+        assert_eq!((r.status.as_u16(), r.error.code), (400, -32600));
+    }
+
+    #[test]
+    fn valid_tools_list() {
+        let body = json!({"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":meta()}});
+        let Incoming::Request(r) = validate(body.to_string().as_bytes(), &ok_headers("tools/list")).unwrap() else {
+            panic!("not a request")
+        };
+        assert_eq!(r.method, "tools/list");
+        assert!(!r.params.contains_key("_meta"));
+    }
+
+    #[test]
+    fn method_header_mismatch() {
+        let body = json!({"jsonrpc":"2.0","id":"a","method":"tools/list","params":{"_meta":meta()}});
+        let r = reject(body, &ok_headers("prompts/list"));
+        assert_eq!((r.status.as_u16(), r.error.code), (400, -32020));
+        assert_eq!(r.id, Some(json!("a")));
+    }
+
+    #[test]
+    fn name_header_base64() {
+        let body = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"héllo","arguments":{},"_meta":meta()}});
+        let mut h = ok_headers("tools/call");
+        h.insert("mcp-name", "=?base64?aMOpbGxv?=".parse().unwrap());
+        assert!(validate(body.to_string().as_bytes(), &h).is_ok());
+        h.insert("mcp-name", "hello".parse().unwrap());
+        assert_eq!(reject(body, &h).error.code, -32020);
+    }
+
+    #[test]
+    fn missing_meta_and_bad_version() {
+        let body = json!({"jsonrpc":"2.0","id":1,"method":"tools/list"});
+        let r = reject(body, &ok_headers("tools/list"));
+        assert_eq!((r.status.as_u16(), r.error.code), (400, -32602));
+        let mut m = meta();
+        m["io.modelcontextprotocol/protocolVersion"] = json!("2025-06-18");
+        let body = json!({"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":m}});
+        let h = headers(&[("mcp-protocol-version", "2025-06-18"), ("mcp-method", "tools/list")]);
+        let r = reject(body, &h);
+        assert_eq!(r.error.code, -32022);
+        assert_eq!(r.error.data.unwrap()["requested"], "2025-06-18");
+    }
+
+    #[test]
+    fn removed_methods_are_404() {
+        for m in ["ping", "tasks/list", "tasks/result", "logging/setLevel", "resources/subscribe"] {
+            let body = json!({"jsonrpc":"2.0","id":1,"method":m,"params":{"_meta":meta()}});
+            let r = reject(body, &ok_headers(m));
+            assert_eq!((r.status.as_u16(), r.error.code), (404, -32601), "{m}");
+        }
+    }
+
+    #[test]
+    fn notification_accepted() {
+        let body = json!({"jsonrpc":"2.0","method":"notifications/cancelled","params":{}});
+        assert!(matches!(
+            validate(body.to_string().as_bytes(), &HeaderMap::new()).unwrap(),
+            Incoming::Notification
+        ));
+    }
+}
