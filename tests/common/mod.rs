@@ -1,0 +1,374 @@
+//! Test harness: runs the real `taskgate` binary (the build under test) against real
+//! upstream processes, and speaks HTTP to it.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{Value, json};
+
+pub const SECRET: &str = "integration-test-secret-0123456789abcdef0123";
+
+pub fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_taskgate"))
+}
+
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Poll `cond` until it is true or `limit` passes.
+pub async fn eventually<F: FnMut() -> bool>(limit: Duration, mut cond: F) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    cond()
+}
+
+/// A running process whose stderr is captured; killed on drop.
+pub struct Proc {
+    pub child: Child,
+    pub logs: Arc<Mutex<Vec<String>>>,
+}
+
+impl Proc {
+    pub fn spawn(mut cmd: Command) -> Self {
+        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn process");
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let stderr = child.stderr.take().expect("stderr");
+        let sink = logs.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if std::env::var_os("TASKGATE_TEST_LOGS").is_some() {
+                    eprintln!("[proc] {line}");
+                }
+                sink.lock().unwrap().push(line);
+            }
+        });
+        Self { child, logs }
+    }
+
+    pub fn log_text(&self) -> String {
+        self.logs.lock().unwrap().join("\n")
+    }
+
+    /// Wait for a log line containing `needle`; returns that line.
+    pub async fn wait_log(&self, needle: &str, limit: Duration) -> Option<String> {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if let Some(l) = self.logs.lock().unwrap().iter().find(|l| l.contains(needle)) {
+                return Some(l.clone());
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        None
+    }
+
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn sigterm(&self) {
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Config for the demo upstream over stdio.
+pub fn demo_stdio_upstream(extra: &str) -> String {
+    format!(
+        "[[upstream]]\nname = \"demo\"\npath = \"/mcp\"\ncommand = [\"{}\", \"demo-upstream\"]\nmax_concurrency = 4\n{extra}\n",
+        bin().display()
+    )
+}
+
+pub fn http_upstream(name: &str, path: &str, url: &str, extra: &str) -> String {
+    format!("[[upstream]]\nname = \"{name}\"\npath = \"{path}\"\nurl = \"{url}\"\n{extra}\n")
+}
+
+pub fn jwt_auth() -> String {
+    format!("[auth]\nmode = \"jwt\"\nalgorithms = [\"HS256\"]\nhs256_secret = \"{SECRET}\"\nissuer = \"https://issuer.test\"\naudience = \"taskgate-test\"\n")
+}
+
+pub fn no_auth() -> String {
+    "[auth]\nmode = \"none\"\n".to_string()
+}
+
+pub fn now_s() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()
+}
+
+/// An HS256 token for the test secret with the standard test issuer/audience.
+pub fn token(sub: &str, tenant: &str) -> String {
+    token_with(json!({
+        "sub": sub, "tenant": tenant, "iss": "https://issuer.test", "aud": "taskgate-test",
+        "exp": now_s() + 3600, "iat": now_s()
+    }))
+}
+
+pub fn token_with(claims: Value) -> String {
+    jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        &claims,
+        &jsonwebtoken::EncodingKey::from_secret(SECRET.as_bytes()).unwrap(),
+    )
+    .unwrap()
+}
+
+/// A running gateway.
+pub struct Gateway {
+    pub proc: Proc,
+    pub addr: SocketAddr,
+    pub dir: tempfile::TempDir,
+    pub config_path: PathBuf,
+}
+
+impl Gateway {
+    /// Start the gateway with `body` (config without `[server]`/`[store]`) in a fresh dir.
+    pub async fn start(body: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        Self::start_in(dir, body).await
+    }
+
+    pub async fn start_in(dir: tempfile::TempDir, body: &str) -> Self {
+        let config_path = dir.path().join("taskgate.toml");
+        let store = dir.path().join("data");
+        let text = format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\nkeepalive_ms = 1000\n[store]\npath = \"{}\"\n{body}",
+            store.display()
+        );
+        std::fs::write(&config_path, text).unwrap();
+        Self::launch(dir, config_path).await
+    }
+
+    pub async fn launch(dir: tempfile::TempDir, config_path: PathBuf) -> Self {
+        let mut cmd = Command::new(bin());
+        cmd.arg("--config").arg(&config_path).current_dir(dir.path());
+        cmd.env("TASKGATE_LOG", "info,taskgate=debug");
+        let proc = Proc::spawn(cmd);
+        let line = proc
+            .wait_log("taskgate listening on http://", Duration::from_secs(30))
+            .await
+            .unwrap_or_else(|| panic!("gateway did not start:\n{}", proc.log_text()));
+        let addr: SocketAddr = line
+            .rsplit("http://")
+            .next()
+            .and_then(|s| s.split_whitespace().next())
+            .and_then(|s| s.trim_end_matches('"').parse().ok())
+            .unwrap_or_else(|| panic!("no address in {line}"));
+        Self {
+            proc,
+            addr,
+            dir,
+            config_path,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// Wait until `/readyz` says ready.
+    pub async fn wait_ready(&self) {
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(30) {
+            if let Ok(r) = raw(&self.url("/readyz"), "GET", &[], Bytes::new()).await {
+                if r.status == 200 {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("gateway not ready:\n{}", self.proc.log_text());
+    }
+}
+
+/// A response as the tests see it.
+#[derive(Debug)]
+pub struct Resp {
+    pub status: u16,
+    pub headers: http::HeaderMap,
+    pub body: Bytes,
+}
+
+impl Resp {
+    pub fn json(&self) -> Value {
+        if self.is_sse() {
+            // The final JSON-RPC message of an SSE response.
+            return self
+                .sse_messages()
+                .into_iter()
+                .rev()
+                .find(|m| m.get("result").is_some() || m.get("error").is_some())
+                .unwrap_or(Value::Null);
+        }
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+
+    pub fn is_sse(&self) -> bool {
+        self.header("content-type").is_some_and(|c| c.starts_with("text/event-stream"))
+    }
+
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_string)
+    }
+
+    /// All JSON messages carried by `data:` lines of an SSE body.
+    pub fn sse_messages(&self) -> Vec<Value> {
+        sse_messages(&self.body)
+    }
+}
+
+pub fn sse_messages(body: &[u8]) -> Vec<Value> {
+    let text = String::from_utf8_lossy(body);
+    let mut out = Vec::new();
+    for block in text.split("\n\n") {
+        let data: Vec<&str> = block
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .map(|l| l.strip_prefix(' ').unwrap_or(l))
+            .collect();
+        if !data.is_empty() {
+            if let Ok(v) = serde_json::from_str(&data.join("\n")) {
+                out.push(v);
+            }
+        }
+    }
+    out
+}
+
+pub async fn raw(url: &str, method: &str, headers: &[(&str, String)], body: Bytes) -> Result<Resp, String> {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let mut b = http::Request::builder().method(method).uri(url);
+    for (k, v) in headers {
+        b = b.header(*k, v);
+    }
+    let req = b.body(Full::new(body)).map_err(|e| e.to_string())?;
+    let resp = tokio::time::timeout(Duration::from_secs(60), client.request(req))
+        .await
+        .map_err(|_| "timeout".to_string())?
+        .map_err(|e| e.to_string())?;
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let body = tokio::time::timeout(Duration::from_secs(60), resp.into_body().collect())
+        .await
+        .map_err(|_| "body timeout".to_string())?
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    Ok(Resp { status, headers, body })
+}
+
+/// `_meta` for a 2026 request with the given client capabilities.
+pub fn meta(caps: Value) -> Value {
+    json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": caps,
+        "io.modelcontextprotocol/clientInfo": {"name": "taskgate-tests", "version": "0"}
+    })
+}
+
+/// A well-formed client for one gateway path and token.
+pub struct Client2026 {
+    pub url: String,
+    pub token: Option<String>,
+    pub caps: Value,
+}
+
+impl Client2026 {
+    pub fn new(gw: &Gateway, path: &str, token: Option<String>) -> Self {
+        Self {
+            url: gw.url(path),
+            token,
+            caps: json!({}),
+        }
+    }
+
+    pub fn with_caps(mut self, caps: Value) -> Self {
+        self.caps = caps;
+        self
+    }
+
+    /// Standard headers for `method` with `params` (the `Mcp-Name` is derived).
+    pub fn headers(&self, method: &str, params: &Value) -> Vec<(&'static str, String)> {
+        let mut h = vec![
+            ("content-type", "application/json".to_string()),
+            ("accept", "application/json, text/event-stream".to_string()),
+            ("mcp-protocol-version", "2026-07-28".to_string()),
+            ("mcp-method", method.to_string()),
+        ];
+        let name = match method {
+            "tools/call" | "prompts/get" => params.get("name"),
+            "resources/read" => params.get("uri"),
+            "tasks/get" | "tasks/update" | "tasks/cancel" => params.get("taskId"),
+            _ => None,
+        };
+        if let Some(Value::String(n)) = name {
+            h.push(("mcp-name", n.clone()));
+        }
+        if let Some(t) = &self.token {
+            h.push(("authorization", format!("Bearer {t}")));
+        }
+        h
+    }
+
+    pub fn body(&self, id: Value, method: &str, params: &Value) -> Value {
+        let mut p = params.clone();
+        if !p.is_object() {
+            p = json!({});
+        }
+        p["_meta"] = meta(self.caps.clone());
+        json!({"jsonrpc": "2.0", "id": id, "method": method, "params": p})
+    }
+
+    pub async fn request(&self, method: &str, params: Value) -> Resp {
+        let body = self.body(json!(1), method, &params);
+        self.send(method, &params, &body).await
+    }
+
+    pub async fn send(&self, method: &str, params: &Value, body: &Value) -> Resp {
+        let h = self.headers(method, params);
+        raw(&self.url, "POST", &h, Bytes::from(body.to_string()))
+            .await
+            .unwrap_or_else(|e| panic!("{method}: {e}"))
+    }
+
+    pub async fn call_tool(&self, name: &str, args: Value) -> Resp {
+        self.request("tools/call", json!({"name": name, "arguments": args})).await
+    }
+}
+
+pub fn write(path: &Path, text: &str) {
+    std::fs::write(path, text).unwrap();
+}
+
+/// A free loopback port (bound and released; good enough for tests).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Text of the first content block of a tools/call result.
+pub fn first_text(result: &Value) -> String {
+    result["content"][0]["text"].as_str().unwrap_or_default().to_string()
+}
