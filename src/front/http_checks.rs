@@ -56,7 +56,11 @@ pub fn check_origin_host(headers: &HeaderMap, cfg: &ServerConfig) -> Result<(), 
 }
 
 fn media_type(v: &str) -> String {
-    v.split(';').next().unwrap_or("").trim().to_ascii_lowercase()
+    v.split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase()
 }
 
 pub fn content_type_is_json(headers: &HeaderMap) -> bool {
@@ -103,18 +107,39 @@ mod tests {
     fn loopback_hosts() {
         let cfg = ServerConfig::default();
         for host in ["localhost:8080", "127.0.0.1:9", "[::1]:80", "localhost"] {
-            assert!(check_origin_host(&h(&[("host", host)]), &cfg).is_ok(), "{host}");
+            assert!(
+                check_origin_host(&h(&[("host", host)]), &cfg).is_ok(),
+                "{host}"
+            );
         }
         assert!(check_origin_host(&h(&[("host", "evil.example.com")]), &cfg).is_err());
-        assert!(check_origin_host(&h(&[("host", "localhost"), ("origin", "http://evil.example.com")]), &cfg).is_err());
-        assert!(check_origin_host(&h(&[("host", "localhost"), ("origin", "http://localhost:3000")]), &cfg).is_ok());
+        assert!(
+            check_origin_host(
+                &h(&[("host", "localhost"), ("origin", "http://evil.example.com")]),
+                &cfg
+            )
+            .is_err()
+        );
+        assert!(
+            check_origin_host(
+                &h(&[("host", "localhost"), ("origin", "http://localhost:3000")]),
+                &cfg
+            )
+            .is_ok()
+        );
     }
 
     #[test]
     fn accept_rules() {
-        assert!(accept_allows_json_and_sse(&h(&[("accept", "application/json, text/event-stream")])));
+        assert!(accept_allows_json_and_sse(&h(&[(
+            "accept",
+            "application/json, text/event-stream"
+        )])));
         assert!(accept_allows_json_and_sse(&h(&[("accept", "*/*")])));
-        assert!(!accept_allows_json_and_sse(&h(&[("accept", "application/json")])));
+        assert!(!accept_allows_json_and_sse(&h(&[(
+            "accept",
+            "application/json"
+        )])));
         assert!(!accept_allows_json_and_sse(&HeaderMap::new()));
     }
 }

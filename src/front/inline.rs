@@ -24,7 +24,9 @@ use super::wire::ValidRequest;
 use crate::auth::Principal;
 use crate::protocol::meta::{InputKind, log_level_rank};
 use crate::protocol::{self, ClientCaps, RpcError};
-use crate::upstream::{CallEvent, CallOutcome, CallSpec, InputAnswer, InputRequest, Upstream, UpstreamError};
+use crate::upstream::{
+    CallEvent, CallOutcome, CallSpec, InputAnswer, InputRequest, Upstream, UpstreamError,
+};
 
 /// Aborts the upstream call task when dropped (client gone, or answer decided).
 pub struct AbortOnDrop(pub tokio::task::AbortHandle);
@@ -71,8 +73,10 @@ impl Final {
     pub fn into_response(self) -> Response<Body> {
         let mut r = reply::json(self.status, &self.message);
         if self.retry_after {
-            r.headers_mut()
-                .insert(http::header::RETRY_AFTER, http::HeaderValue::from_static("1"));
+            r.headers_mut().insert(
+                http::header::RETRY_AFTER,
+                http::HeaderValue::from_static("1"),
+            );
         }
         r
     }
@@ -117,11 +121,18 @@ enum InputVerdict {
 }
 
 /// The `requiredCapabilities` an input request needs that `caps` lacks, if any.
-pub fn missing_capability(caps: &ClientCaps, method: &str, params: Option<&Value>) -> Option<RpcError> {
+pub fn missing_capability(
+    caps: &ClientCaps,
+    method: &str,
+    params: Option<&Value>,
+) -> Option<RpcError> {
     let kind = InputKind::of_method(method)?;
     if !caps.declares(kind) {
         return Some(RpcError::missing_capability(
-            format!("the upstream needs the client capability `{}`", kind.capability()),
+            format!(
+                "the upstream needs the client capability `{}`",
+                kind.capability()
+            ),
             json!({ kind.capability(): {} }),
         ));
     }
@@ -167,12 +178,19 @@ fn client_notification(req: &ValidRequest, ev: CallEvent) -> Option<Value> {
             let mut params = Map::with_capacity(p.len() + 1);
             params.insert("progressToken".into(), token);
             params.append(&mut p);
-            Some(protocol::notification("notifications/progress", Value::Object(params)))
+            Some(protocol::notification(
+                "notifications/progress",
+                Value::Object(params),
+            ))
         }
         CallEvent::Log(p) => {
             let want = log_level_rank(req.meta.log_level.as_deref()?)?;
-            let level = p.get("level").and_then(Value::as_str).and_then(log_level_rank)?;
-            (level >= want).then(|| protocol::notification("notifications/message", Value::Object(p)))
+            let level = p
+                .get("level")
+                .and_then(Value::as_str)
+                .and_then(log_level_rank)?;
+            (level >= want)
+                .then(|| protocol::notification("notifications/message", Value::Object(p)))
         }
         CallEvent::Input(_) => None,
     }
@@ -254,11 +272,10 @@ pub async fn run(
                         }
                     }
                     Some(ev) => {
-                        if let Some(n) = client_notification(&req, ev) {
-                            if tx.send(reply::sse_event(&n)).await.is_err() {
+                        if let Some(n) = client_notification(&req, ev)
+                            && tx.send(reply::sse_event(&n)).await.is_err() {
                                 break;
                             }
-                        }
                     }
                     None => events_open = false,
                 },

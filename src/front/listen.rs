@@ -53,7 +53,11 @@ pub fn open(
         .cloned()
         .unwrap_or_default();
     let mut honoured = Map::new();
-    for flag in ["toolsListChanged", "promptsListChanged", "resourcesListChanged"] {
+    for flag in [
+        "toolsListChanged",
+        "promptsListChanged",
+        "resourcesListChanged",
+    ] {
         if filter.get(flag).and_then(Value::as_bool) == Some(true) {
             honoured.insert(flag.into(), Value::Bool(true));
         }

@@ -72,7 +72,10 @@ impl Gateway {
 
         // Origin/Host before anything else that reveals behaviour (DNS rebinding).
         if let Err(reason) = http_checks::check_origin_host(req.headers(), &self.cfg.server) {
-            return reply::json(StatusCode::FORBIDDEN, &json!({"error": "forbidden", "reason": reason}));
+            return reply::json(
+                StatusCode::FORBIDDEN,
+                &json!({"error": "forbidden", "reason": reason}),
+            );
         }
         if req.method() == Method::OPTIONS {
             return self.preflight(&req);
@@ -81,7 +84,11 @@ impl Gateway {
             return method_not_allowed("POST");
         }
 
-        let principal = match self.auth.authenticate(req.headers(), req.uri().query()).await {
+        let principal = match self
+            .auth
+            .authenticate(req.headers(), req.uri().query())
+            .await
+        {
             Ok(p) => p,
             Err(f) => {
                 let mut r = reply::json(f.status, &f.body());
@@ -126,33 +133,36 @@ impl Gateway {
         }
         let (parts, body) = req.into_parts();
         let body_timeout = Duration::from_millis(self.cfg.server.body_timeout_ms);
-        let bytes: Bytes = match tokio::time::timeout(body_timeout, Limited::new(body, max).collect()).await {
-            Err(_) => {
-                return reply::rpc_error(
-                    StatusCode::REQUEST_TIMEOUT,
-                    None,
-                    &RpcError::invalid_request("timed out reading the request body"),
-                );
-            }
-            Ok(Err(e)) => {
-                if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
-                    return too_large();
+        let bytes: Bytes =
+            match tokio::time::timeout(body_timeout, Limited::new(body, max).collect()).await {
+                Err(_) => {
+                    return reply::rpc_error(
+                        StatusCode::REQUEST_TIMEOUT,
+                        None,
+                        &RpcError::invalid_request("timed out reading the request body"),
+                    );
                 }
-                return reply::rpc_error(
-                    StatusCode::BAD_REQUEST,
-                    None,
-                    &RpcError::invalid_request("could not read the request body"),
-                );
-            }
-            Ok(Ok(c)) => c.to_bytes(),
-        };
+                Ok(Err(e)) => {
+                    if e.downcast_ref::<http_body_util::LengthLimitError>()
+                        .is_some()
+                    {
+                        return too_large();
+                    }
+                    return reply::rpc_error(
+                        StatusCode::BAD_REQUEST,
+                        None,
+                        &RpcError::invalid_request("could not read the request body"),
+                    );
+                }
+                Ok(Ok(c)) => c.to_bytes(),
+            };
 
         let valid = match wire::validate(&bytes, &parts.headers) {
             Ok(wire::Incoming::Notification) => return reply::empty(StatusCode::ACCEPTED),
             Ok(wire::Incoming::Request(r)) => r,
             Err(rej) => return reply::rpc_error(rej.status, rej.id.as_ref(), &rej.error),
         };
-        dispatch::dispatch(&self, &upstream, principal, valid).await
+        dispatch::dispatch(&self, &upstream, principal, *valid).await
     }
 
     fn readyz(&self) -> Response<Body> {
@@ -191,14 +201,20 @@ impl Gateway {
         let mut r = reply::empty(StatusCode::NO_CONTENT);
         let h = r.headers_mut();
         h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
-        h.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static("POST"));
+        h.insert(
+            header::ACCESS_CONTROL_ALLOW_METHODS,
+            HeaderValue::from_static("POST"),
+        );
         h.insert(
             header::ACCESS_CONTROL_ALLOW_HEADERS,
             HeaderValue::from_static(
                 "authorization, content-type, accept, mcp-protocol-version, mcp-method, mcp-name, idempotency-key",
             ),
         );
-        h.insert(header::ACCESS_CONTROL_MAX_AGE, HeaderValue::from_static("600"));
+        h.insert(
+            header::ACCESS_CONTROL_MAX_AGE,
+            HeaderValue::from_static("600"),
+        );
         h.insert(header::VARY, HeaderValue::from_static("Origin"));
         r
     }
@@ -210,7 +226,8 @@ fn method_not_allowed(allow: &'static str) -> Response<Body> {
         None,
         &RpcError::invalid_request(format!("only {allow} is allowed")),
     );
-    r.headers_mut().insert(header::ALLOW, HeaderValue::from_static(allow));
+    r.headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static(allow));
     r
 }
 
@@ -259,7 +276,10 @@ pub async fn serve(gw: Arc<Gateway>, listener: TcpListener, shutdown: Cancellati
         });
     }
     let grace = Duration::from_millis(cfg.server.drain_grace_ms);
-    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
+    if tokio::time::timeout(grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
         tracing::warn!("drain grace period elapsed with connections still open");
     }
 }

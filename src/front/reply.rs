@@ -74,7 +74,10 @@ pub fn sse<G: Send + Sync + 'static>(rx: mpsc::Receiver<Bytes>, guard: G) -> Res
     });
     let mut r = Response::new(BodyExt::boxed(StreamBody::new(stream)));
     let h = r.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
     r

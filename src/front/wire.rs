@@ -39,7 +39,7 @@ pub struct ValidRequest {
 /// What a POST body turned out to be.
 #[derive(Debug)]
 pub enum Incoming {
-    Request(ValidRequest),
+    Request(Box<ValidRequest>),
     /// Notifications are acknowledged with 202 and never dispatched.
     Notification,
 }
@@ -62,7 +62,10 @@ impl Reject {
 /// ASCII (spec A11 "Value encoding"). `None` when the value is not valid.
 pub fn decode_header_value(raw: &[u8]) -> Option<String> {
     let s = std::str::from_utf8(raw).ok()?;
-    if let Some(inner) = s.strip_prefix("=?base64?").and_then(|r| r.strip_suffix("?=")) {
+    if let Some(inner) = s
+        .strip_prefix("=?base64?")
+        .and_then(|r| r.strip_suffix("?="))
+    {
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(inner)
             .or_else(|_| base64::engine::general_purpose::STANDARD_NO_PAD.decode(inner))
@@ -100,7 +103,14 @@ fn header_str(headers: &HeaderMap, name: &str) -> Result<Option<String>, ()> {
 
 /// Validate a POST body against the headers. The caller has already checked path,
 /// method, Origin/Host, auth, Content-Type, Accept and size.
-pub fn validate(body: &[u8], headers: &HeaderMap) -> Result<Incoming, Reject> {
+pub fn validate(body: &[u8], headers: &HeaderMap) -> Result<Incoming, Box<Reject>> {
+    validate_inner(body, headers).map_err(Box::new)
+}
+
+// The rejection is boxed once at the public boundary; inside, plain values keep the
+// early returns readable.
+#[allow(clippy::result_large_err)]
+fn validate_inner(body: &[u8], headers: &HeaderMap) -> Result<Incoming, Reject> {
     let bad = |id: Option<RequestId>, e: RpcError| Reject::new(StatusCode::BAD_REQUEST, id, e);
 
     // 1. JSON parse.
@@ -127,11 +137,19 @@ pub fn validate(body: &[u8], headers: &HeaderMap) -> Result<Incoming, Reject> {
         }
     };
     if msg.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
-        return Err(bad(id, RpcError::invalid_request("jsonrpc must be \"2.0\"")));
+        return Err(bad(
+            id,
+            RpcError::invalid_request("jsonrpc must be \"2.0\""),
+        ));
     }
     let method = match msg.remove("method") {
         Some(Value::String(m)) if !m.is_empty() => m,
-        Some(_) => return Err(bad(id, RpcError::invalid_request("method must be a string"))),
+        Some(_) => {
+            return Err(bad(
+                id,
+                RpcError::invalid_request("method must be a string"),
+            ));
+        }
         None => {
             let what = if msg.contains_key("result") || msg.contains_key("error") {
                 "clients never send JSON-RPC responses in 2026-07-28"
@@ -144,7 +162,12 @@ pub fn validate(body: &[u8], headers: &HeaderMap) -> Result<Incoming, Reject> {
     let params = match msg.remove("params") {
         None | Some(Value::Null) => None,
         Some(Value::Object(p)) => Some(p),
-        Some(_) => return Err(bad(id, RpcError::invalid_request("params must be an object"))),
+        Some(_) => {
+            return Err(bad(
+                id,
+                RpcError::invalid_request("params must be an object"),
+            ));
+        }
     };
     let Some(id) = id else {
         // A notification: acknowledged, never dispatched (policy 12).
@@ -176,12 +199,12 @@ pub fn validate(body: &[u8], headers: &HeaderMap) -> Result<Incoming, Reject> {
         Err(()) => return Err(mismatch("invalid MCP-Protocol-Version header".into())),
         Ok(None) => return Err(mismatch("missing MCP-Protocol-Version header".into())),
         Ok(Some(h)) => {
-            if let Some(b) = body_version {
-                if h != b {
-                    return Err(mismatch(format!(
-                        "MCP-Protocol-Version header {h:?} does not match _meta protocolVersion {b:?}"
-                    )));
-                }
+            if let Some(b) = body_version
+                && h != b
+            {
+                return Err(mismatch(format!(
+                    "MCP-Protocol-Version header {h:?} does not match _meta protocolVersion {b:?}"
+                )));
             }
         }
     }
@@ -235,12 +258,12 @@ pub fn validate(body: &[u8], headers: &HeaderMap) -> Result<Incoming, Reject> {
 
     let mut params = params.unwrap_or_default();
     params.remove("_meta");
-    Ok(Incoming::Request(ValidRequest {
+    Ok(Incoming::Request(Box::new(ValidRequest {
         id,
         method,
         params,
         meta,
-    }))
+    })))
 }
 
 #[cfg(test)]
@@ -266,30 +289,35 @@ mod tests {
     }
 
     fn ok_headers(method: &str) -> HeaderMap {
-        headers(&[("mcp-protocol-version", "2026-07-28"), ("mcp-method", method)])
+        headers(&[
+            ("mcp-protocol-version", "2026-07-28"),
+            ("mcp-method", method),
+        ])
     }
 
     fn reject(body: Value, h: &HeaderMap) -> Reject {
-        validate(body.to_string().as_bytes(), h).unwrap_err()
+        *validate(body.to_string().as_bytes(), h).unwrap_err()
     }
 
     #[test]
     fn parse_error_has_no_id() {
-        let r = validate(b"{not json", &ok_headers("x")).unwrap_err();
+        let r = *validate(b"{not json", &ok_headers("x")).unwrap_err();
         assert_eq!(r.error.code, -32700);
         assert!(r.id.is_none());
     }
 
     #[test]
     fn batch_is_invalid_request() {
-        let r = validate(b"[]", &ok_headers("x")).unwrap_err();
+        let r = *validate(b"[]", &ok_headers("x")).unwrap_err();
         assert_eq!((r.status.as_u16(), r.error.code), (400, -32600));
     }
 
     #[test]
     fn valid_tools_list() {
         let body = json!({"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":meta()}});
-        let Incoming::Request(r) = validate(body.to_string().as_bytes(), &ok_headers("tools/list")).unwrap() else {
+        let Incoming::Request(r) =
+            validate(body.to_string().as_bytes(), &ok_headers("tools/list")).unwrap()
+        else {
             panic!("not a request")
         };
         assert_eq!(r.method, "tools/list");
@@ -298,7 +326,8 @@ mod tests {
 
     #[test]
     fn method_header_mismatch() {
-        let body = json!({"jsonrpc":"2.0","id":"a","method":"tools/list","params":{"_meta":meta()}});
+        let body =
+            json!({"jsonrpc":"2.0","id":"a","method":"tools/list","params":{"_meta":meta()}});
         let r = reject(body, &ok_headers("prompts/list"));
         assert_eq!((r.status.as_u16(), r.error.code), (400, -32020));
         assert_eq!(r.id, Some(json!("a")));
@@ -322,7 +351,10 @@ mod tests {
         let mut m = meta();
         m["io.modelcontextprotocol/protocolVersion"] = json!("2025-06-18");
         let body = json!({"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":m}});
-        let h = headers(&[("mcp-protocol-version", "2025-06-18"), ("mcp-method", "tools/list")]);
+        let h = headers(&[
+            ("mcp-protocol-version", "2025-06-18"),
+            ("mcp-method", "tools/list"),
+        ]);
         let r = reject(body, &h);
         assert_eq!(r.error.code, -32022);
         assert_eq!(r.error.data.unwrap()["requested"], "2025-06-18");
@@ -330,7 +362,13 @@ mod tests {
 
     #[test]
     fn removed_methods_are_404() {
-        for m in ["ping", "tasks/list", "tasks/result", "logging/setLevel", "resources/subscribe"] {
+        for m in [
+            "ping",
+            "tasks/list",
+            "tasks/result",
+            "logging/setLevel",
+            "resources/subscribe",
+        ] {
             let body = json!({"jsonrpc":"2.0","id":1,"method":m,"params":{"_meta":meta()}});
             let r = reject(body, &ok_headers(m));
             assert_eq!((r.status.as_u16(), r.error.code), (404, -32601), "{m}");

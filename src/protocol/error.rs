@@ -65,10 +65,7 @@ impl RpcError {
 
     /// `-32021` naming the tasks extension (spec B1).
     pub fn tasks_extension_required(msg: impl Into<String>) -> Self {
-        Self::missing_capability(
-            msg,
-            json!({ "extensions": { super::TASKS_EXTENSION: {} } }),
-        )
+        Self::missing_capability(msg, json!({ "extensions": { super::TASKS_EXTENSION: {} } }))
     }
 
     pub fn unsupported_version(requested: &str) -> Self {
@@ -82,7 +79,10 @@ impl RpcError {
     /// Parse an error object received from an upstream; tolerant of odd shapes so a
     /// misbehaving upstream still yields a well-formed error downstream.
     pub fn from_value(v: &Value) -> Self {
-        let code = v.get("code").and_then(Value::as_i64).unwrap_or(INTERNAL_ERROR);
+        let code = v
+            .get("code")
+            .and_then(Value::as_i64)
+            .unwrap_or(INTERNAL_ERROR);
         let message = v
             .get("message")
             .and_then(Value::as_str)

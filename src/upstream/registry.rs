@@ -13,8 +13,7 @@ use tokio::sync::mpsc;
 use super::http::{HttpOptions, HttpUpstream};
 use super::stdio::{StdioOptions, StdioPool};
 use super::{
-    CallEvent, CallOutcome, CallSpec, LegacyTransport, TransportState, UpstreamError,
-    UpstreamInfo,
+    CallEvent, CallOutcome, CallSpec, LegacyTransport, TransportState, UpstreamError, UpstreamInfo,
 };
 use crate::auth::Principal;
 use crate::config::{Isolation, UpstreamConfig, UpstreamTarget};
@@ -46,7 +45,10 @@ pub struct Upstream {
 }
 
 impl Upstream {
-    fn start_transport(cfg: &UpstreamConfig, pid_dir: &std::path::Path) -> Arc<dyn LegacyTransport> {
+    fn start_transport(
+        cfg: &UpstreamConfig,
+        pid_dir: &std::path::Path,
+    ) -> Arc<dyn LegacyTransport> {
         match cfg.target() {
             UpstreamTarget::Stdio { program, args } => StdioPool::start(StdioOptions {
                 name: cfg.name.clone(),
@@ -112,7 +114,10 @@ impl Upstream {
     }
 
     /// The transport (and its tools cache) serving a principal's scope.
-    fn scoped(&self, principal: &Principal) -> (Arc<dyn LegacyTransport>, Arc<Mutex<Option<Value>>>) {
+    fn scoped(
+        &self,
+        principal: &Principal,
+    ) -> (Arc<dyn LegacyTransport>, Arc<Mutex<Option<Value>>>) {
         let key = scope_key(self.cfg.isolation, principal);
         if key.is_empty() {
             return (self.boot.clone(), self.boot_tools.clone());
@@ -185,10 +190,10 @@ impl Upstream {
                 tx,
             )
             .await?;
-        if let CallOutcome::Result(v) = &out {
-            if let Ok(mut c) = cache.lock() {
-                *c = Some(v.clone());
-            }
+        if let CallOutcome::Result(v) = &out
+            && let Ok(mut c) = cache.lock()
+        {
+            *c = Some(v.clone());
         }
         Ok(out)
     }

@@ -38,7 +38,9 @@ pub fn parse_initialize_result(result: &Value) -> Result<UpstreamInfo, String> {
         .and_then(Value::as_str)
         .ok_or_else(|| "initialize result has no protocolVersion".to_string())?;
     if !LEGACY_VERSIONS.contains(&version) {
-        return Err(format!("upstream answered unsupported protocol version {version}"));
+        return Err(format!(
+            "upstream answered unsupported protocol version {version}"
+        ));
     }
     let capabilities = obj
         .get("capabilities")
@@ -64,9 +66,19 @@ pub fn parse_initialize_result(result: &Value) -> Result<UpstreamInfo, String> {
 /// A message received from an upstream, classified.
 #[derive(Debug)]
 pub enum Inbound {
-    Response { id: Value, outcome: CallOutcome },
-    Request { id: Value, method: String, params: Option<Value> },
-    Notification { method: String, params: Option<Value> },
+    Response {
+        id: Value,
+        outcome: CallOutcome,
+    },
+    Request {
+        id: Value,
+        method: String,
+        params: Option<Value>,
+    },
+    Notification {
+        method: String,
+        params: Option<Value>,
+    },
 }
 
 /// Classify one JSON-RPC message (a 2025-03-26 batch must be split by the caller).
@@ -114,7 +126,9 @@ pub fn request(id: u64, method: &str, params: Map<String, Value>) -> Value {
 pub fn answer(id: &Value, answer: &super::InputAnswer) -> Value {
     match answer {
         super::InputAnswer::Result(r) => json!({ "jsonrpc": "2.0", "id": id, "result": r }),
-        super::InputAnswer::Error(e) => json!({ "jsonrpc": "2.0", "id": id, "error": e.to_value() }),
+        super::InputAnswer::Error(e) => {
+            json!({ "jsonrpc": "2.0", "id": id, "error": e.to_value() })
+        }
     }
 }
 
@@ -160,7 +174,10 @@ mod tests {
     #[test]
     fn initialize_result_versions() {
         let ok = json!({"protocolVersion":"2025-06-18","capabilities":{"tools":{}},"serverInfo":{"name":"x","version":"1"}});
-        assert_eq!(parse_initialize_result(&ok).unwrap().protocol_version, "2025-06-18");
+        assert_eq!(
+            parse_initialize_result(&ok).unwrap().protocol_version,
+            "2025-06-18"
+        );
         let bad = json!({"protocolVersion":"2026-07-28","capabilities":{}});
         assert!(parse_initialize_result(&bad).is_err());
     }

@@ -45,7 +45,9 @@ pub struct Proc {
 
 impl Proc {
     pub fn spawn(mut cmd: Command) -> Self {
-        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawn process");
         let logs = Arc::new(Mutex::new(Vec::new()));
         let stderr = child.stderr.take().expect("stderr");
@@ -69,7 +71,13 @@ impl Proc {
     pub async fn wait_log(&self, needle: &str, limit: Duration) -> Option<String> {
         let start = Instant::now();
         while start.elapsed() < limit {
-            if let Some(l) = self.logs.lock().unwrap().iter().find(|l| l.contains(needle)) {
+            if let Some(l) = self
+                .logs
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|l| l.contains(needle))
+            {
                 return Some(l.clone());
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
@@ -109,7 +117,9 @@ pub fn http_upstream(name: &str, path: &str, url: &str, extra: &str) -> String {
 }
 
 pub fn jwt_auth() -> String {
-    format!("[auth]\nmode = \"jwt\"\nalgorithms = [\"HS256\"]\nhs256_secret = \"{SECRET}\"\nissuer = \"https://issuer.test\"\naudience = \"taskgate-test\"\n")
+    format!(
+        "[auth]\nmode = \"jwt\"\nalgorithms = [\"HS256\"]\nhs256_secret = \"{SECRET}\"\nissuer = \"https://issuer.test\"\naudience = \"taskgate-test\"\n"
+    )
 }
 
 pub fn no_auth() -> String {
@@ -117,7 +127,10 @@ pub fn no_auth() -> String {
 }
 
 pub fn now_s() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
 }
 
 /// An HS256 token for the test secret with the standard test issuer/audience.
@@ -165,7 +178,9 @@ impl Gateway {
 
     pub async fn launch(dir: tempfile::TempDir, config_path: PathBuf) -> Self {
         let mut cmd = Command::new(bin());
-        cmd.arg("--config").arg(&config_path).current_dir(dir.path());
+        cmd.arg("--config")
+            .arg(&config_path)
+            .current_dir(dir.path());
         cmd.env("TASKGATE_LOG", "info,taskgate=debug");
         let proc = Proc::spawn(cmd);
         let line = proc
@@ -194,10 +209,10 @@ impl Gateway {
     pub async fn wait_ready(&self) {
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(30) {
-            if let Ok(r) = raw(&self.url("/readyz"), "GET", &[], Bytes::new()).await {
-                if r.status == 200 {
-                    return;
-                }
+            if let Ok(r) = raw(&self.url("/readyz"), "GET", &[], Bytes::new()).await
+                && r.status == 200
+            {
+                return;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -228,11 +243,15 @@ impl Resp {
     }
 
     pub fn is_sse(&self) -> bool {
-        self.header("content-type").is_some_and(|c| c.starts_with("text/event-stream"))
+        self.header("content-type")
+            .is_some_and(|c| c.starts_with("text/event-stream"))
     }
 
     pub fn header(&self, name: &str) -> Option<String> {
-        self.headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_string)
+        self.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
     }
 
     /// All JSON messages carried by `data:` lines of an SSE body.
@@ -250,16 +269,21 @@ pub fn sse_messages(body: &[u8]) -> Vec<Value> {
             .filter_map(|l| l.strip_prefix("data:"))
             .map(|l| l.strip_prefix(' ').unwrap_or(l))
             .collect();
-        if !data.is_empty() {
-            if let Ok(v) = serde_json::from_str(&data.join("\n")) {
-                out.push(v);
-            }
+        if !data.is_empty()
+            && let Ok(v) = serde_json::from_str(&data.join("\n"))
+        {
+            out.push(v);
         }
     }
     out
 }
 
-pub async fn raw(url: &str, method: &str, headers: &[(&str, String)], body: Bytes) -> Result<Resp, String> {
+pub async fn raw(
+    url: &str,
+    method: &str,
+    headers: &[(&str, String)],
+    body: Bytes,
+) -> Result<Resp, String> {
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let mut b = http::Request::builder().method(method).uri(url);
     for (k, v) in headers {
@@ -277,7 +301,11 @@ pub async fn raw(url: &str, method: &str, headers: &[(&str, String)], body: Byte
         .map_err(|_| "body timeout".to_string())?
         .map_err(|e| e.to_string())?
         .to_bytes();
-    Ok(Resp { status, headers, body })
+    Ok(Resp {
+        status,
+        headers,
+        body,
+    })
 }
 
 /// `_meta` for a 2026 request with the given client capabilities.
@@ -355,7 +383,8 @@ impl Client2026 {
     }
 
     pub async fn call_tool(&self, name: &str, args: Value) -> Resp {
-        self.request("tools/call", json!({"name": name, "arguments": args})).await
+        self.request("tools/call", json!({"name": name, "arguments": args}))
+            .await
     }
 }
 
@@ -365,10 +394,17 @@ pub fn write(path: &Path, text: &str) {
 
 /// A free loopback port (bound and released; good enough for tests).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// Text of the first content block of a tools/call result.
 pub fn first_text(result: &Value) -> String {
-    result["content"][0]["text"].as_str().unwrap_or_default().to_string()
+    result["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
 }
