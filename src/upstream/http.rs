@@ -1,39 +1,1963 @@
-//! STUB
-use super::*;
-use std::sync::Arc;
+//! Legacy Streamable HTTP upstream transport (spec C3, design.md policy 14).
+//!
+//! One [`HttpUpstream`] is one upstream MCP session over plain `http://`. Guarantees:
+//!
+//! - **Start never blocks on the upstream.** [`HttpUpstream::start`] returns at once and
+//!   runs `initialize` in the background; an unreachable upstream is retried with
+//!   backoff (200 ms doubling to 5 s) for as long as the transport lives, so the
+//!   gateway starts regardless and calls succeed once the upstream is back.
+//! - **One handshake at a time.** Callers, the background supervisor and session-expiry
+//!   recovery share a single `initialize` attempt; the handshake runs in its own task,
+//!   so a caller giving up never leaves a half-initialised session behind.
+//! - **Session headers only.** Every request after `initialize` carries
+//!   `Mcp-Session-Id` (when issued), `MCP-Protocol-Version` and the static headers from
+//!   the configuration — never anything from a client.
+//! - **Redirects.** 307/308 are followed (the body is re-sent) and the new URL is
+//!   remembered, so `/mcp` → `/mcp/` costs one round trip once.
+//! - **No lost answers.** A call's SSE stream may start with a priming event and be
+//!   closed after `retry:` (2025-11-25 polling); the transport waits and resumes with
+//!   `GET` + `Last-Event-ID` until the response arrives. A stream that ends without an
+//!   id to resume from fails the call with [`UpstreamError::Broken`].
+//! - **Session expiry.** A 404 on a request that carried a session id re-runs
+//!   `initialize` without one and retries *that* request once (it never reached a live
+//!   session, so repeating it cannot execute it twice). A 400 whose body mentions the
+//!   session counts as expiry too (python-sdk ≤ 1.9 answers unknown sessions that way).
+//! - **Errors.** Connection refused / connect failure → [`UpstreamError::Unavailable`]
+//!   (the session is dropped and the supervisor re-initialises with backoff); HTTP
+//!   502–504 → `Unavailable`; other 5xx or a broken stream → [`UpstreamError::Broken`];
+//!   4xx, bad JSON, oversized messages → [`UpstreamError::Protocol`]. Reasons carry
+//!   the status and a snippet of the body.
+//! - **Attribution.** Progress, log messages and server→client requests are only ever
+//!   attributed to the call whose POST stream carried them. Requests arriving on the
+//!   standalone `GET` stream are answered by [`crate::upstream::unowned_request_answer`].
+//! - **Cancellation.** Dropping a [`LegacyTransport::call`] future once its request may
+//!   have reached the upstream (sending started, answer not complete) POSTs
+//!   `notifications/cancelled` (spawned, fire and forget); late answers vanish with the
+//!   dropped stream. A call that fails mid-stream is cancelled the same way, so the
+//!   upstream stops work nobody will read. After `shutdown` nothing more is sent.
+//! - **Bounded memory.** A JSON body or SSE event larger than `max_message_bytes` fails
+//!   the call with [`UpstreamError::Protocol`].
+//! - **No panics on upstream input.** Every upstream-controlled path returns an error.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{ACCEPT, CONTENT_TYPE, LOCATION};
+use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{Map, Value};
+use tokio::sync::{Notify, broadcast, mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use super::session::{self, Inbound};
+use super::sse::SseParser;
+use super::{
+    BoxFuture, CallEvent, CallOutcome, CallSpec, InputAnswer, InputRequest, LegacyTransport,
+    SessionNotification, TransportState, UpstreamError, UpstreamInfo,
+};
+use crate::protocol::RpcError;
+
+/// Options for one HTTP upstream session.
+#[derive(Debug, Clone)]
 pub struct HttpOptions {
+    /// Upstream name, used in errors and logs.
     pub name: String,
+    /// The MCP endpoint, `http://host:port/path`.
     pub url: String,
+    /// Static headers sent on every request (upstream credentials from config/env).
     pub headers: Vec<(String, String)>,
+    /// Largest JSON body or SSE event accepted from the upstream.
     pub max_message_bytes: usize,
 }
-pub struct HttpUpstream;
-impl HttpUpstream {
-    pub fn start(_opts: HttpOptions) -> Arc<Self> {
-        Arc::new(Self)
+
+const ACCEPT_POST: &str = "application/json, text/event-stream";
+const ACCEPT_SSE: &str = "text/event-stream";
+const SESSION_HEADER: &str = "mcp-session-id";
+const VERSION_HEADER: &str = "mcp-protocol-version";
+const LAST_EVENT_ID: &str = "last-event-id";
+
+const INITIAL_BACKOFF: Duration = Duration::from_millis(200);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// A caller arriving this soon after a failed handshake gets the failure instead of a
+/// new attempt, so a burst of calls against a dead upstream is not a burst of connects.
+const FAIL_FAST: Duration = Duration::from_millis(250);
+const INIT_TIMEOUT: Duration = Duration::from_secs(30);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const SHUTDOWN_DELETE_TIMEOUT: Duration = Duration::from_secs(2);
+const MAX_REDIRECTS: usize = 5;
+/// When a stream ends without `retry:` but with an id, wait this long before resuming.
+const DEFAULT_RESUME_DELAY_MS: u64 = 500;
+/// Cap on a server-supplied `retry:` so a hostile value cannot park a call forever.
+const MAX_RESUME_DELAY_MS: u64 = 60_000;
+/// Consecutive resumptions that deliver no event at all before the call is abandoned.
+const MAX_EMPTY_RESUMES: u32 = 5;
+const SNIPPET_BYTES: usize = 512;
+
+/// The identity of one live upstream session.
+#[derive(Debug, Clone)]
+struct Session {
+    /// `Mcp-Session-Id`, when the server issued one.
+    id: Option<String>,
+    /// Negotiated version; `None` only while the handshake itself runs.
+    version: Option<String>,
+    /// Increments with every successful `initialize`; tells a stale session apart.
+    generation: u64,
+}
+
+struct Inner {
+    /// Current endpoint (updated when a 307/308 redirect is followed).
+    url: String,
+    session: Option<Session>,
+    info: Option<UpstreamInfo>,
+    state: TransportState,
+    generation: u64,
+    last_failure: Option<(Instant, String)>,
+}
+
+/// Why a request could not be exchanged.
+enum SendError {
+    /// Nothing reached the upstream (connection refused, connect timeout, …).
+    Unreachable(String),
+    /// The exchange failed after the request may have been sent.
+    Failed(String),
+}
+
+impl SendError {
+    fn reason(self) -> String {
+        match self {
+            Self::Unreachable(r) | Self::Failed(r) => r,
+        }
     }
 }
-impl LegacyTransport for HttpUpstream {
-    fn ensure_ready(&self) -> BoxFuture<'_, Result<UpstreamInfo, UpstreamError>> {
-        Box::pin(async { Err(UpstreamError::ShuttingDown) })
+
+/// Who asks for a handshake; decides whether a recent failure is reused.
+#[derive(Clone, Copy)]
+enum Trigger {
+    Caller,
+    Supervisor,
+    /// The session with this generation answered 404.
+    Expired(u64),
+}
+
+/// A legacy Streamable HTTP client session (spec C3). See the module docs.
+pub struct HttpUpstream {
+    me: Weak<HttpUpstream>,
+    name: String,
+    headers: Vec<(HeaderName, HeaderValue)>,
+    max_message_bytes: usize,
+    client: Client<HttpConnector, Full<Bytes>>,
+    inner: Mutex<Inner>,
+    /// Serialises handshakes (first start, recovery, re-init after 404).
+    init_lock: tokio::sync::Mutex<()>,
+    notifications: broadcast::Sender<SessionNotification>,
+    next_id: AtomicU64,
+    next_token: AtomicU64,
+    /// Wakes the supervisor when the session was lost.
+    session_lost: Arc<Notify>,
+    stop: CancellationToken,
+    shutting_down: AtomicBool,
+}
+
+impl std::fmt::Debug for HttpUpstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpUpstream")
+            .field("name", &self.name)
+            .field("state", &self.state())
+            .finish()
     }
-    fn info(&self) -> Option<UpstreamInfo> {
+}
+
+impl HttpUpstream {
+    /// Create the transport and start initialising in the background. Must be called
+    /// inside a tokio runtime. Never fails: invalid static headers are skipped (config
+    /// validation rejects them earlier) and an unreachable upstream is retried.
+    pub fn start(opts: HttpOptions) -> Arc<Self> {
+        let mut headers = Vec::with_capacity(opts.headers.len());
+        for (k, v) in &opts.headers {
+            match (
+                HeaderName::from_bytes(k.as_bytes()),
+                HeaderValue::from_str(v),
+            ) {
+                (Ok(k), Ok(v)) => headers.push((k, v)),
+                _ => {
+                    tracing::warn!(upstream = %opts.name, header = %k, "skipping invalid static header")
+                }
+            }
+        }
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new()).build(connector);
+        let (notifications, _) = broadcast::channel(256);
+        let this = Arc::new_cyclic(|me| HttpUpstream {
+            me: me.clone(),
+            name: opts.name,
+            headers,
+            max_message_bytes: opts.max_message_bytes.max(1),
+            client,
+            inner: Mutex::new(Inner {
+                url: opts.url,
+                session: None,
+                info: None,
+                state: TransportState::Starting,
+                generation: 0,
+                last_failure: None,
+            }),
+            init_lock: tokio::sync::Mutex::new(()),
+            notifications,
+            next_id: AtomicU64::new(1),
+            next_token: AtomicU64::new(1),
+            session_lost: Arc::new(Notify::new()),
+            stop: CancellationToken::new(),
+            shutting_down: AtomicBool::new(false),
+        });
+        tokio::spawn(supervise(
+            Arc::downgrade(&this),
+            this.session_lost.clone(),
+            this.stop.clone(),
+        ));
+        this
+    }
+
+    /// The endpoint currently used (after any remembered redirect).
+    pub fn url(&self) -> String {
+        self.inner().url.clone()
+    }
+
+    fn inner(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock cannot leave `Inner` inconsistent (every
+        // critical section is a few plain assignments), so poisoning is ignored.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::SeqCst)
+    }
+
+    fn current_session(&self) -> Option<Session> {
+        self.inner().session.clone()
+    }
+
+    fn unavailable(&self, reason: impl Into<String>) -> UpstreamError {
+        UpstreamError::Unavailable {
+            upstream: self.name.clone(),
+            reason: reason.into(),
+        }
+    }
+
+    fn broken(&self, reason: impl Into<String>) -> UpstreamError {
+        UpstreamError::Broken {
+            upstream: self.name.clone(),
+            reason: reason.into(),
+        }
+    }
+
+    fn protocol(&self, reason: impl Into<String>) -> UpstreamError {
+        UpstreamError::Protocol {
+            upstream: self.name.clone(),
+            reason: reason.into(),
+        }
+    }
+
+    /// Forget `session` (if still current) and let the supervisor re-initialise.
+    fn lose_session(&self, session: &Session, reason: &str) {
+        let mut inner = self.inner();
+        if inner
+            .session
+            .as_ref()
+            .is_some_and(|s| s.generation == session.generation)
+        {
+            inner.session = None;
+            inner.state = TransportState::Down(reason.to_string());
+            inner.last_failure = Some((Instant::now(), reason.to_string()));
+            drop(inner);
+            self.session_lost.notify_one();
+        }
+    }
+
+    // ----- HTTP plumbing -------------------------------------------------------------
+
+    fn build_request(
+        &self,
+        method: &Method,
+        url: &str,
+        body: Option<&Bytes>,
+        session: Option<&Session>,
+        accept: &'static str,
+        last_event_id: Option<&str>,
+    ) -> Result<Request<Full<Bytes>>, SendError> {
+        let mut req = Request::builder().method(method.clone()).uri(url);
+        if let Some(h) = req.headers_mut() {
+            for (k, v) in &self.headers {
+                h.append(k.clone(), v.clone());
+            }
+            // Protocol headers go last and replace any static header of the same name.
+            h.insert(ACCEPT, HeaderValue::from_static(accept));
+            if body.is_some() {
+                h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            }
+            if let Some(s) = session {
+                if let Some(id) = &s.id
+                    && let Ok(v) = HeaderValue::from_str(id)
+                {
+                    h.insert(SESSION_HEADER, v);
+                }
+                if let Some(ver) = &s.version
+                    && let Ok(v) = HeaderValue::from_str(ver)
+                {
+                    h.insert(VERSION_HEADER, v);
+                }
+            }
+            if let Some(id) = last_event_id
+                && let Ok(v) = HeaderValue::from_str(id)
+            {
+                h.insert(LAST_EVENT_ID, v);
+            }
+        }
+        req.body(Full::new(body.cloned().unwrap_or_default()))
+            .map_err(|e| SendError::Unreachable(format!("cannot build request for {url}: {e}")))
+    }
+
+    /// One exchange, following 307/308 redirects (and remembering where they lead).
+    async fn send(
+        &self,
+        method: Method,
+        body: Option<Bytes>,
+        session: Option<&Session>,
+        accept: &'static str,
+        last_event_id: Option<&str>,
+    ) -> Result<Response<Incoming>, SendError> {
+        let mut url = self.url();
+        for _ in 0..=MAX_REDIRECTS {
+            let req =
+                self.build_request(&method, &url, body.as_ref(), session, accept, last_event_id)?;
+            let resp = self.client.request(req).await.map_err(|e| {
+                let reason = format!("{url}: {}", error_chain(&e));
+                if e.is_connect() {
+                    SendError::Unreachable(reason)
+                } else {
+                    SendError::Failed(reason)
+                }
+            })?;
+            let status = resp.status();
+            if status != StatusCode::TEMPORARY_REDIRECT && status != StatusCode::PERMANENT_REDIRECT
+            {
+                return Ok(resp);
+            }
+            let next = resp
+                .headers()
+                .get(LOCATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|loc| resolve_location(&url, loc))
+                .ok_or_else(|| {
+                    SendError::Failed(format!(
+                        "{url}: HTTP {status} without a usable http Location"
+                    ))
+                })?;
+            tracing::debug!(upstream = %self.name, from = %url, to = %next, "following redirect");
+            {
+                let mut inner = self.inner();
+                if inner.url == url {
+                    inner.url = next.clone();
+                }
+            }
+            url = next;
+        }
+        Err(SendError::Failed(format!("{url}: too many redirects")))
+    }
+
+    /// An HTTP error status as a transport error with a snippet of the body.
+    async fn status_error(&self, what: &str, resp: Response<Incoming>) -> UpstreamError {
+        let status = resp.status();
+        let snippet = body_snippet(resp.into_body()).await;
+        let reason = format!("{what}: HTTP {status}: {snippet}");
+        match status.as_u16() {
+            // The upstream (or a proxy in front of it) says "later": retryable.
+            502..=504 => self.unavailable(reason),
+            500..=599 => self.broken(reason),
+            _ => self.protocol(reason),
+        }
+    }
+
+    /// POST a notification or response; expects 202 (any 2xx is accepted).
+    async fn post_message(&self, session: &Session, msg: &Value) -> Result<(), String> {
+        let body = Bytes::from(serde_json::to_vec(msg).map_err(|e| e.to_string())?);
+        let resp = self
+            .send(Method::POST, Some(body), Some(session), ACCEPT_POST, None)
+            .await
+            .map_err(SendError::reason)?;
+        let status = resp.status();
+        if status.is_success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "HTTP {status}: {}",
+                body_snippet(resp.into_body()).await
+            ))
+        }
+    }
+
+    /// Answer an upstream server→client request once `answer` resolves. Runs detached
+    /// and holds only a weak reference, so a gateway that never answers leaks nothing
+    /// but a parked task.
+    fn spawn_answer<F>(&self, session: Session, id: Value, answer: F)
+    where
+        F: Future<Output = InputAnswer> + Send + 'static,
+    {
+        let me = self.me.clone();
+        tokio::spawn(async move {
+            let answer = answer.await;
+            let Some(me) = me.upgrade() else { return };
+            if me.is_shutting_down() {
+                return;
+            }
+            let msg = session::answer(&id, &answer);
+            if let Err(e) = me.post_message(&session, &msg).await {
+                tracing::warn!(upstream = %me.name, id = %id, "answering upstream request failed: {e}");
+            }
+        });
+    }
+
+    // ----- session lifecycle ---------------------------------------------------------
+
+    /// The current session, running a (shared) handshake when there is none.
+    async fn ensure_session(&self) -> Result<Session, UpstreamError> {
+        if self.is_shutting_down() {
+            return Err(UpstreamError::ShuttingDown);
+        }
+        if let Some(s) = self.current_session() {
+            return Ok(s);
+        }
+        self.initialize_shared(Trigger::Caller).await
+    }
+
+    /// Run a handshake in its own task so the caller may be dropped without aborting it.
+    async fn initialize_shared(&self, trigger: Trigger) -> Result<Session, UpstreamError> {
+        let me = self.me.upgrade().ok_or(UpstreamError::ShuttingDown)?;
+        match tokio::spawn(async move { me.initialize_locked(trigger).await }).await {
+            Ok(r) => r,
+            Err(e) => Err(self.unavailable(format!("initialize task failed: {e}"))),
+        }
+    }
+
+    async fn initialize_locked(&self, trigger: Trigger) -> Result<Session, UpstreamError> {
+        let _guard = self.init_lock.lock().await;
+        if self.is_shutting_down() {
+            return Err(UpstreamError::ShuttingDown);
+        }
+        {
+            let mut inner = self.inner();
+            match (&inner.session, trigger) {
+                // Someone else already replaced the expired session: use theirs.
+                (Some(s), Trigger::Expired(g)) if s.generation != g => return Ok(s.clone()),
+                (Some(s), Trigger::Caller | Trigger::Supervisor) => return Ok(s.clone()),
+                (Some(_), Trigger::Expired(_)) => inner.session = None,
+                (None, _) => {}
+            }
+            if let (Trigger::Caller, Some((at, reason))) = (trigger, &inner.last_failure)
+                && at.elapsed() < FAIL_FAST
+            {
+                return Err(self.unavailable(reason.clone()));
+            }
+        }
+        let result = match tokio::time::timeout(INIT_TIMEOUT, self.handshake()).await {
+            Ok(r) => r,
+            Err(_) => Err(format!("initialize timed out after {INIT_TIMEOUT:?}")),
+        };
+        match result {
+            Ok((mut session, info)) => {
+                let session = {
+                    let mut inner = self.inner();
+                    inner.generation += 1;
+                    session.generation = inner.generation;
+                    inner.session = Some(session.clone());
+                    inner.info = Some(info);
+                    inner.state = TransportState::Ready;
+                    inner.last_failure = None;
+                    session
+                };
+                tracing::info!(
+                    upstream = %self.name,
+                    session = session.id.as_deref().unwrap_or("-"),
+                    version = session.version.as_deref().unwrap_or("-"),
+                    "upstream initialized"
+                );
+                tokio::spawn(listen(self.me.clone(), session.clone(), self.stop.clone()));
+                Ok(session)
+            }
+            Err(reason) => {
+                tracing::warn!(upstream = %self.name, "initialize failed: {reason}");
+                {
+                    let mut inner = self.inner();
+                    inner.state = TransportState::Down(reason.clone());
+                    inner.last_failure = Some((Instant::now(), reason.clone()));
+                }
+                // Make sure the supervisor keeps retrying in the background.
+                self.session_lost.notify_one();
+                Err(self.unavailable(reason))
+            }
+        }
+    }
+
+    /// `initialize` + `notifications/initialized` (spec C2). The session's generation
+    /// is filled in by the caller.
+    async fn handshake(&self) -> Result<(Session, UpstreamInfo), String> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let body = Bytes::from(
+            serde_json::to_vec(&session::initialize_request(id)).map_err(|e| e.to_string())?,
+        );
+        let resp = self
+            .send(Method::POST, Some(body), None, ACCEPT_POST, None)
+            .await
+            .map_err(SendError::reason)?;
+        if !resp.status().is_success() {
+            return Err(self.status_error("initialize", resp).await.to_string());
+        }
+        let session_id = resp
+            .headers()
+            .get(SESSION_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|v| !v.is_empty() && v.bytes().all(|b| (0x21..=0x7e).contains(&b)))
+            .map(str::to_string);
+        // Requests the server sends before answering (ping) are answered within the
+        // new session; the version is not known yet.
+        let provisional = Session {
+            id: session_id.clone(),
+            version: None,
+            generation: 0,
+        };
+        let mut ctx = CallCtx::new(id, None, None, provisional);
+        let outcome = self
+            .read_answer(resp, &mut ctx)
+            .await
+            .map_err(|e| e.to_string())?;
+        let result = match outcome {
+            CallOutcome::Result(v) => v,
+            CallOutcome::Error(e) => return Err(format!("initialize was refused: {e}")),
+        };
+        let info = session::parse_initialize_result(&result)?;
+        let session = Session {
+            id: session_id,
+            version: Some(info.protocol_version.clone()),
+            generation: 0,
+        };
+        self.post_message(&session, &session::initialized_notification())
+            .await
+            .map_err(|e| format!("notifications/initialized: {e}"))?;
+        Ok((session, info))
+    }
+
+    // ----- calls ---------------------------------------------------------------------
+
+    async fn call_inner(
+        &self,
+        spec: CallSpec,
+        events: mpsc::Sender<CallEvent>,
+    ) -> Result<CallOutcome, UpstreamError> {
+        let request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let token = spec
+            .want_progress
+            .then(|| Value::from(self.next_token.fetch_add(1, Ordering::Relaxed)));
+        let mut params = spec.params;
+        if let Some(t) = &token {
+            let mut meta = Map::new();
+            meta.insert("progressToken".into(), t.clone());
+            params.insert("_meta".into(), Value::Object(meta));
+        }
+        let msg = session::request(request_id, &spec.method, params);
+        let body = Bytes::from(serde_json::to_vec(&msg).map_err(|e| self.protocol(e.to_string()))?);
+        let mut guard = CancelGuard {
+            upstream: self.me.clone(),
+            request_id,
+            session: None,
+            stop: self.stop.clone(),
+        };
+        for attempt in 0..2 {
+            let session = self.ensure_session().await?;
+            // From here on the request may reach the upstream: dropping us cancels it.
+            guard.session = Some(session.clone());
+            let resp = match self
+                .send(
+                    Method::POST,
+                    Some(body.clone()),
+                    Some(&session),
+                    ACCEPT_POST,
+                    None,
+                )
+                .await
+            {
+                Ok(r) => r,
+                Err(SendError::Unreachable(reason)) => {
+                    guard.session = None;
+                    self.lose_session(&session, &reason);
+                    return Err(self.unavailable(reason));
+                }
+                Err(SendError::Failed(reason)) => return Err(self.broken(reason)),
+            };
+            let status = resp.status();
+            if !status.is_success() {
+                // Nothing runs upstream for a refused request: no cancellation needed.
+                guard.session = None;
+                let (expired, detail) = match status {
+                    // python-sdk ≤ 1.9 answers an unknown session id with 400 and a body
+                    // naming the session instead of 404; treat it the same.
+                    StatusCode::NOT_FOUND | StatusCode::BAD_REQUEST => {
+                        let text = body_snippet(resp.into_body()).await;
+                        let expired = status == StatusCode::NOT_FOUND
+                            || text.to_ascii_lowercase().contains("session");
+                        (expired, text)
+                    }
+                    _ => return Err(self.status_error(&spec.method, resp).await),
+                };
+                if expired && session.id.is_some() && attempt == 0 {
+                    // The session expired: the request never reached a live session,
+                    // so sending it once more in a fresh one is safe.
+                    tracing::info!(upstream = %self.name, %status, "session expired, re-initializing");
+                    self.initialize_shared(Trigger::Expired(session.generation))
+                        .await?;
+                    continue;
+                }
+                return Err(self.protocol(format!("{}: HTTP {status}: {detail}", spec.method)));
+            }
+            let mut ctx = CallCtx::new(request_id, token.clone(), Some(&events), session);
+            let outcome = self.read_answer(resp, &mut ctx).await?;
+            guard.session = None;
+            return Ok(outcome);
+        }
+        guard.session = None;
+        Err(self.broken("session expired again right after re-initialization"))
+    }
+
+    /// Read the answer to one request: a JSON body or an SSE stream (with resumption).
+    async fn read_answer(
+        &self,
+        resp: Response<Incoming>,
+        ctx: &mut CallCtx<'_>,
+    ) -> Result<CallOutcome, UpstreamError> {
+        if is_event_stream(&resp) {
+            return self.read_stream(resp.into_body(), ctx).await;
+        }
+        if resp.status() == StatusCode::ACCEPTED {
+            return Err(self.protocol("upstream answered a request with 202 and no response"));
+        }
+        let body = read_capped(resp.into_body(), self.max_message_bytes)
+            .await
+            .map_err(|e| match e {
+                ReadError::TooLarge => self.protocol(format!(
+                    "response body exceeds max_message_bytes ({})",
+                    self.max_message_bytes
+                )),
+                ReadError::Io(e) => self.broken(format!("reading response body: {e}")),
+            })?;
+        let value: Value = serde_json::from_slice(&body).map_err(|e| {
+            self.protocol(format!("invalid JSON response: {e}: {}", snippet(&body)))
+        })?;
+        for msg in split_batch(value) {
+            if let Some(outcome) = self.handle_inbound(msg, ctx).await {
+                return Ok(outcome);
+            }
+        }
+        Err(self.protocol("JSON answer does not contain the response to the request"))
+    }
+
+    async fn read_stream(
+        &self,
+        body: Incoming,
+        ctx: &mut CallCtx<'_>,
+    ) -> Result<CallOutcome, UpstreamError> {
+        let mut empty_resumes = 0u32;
+        // `None` after a failed resumption attempt: nothing to read this round.
+        let mut body = Some(body);
+        loop {
+            let mut parser = SseParser::new(self.max_message_bytes);
+            let mut saw_event = false;
+            let end = loop {
+                let Some(stream) = body.as_mut() else {
+                    break "resumption failed".to_string();
+                };
+                let frame = match stream.frame().await {
+                    None => break "the stream ended".to_string(),
+                    Some(Err(e)) => break format!("the stream broke: {}", error_chain(&e)),
+                    Some(Ok(frame)) => frame,
+                };
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
+                let events = parser
+                    .feed(&data)
+                    .map_err(|e| self.protocol(format!("{e} (max_message_bytes)")))?;
+                for ev in events {
+                    saw_event = true;
+                    if let Some(id) = ev.id.filter(|id| !id.is_empty()) {
+                        ctx.last_event_id = Some(id);
+                    }
+                    if ev.data.is_empty() {
+                        continue; // priming event: only its id matters
+                    }
+                    let value: Value = serde_json::from_str(&ev.data).map_err(|e| {
+                        self.protocol(format!(
+                            "invalid JSON in SSE event: {e}: {}",
+                            snippet(ev.data.as_bytes())
+                        ))
+                    })?;
+                    for msg in split_batch(value) {
+                        if let Some(outcome) = self.handle_inbound(msg, ctx).await {
+                            return Ok(outcome);
+                        }
+                    }
+                }
+            };
+            // `retry:` may arrive in a block the server never terminated before closing.
+            if let Some(ms) = parser.reconnect_ms() {
+                ctx.retry_ms = Some(ms);
+            }
+            if saw_event {
+                empty_resumes = 0;
+            } else {
+                empty_resumes += 1;
+            }
+            let Some(last_id) = ctx.last_event_id.clone() else {
+                return Err(self.broken(format!(
+                    "{end} before the response arrived (no event id to resume from)"
+                )));
+            };
+            if empty_resumes > MAX_EMPTY_RESUMES {
+                return Err(self.broken(format!(
+                    "{end}; {MAX_EMPTY_RESUMES} resumptions brought nothing new"
+                )));
+            }
+            let delay = ctx
+                .retry_ms
+                .unwrap_or(DEFAULT_RESUME_DELAY_MS)
+                .min(MAX_RESUME_DELAY_MS);
+            tracing::debug!(upstream = %self.name, last_id = %last_id, delay, "{end}; resuming with GET");
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+            match self
+                .send(
+                    Method::GET,
+                    None,
+                    Some(&ctx.session),
+                    ACCEPT_SSE,
+                    Some(&last_id),
+                )
+                .await
+            {
+                Ok(resp) if resp.status().is_success() && is_event_stream(&resp) => {
+                    body = Some(resp.into_body());
+                }
+                Ok(resp) => {
+                    return Err(self
+                        .status_error("resuming the stream", resp)
+                        .await
+                        .into_broken());
+                }
+                Err(e) => {
+                    // The upstream may be restarting; a later resumption may succeed.
+                    tracing::debug!(upstream = %self.name, "resumption failed: {}", e.reason());
+                    // No body: the next round ends at once and counts as no progress.
+                    body = None;
+                }
+            }
+        }
+    }
+
+    /// Route one message received on a call's stream. Returns the call's outcome when
+    /// this is the final response.
+    async fn handle_inbound(&self, msg: Value, ctx: &mut CallCtx<'_>) -> Option<CallOutcome> {
+        let inbound = match session::classify(msg) {
+            Ok(i) => i,
+            Err(e) => {
+                tracing::warn!(upstream = %self.name, "ignoring malformed message: {e}");
+                return None;
+            }
+        };
+        match inbound {
+            Inbound::Response { id, outcome } => {
+                if id_matches(&id, ctx.request_id) {
+                    return Some(outcome);
+                }
+                tracing::debug!(upstream = %self.name, id = %id, "ignoring response to another request");
+            }
+            Inbound::Request { id, method, params } => match (method.as_str(), ctx.events) {
+                ("elicitation/create" | "sampling/createMessage" | "roots/list", Some(events)) => {
+                    let (respond, rx) = oneshot::channel();
+                    let req = InputRequest {
+                        method,
+                        params,
+                        respond,
+                    };
+                    // If the receiver is gone the request (and `respond`) is dropped,
+                    // which the answer task below turns into an error answer.
+                    let _ = events.send(CallEvent::Input(req)).await;
+                    self.spawn_answer(ctx.session.clone(), id, async move {
+                        rx.await.unwrap_or_else(|_| {
+                            InputAnswer::Error(RpcError::internal(
+                                "the gateway could not obtain an answer for this request",
+                            ))
+                        })
+                    });
+                }
+                _ => {
+                    let answer = super::unowned_request_answer(&method);
+                    self.spawn_answer(ctx.session.clone(), id, std::future::ready(answer));
+                }
+            },
+            Inbound::Notification { method, params } => match method.as_str() {
+                "notifications/progress" => {
+                    if let (Some(events), Some(token)) = (ctx.events, &ctx.token)
+                        && let Some((t, rest)) = session::split_progress(params)
+                        && &t == token
+                    {
+                        let _ = events.send(CallEvent::Progress(rest)).await;
+                    }
+                }
+                "notifications/message" => {
+                    if let Some(events) = ctx.events {
+                        let p = match params {
+                            Some(Value::Object(m)) => m,
+                            _ => Map::new(),
+                        };
+                        let _ = events.send(CallEvent::Log(p)).await;
+                    }
+                }
+                "notifications/cancelled" => {}
+                _ => self.broadcast(method, params),
+            },
+        }
         None
     }
-    fn state(&self) -> TransportState {
-        TransportState::Starting
+
+    fn broadcast(&self, method: String, params: Option<Value>) {
+        // No receivers is normal (nobody listening): not an error.
+        let _ = self
+            .notifications
+            .send(SessionNotification { method, params });
     }
+}
+
+/// Per-call routing context.
+struct CallCtx<'a> {
+    request_id: u64,
+    token: Option<Value>,
+    events: Option<&'a mpsc::Sender<CallEvent>>,
+    session: Session,
+    last_event_id: Option<String>,
+    retry_ms: Option<u64>,
+}
+
+impl<'a> CallCtx<'a> {
+    fn new(
+        request_id: u64,
+        token: Option<Value>,
+        events: Option<&'a mpsc::Sender<CallEvent>>,
+        session: Session,
+    ) -> Self {
+        Self {
+            request_id,
+            token,
+            events,
+            session,
+            last_event_id: None,
+            retry_ms: None,
+        }
+    }
+}
+
+/// Sends `notifications/cancelled` when a call is dropped while its request may be at
+/// the upstream (`session` is `Some`).
+struct CancelGuard {
+    upstream: Weak<HttpUpstream>,
+    request_id: u64,
+    session: Option<Session>,
+    stop: CancellationToken,
+}
+
+impl Drop for CancelGuard {
+    fn drop(&mut self) {
+        let Some(session) = self.session.take() else {
+            return;
+        };
+        if self.stop.is_cancelled() {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let upstream = self.upstream.clone();
+        let id = self.request_id;
+        rt.spawn(async move {
+            let Some(me) = upstream.upgrade() else { return };
+            if me.is_shutting_down() {
+                return;
+            }
+            let msg = session::cancelled(id, "request cancelled by the gateway");
+            if let Err(e) = me.post_message(&session, &msg).await {
+                tracing::debug!(upstream = %me.name, id, "sending notifications/cancelled failed: {e}");
+            }
+        });
+    }
+}
+
+impl LegacyTransport for HttpUpstream {
+    fn ensure_ready(&self) -> BoxFuture<'_, Result<UpstreamInfo, UpstreamError>> {
+        Box::pin(async move {
+            self.ensure_session().await?;
+            self.info()
+                .ok_or_else(|| self.unavailable("upstream is not initialized"))
+        })
+    }
+
+    fn info(&self) -> Option<UpstreamInfo> {
+        self.inner().info.clone()
+    }
+
+    fn state(&self) -> TransportState {
+        self.inner().state.clone()
+    }
+
     fn call(
         &self,
-        _spec: CallSpec,
-        _events: mpsc::Sender<CallEvent>,
+        spec: CallSpec,
+        events: mpsc::Sender<CallEvent>,
     ) -> BoxFuture<'_, Result<CallOutcome, UpstreamError>> {
-        Box::pin(async { Err(UpstreamError::ShuttingDown) })
+        Box::pin(async move {
+            if self.is_shutting_down() {
+                return Err(UpstreamError::ShuttingDown);
+            }
+            let stop = self.stop.clone();
+            tokio::select! {
+                _ = stop.cancelled() => Err(UpstreamError::ShuttingDown),
+                r = self.call_inner(spec, events) => {
+                    // A stream broken by our own DELETE is a shutdown, not a failure.
+                    if r.is_err() && self.is_shutting_down() {
+                        Err(UpstreamError::ShuttingDown)
+                    } else {
+                        r
+                    }
+                }
+            }
+        })
     }
+
     fn notifications(&self) -> broadcast::Receiver<SessionNotification> {
-        broadcast::channel(1).1
+        self.notifications.subscribe()
     }
+
     fn shutdown(&self) -> BoxFuture<'_, ()> {
-        Box::pin(async {})
+        Box::pin(async move {
+            if self.shutting_down.swap(true, Ordering::SeqCst) {
+                return;
+            }
+            let session = {
+                let mut inner = self.inner();
+                inner.state = TransportState::Down("shutting down".into());
+                inner.session.take()
+            };
+            if let Some(s) = session.filter(|s| s.id.is_some()) {
+                let delete = self.send(Method::DELETE, None, Some(&s), ACCEPT_POST, None);
+                match tokio::time::timeout(SHUTDOWN_DELETE_TIMEOUT, delete).await {
+                    Ok(Ok(resp)) => {
+                        tracing::debug!(upstream = %self.name, status = %resp.status(), "session deleted");
+                    }
+                    Ok(Err(e)) => {
+                        tracing::debug!(upstream = %self.name, "DELETE failed: {}", e.reason());
+                    }
+                    Err(_) => tracing::debug!(upstream = %self.name, "DELETE timed out"),
+                }
+            }
+            self.stop.cancel();
+        })
+    }
+}
+
+impl Drop for HttpUpstream {
+    fn drop(&mut self) {
+        // Stops the supervisor and the GET stream, which only hold weak references.
+        self.stop.cancel();
+    }
+}
+
+impl UpstreamError {
+    fn into_broken(self) -> Self {
+        match self {
+            Self::Protocol { upstream, reason } => Self::Broken { upstream, reason },
+            other => other,
+        }
+    }
+}
+
+/// Background supervisor: (re-)initialises whenever there is no session, with backoff.
+async fn supervise(me: Weak<HttpUpstream>, lost: Arc<Notify>, stop: CancellationToken) {
+    let mut backoff = INITIAL_BACKOFF;
+    loop {
+        let attempt = {
+            let Some(up) = me.upgrade() else { return };
+            if up.current_session().is_some() || up.is_shutting_down() {
+                None
+            } else {
+                Some(tokio::select! {
+                    _ = stop.cancelled() => return,
+                    r = up.initialize_locked(Trigger::Supervisor) => r,
+                })
+            }
+        };
+        match attempt {
+            Some(Err(UpstreamError::ShuttingDown)) => return,
+            Some(Err(_)) => {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                continue;
+            }
+            Some(Ok(_)) | None => backoff = INITIAL_BACKOFF,
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = lost.notified() => {}
+        }
+    }
+}
+
+/// The standalone GET stream of one session: unsolicited notifications and requests
+/// no call owns. Reconnects with backoff while that session is current; stops on 405.
+async fn listen(me: Weak<HttpUpstream>, session: Session, stop: CancellationToken) {
+    let mut backoff = INITIAL_BACKOFF;
+    let mut last_id: Option<String> = None;
+    loop {
+        let (resp, max) = {
+            let Some(up) = me.upgrade() else { return };
+            let current = up
+                .current_session()
+                .is_some_and(|s| s.generation == session.generation);
+            if !current || up.is_shutting_down() {
+                return;
+            }
+            let resp = tokio::select! {
+                _ = stop.cancelled() => return,
+                r = up.send(Method::GET, None, Some(&session), ACCEPT_SSE, last_id.as_deref()) => r,
+            };
+            match resp {
+                Ok(r) if r.status() == StatusCode::METHOD_NOT_ALLOWED => {
+                    tracing::debug!(upstream = %up.name, "upstream offers no GET stream");
+                    return;
+                }
+                Ok(r) if r.status() == StatusCode::NOT_FOUND && session.id.is_some() => {
+                    up.lose_session(&session, "session expired (404 on GET stream)");
+                    return;
+                }
+                Ok(r) if r.status().is_success() && is_event_stream(&r) => {
+                    (Some(r), up.max_message_bytes)
+                }
+                Ok(r) if r.status().is_success() => {
+                    tracing::debug!(upstream = %up.name, "GET answered without an event stream; not listening");
+                    return;
+                }
+                Ok(r) => {
+                    let status = r.status();
+                    tracing::debug!(upstream = %up.name, %status, "GET stream refused");
+                    (None, 0)
+                }
+                Err(e) => {
+                    tracing::debug!(upstream = %up.name, "GET stream failed: {}", e.reason());
+                    (None, 0)
+                }
+            }
+        };
+        if let Some(resp) = resp {
+            backoff = INITIAL_BACKOFF;
+            let mut body = resp.into_body();
+            let mut parser = SseParser::new(max);
+            loop {
+                let frame = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    f = body.frame() => f,
+                };
+                let Some(Ok(frame)) = frame else { break };
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
+                let Ok(events) = parser.feed(&data) else {
+                    if let Some(up) = me.upgrade() {
+                        tracing::warn!(upstream = %up.name, "oversized event on GET stream; reconnecting");
+                    }
+                    break;
+                };
+                for ev in events {
+                    if let Some(id) = ev.id.filter(|id| !id.is_empty()) {
+                        last_id = Some(id);
+                    }
+                    if ev.data.is_empty() {
+                        continue;
+                    }
+                    let Some(up) = me.upgrade() else { return };
+                    let Ok(value) = serde_json::from_str::<Value>(&ev.data) else {
+                        tracing::warn!(upstream = %up.name, "invalid JSON on GET stream");
+                        continue;
+                    };
+                    for msg in split_batch(value) {
+                        match session::classify(msg) {
+                            Ok(Inbound::Request { id, method, .. }) => {
+                                let answer = super::unowned_request_answer(&method);
+                                up.spawn_answer(session.clone(), id, std::future::ready(answer));
+                            }
+                            Ok(Inbound::Notification { method, params }) => match method.as_str() {
+                                "notifications/progress"
+                                | "notifications/message"
+                                | "notifications/cancelled" => {
+                                    tracing::debug!(upstream = %up.name, %method, "unattributed notification dropped");
+                                }
+                                _ => up.broadcast(method, params),
+                            },
+                            Ok(Inbound::Response { .. }) | Err(_) => {}
+                        }
+                    }
+                }
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+// ----- small helpers -------------------------------------------------------------------
+
+fn id_matches(id: &Value, ours: u64) -> bool {
+    id.as_u64() == Some(ours) || id.as_str().is_some_and(|s| s == ours.to_string())
+}
+
+/// 2025-03-26 allowed batches; later revisions send single messages.
+fn split_batch(v: Value) -> Vec<Value> {
+    match v {
+        Value::Array(items) => items,
+        other => vec![other],
+    }
+}
+
+fn is_event_stream<B>(resp: &Response<B>) -> bool {
+    resp.headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| {
+            ct.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("text/event-stream")
+        })
+}
+
+/// Resolve a `Location` header against the URL it answered. Only `http` targets.
+fn resolve_location(base: &str, loc: &str) -> Option<String> {
+    let loc = loc.trim();
+    if loc.starts_with("http://") {
+        return Some(loc.to_string());
+    }
+    if loc.contains("://") {
+        return None; // https or anything else: out of scope (no TLS)
+    }
+    let uri: http::Uri = base.parse().ok()?;
+    let authority = uri.authority()?.as_str();
+    if let Some(rest) = loc.strip_prefix("//") {
+        return Some(format!("http://{rest}"));
+    }
+    if loc.starts_with('/') {
+        return Some(format!("http://{authority}{loc}"));
+    }
+    let path = uri.path();
+    let dir = path.rfind('/').map_or("/", |i| &path[..=i]);
+    Some(format!("http://{authority}{dir}{loc}"))
+}
+
+enum ReadError {
+    TooLarge,
+    Io(String),
+}
+
+async fn read_capped(mut body: Incoming, max: usize) -> Result<Bytes, ReadError> {
+    let mut buf = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| ReadError::Io(error_chain(&e)))?;
+        if let Ok(data) = frame.into_data() {
+            if buf.len() + data.len() > max {
+                return Err(ReadError::TooLarge);
+            }
+            buf.extend_from_slice(&data);
+        }
+    }
+    Ok(Bytes::from(buf))
+}
+
+/// Up to [`SNIPPET_BYTES`] of an error body, for error messages.
+async fn body_snippet(mut body: Incoming) -> String {
+    let mut buf = Vec::new();
+    let read = async {
+        while buf.len() < SNIPPET_BYTES {
+            match body.frame().await {
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        buf.extend_from_slice(&data);
+                    }
+                }
+                _ => break,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(2), read).await;
+    snippet(&buf)
+}
+
+fn snippet(bytes: &[u8]) -> String {
+    let cut = &bytes[..bytes.len().min(SNIPPET_BYTES)];
+    let s = String::from_utf8_lossy(cut).trim().to_string();
+    if s.is_empty() {
+        "(empty body)".into()
+    } else {
+        s
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(inner) = src {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        src = inner.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    //! Against a small real legacy Streamable HTTP server (hyper, 127.0.0.1:0).
+
+    use super::*;
+    use crate::upstream::LegacyTransport;
+    use futures_util::StreamExt;
+    use http_body_util::StreamBody;
+    use http_body_util::combinators::UnsyncBoxBody;
+    use hyper::body::Frame;
+    use hyper::service::service_fn;
+    use hyper_util::rt::TokioIo;
+    use serde_json::json;
+    use std::collections::{HashMap, HashSet};
+    use std::convert::Infallible;
+    use std::net::SocketAddr;
+    use tokio::net::TcpListener;
+
+    type Body = UnsyncBoxBody<Bytes, Infallible>;
+
+    #[derive(Debug, Clone)]
+    struct Recorded {
+        method: String,
+        path: String,
+        headers: HashMap<String, String>,
+        body: Option<Value>,
+    }
+
+    impl Recorded {
+        fn rpc_method(&self) -> Option<&str> {
+            self.body.as_ref()?.get("method")?.as_str()
+        }
+        fn header(&self, name: &str) -> Option<&str> {
+            self.headers.get(name).map(String::as_str)
+        }
+    }
+
+    #[derive(Default)]
+    struct MockState {
+        log: Mutex<Vec<Recorded>>,
+        issued: AtomicU64,
+        valid: Mutex<HashSet<String>>,
+        /// Server→client request id → waiter for the client's response.
+        pending: Mutex<HashMap<String, oneshot::Sender<Value>>>,
+        /// Responses held back for `GET` + `Last-Event-ID` (polling).
+        parked: Mutex<HashMap<String, Value>>,
+        /// Serve at `/mcp/` and redirect `/mcp` there with 307.
+        redirect: bool,
+        /// Offer a standalone GET stream (otherwise 405).
+        get_stream: bool,
+        /// Answer an unknown session id with 400 (python-sdk ≤ 1.9) instead of 404.
+        unknown_session_400: bool,
+    }
+
+    impl MockState {
+        fn records(&self) -> Vec<Recorded> {
+            self.log.lock().unwrap().clone()
+        }
+        fn count(&self, rpc_method: &str) -> usize {
+            self.records()
+                .iter()
+                .filter(|r| r.rpc_method() == Some(rpc_method))
+                .count()
+        }
+    }
+
+    fn sse_headers(b: http::response::Builder) -> http::response::Builder {
+        b.header(CONTENT_TYPE, "text/event-stream")
+            .header("cache-control", "no-cache")
+    }
+
+    fn json_body(v: &Value) -> Body {
+        Full::new(Bytes::from(v.to_string())).boxed_unsync()
+    }
+
+    fn empty() -> Body {
+        Full::new(Bytes::new()).boxed_unsync()
+    }
+
+    /// A streaming body fed through a channel; dropping the sender ends the stream.
+    fn channel_body() -> (mpsc::Sender<Bytes>, Body) {
+        let (tx, rx) = mpsc::channel::<Bytes>(16);
+        let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv()
+                .await
+                .map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
+        });
+        (tx, StreamBody::new(stream.boxed()).boxed_unsync())
+    }
+
+    fn event(id: Option<&str>, msg: &Value) -> Bytes {
+        let mut s = String::new();
+        if let Some(id) = id {
+            s.push_str(&format!("id: {id}\n"));
+        }
+        s.push_str(&format!("data: {msg}\n\n"));
+        Bytes::from(s)
+    }
+
+    fn result(id: &Value, result: Value) -> Value {
+        json!({"jsonrpc":"2.0","id":id,"result":result})
+    }
+
+    async fn handle(
+        st: Arc<MockState>,
+        req: Request<Incoming>,
+    ) -> Result<Response<Body>, Infallible> {
+        let path = req.uri().path().to_string();
+        if st.redirect && path == "/mcp" {
+            st.log.lock().unwrap().push(Recorded {
+                method: req.method().to_string(),
+                path: path.clone(),
+                headers: HashMap::new(),
+                body: None,
+            });
+            return Ok(Response::builder()
+                .status(307)
+                .header(LOCATION, "/mcp/")
+                .body(empty())
+                .unwrap());
+        }
+        let method = req.method().clone();
+        let headers: HashMap<String, String> = req
+            .headers()
+            .iter()
+            .map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap_or("").to_string()))
+            .collect();
+        let bytes = req.into_body().collect().await.unwrap().to_bytes();
+        let body: Option<Value> = serde_json::from_slice(&bytes).ok();
+        let rec = Recorded {
+            method: method.to_string(),
+            path,
+            headers: headers.clone(),
+            body: body.clone(),
+        };
+        st.log.lock().unwrap().push(rec);
+        let session_ok = headers
+            .get(SESSION_HEADER)
+            .is_some_and(|s| st.valid.lock().unwrap().contains(s));
+        let reply = |status: u16| Ok(Response::builder().status(status).body(empty()).unwrap());
+
+        if method == Method::DELETE {
+            return reply(200);
+        }
+        if method == Method::GET {
+            if !session_ok {
+                return reply(404);
+            }
+            if let Some(last) = headers.get(LAST_EVENT_ID) {
+                let Some(resp) = st.parked.lock().unwrap().remove(last) else {
+                    return reply(404);
+                };
+                let (tx, body) = channel_body();
+                tokio::spawn(async move {
+                    let _ = tx.send(event(Some("after-resume"), &resp)).await;
+                });
+                return Ok(sse_headers(Response::builder()).body(body).unwrap());
+            }
+            if !st.get_stream {
+                return reply(405);
+            }
+            let (tx, body) = channel_body();
+            tokio::spawn(async move {
+                let _ = tx
+                    .send(event(
+                        None,
+                        &json!({"jsonrpc":"2.0","method":"notifications/tools/list_changed"}),
+                    ))
+                    .await;
+                let _ = tx
+                    .send(event(
+                        None,
+                        &json!({"jsonrpc":"2.0","id":"gp-1","method":"ping"}),
+                    ))
+                    .await;
+                tx.closed().await;
+            });
+            return Ok(sse_headers(Response::builder()).body(body).unwrap());
+        }
+
+        let Some(body) = body else { return reply(400) };
+        let rpc_method = body
+            .get("method")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        let id = body.get("id").cloned();
+        if rpc_method.as_deref() == Some("initialize") {
+            let n = st.issued.fetch_add(1, Ordering::SeqCst) + 1;
+            let sid = format!("s-{n}");
+            st.valid.lock().unwrap().insert(sid.clone());
+            let res = result(
+                &id.unwrap_or(Value::Null),
+                json!({"protocolVersion":"2025-11-25","capabilities":{"tools":{}},
+                       "serverInfo":{"name":"mock","version":"1"}}),
+            );
+            return Ok(Response::builder()
+                .header(CONTENT_TYPE, "application/json")
+                .header("MCP-Session-Id", sid)
+                .body(json_body(&res))
+                .unwrap());
+        }
+        if !session_ok {
+            if st.unknown_session_400 {
+                return Ok(Response::builder()
+                    .status(400)
+                    .body(
+                        Full::new(Bytes::from("Bad Request: No valid session ID provided"))
+                            .boxed_unsync(),
+                    )
+                    .unwrap());
+            }
+            return reply(404);
+        }
+        if rpc_method.is_none() {
+            // A response to one of our server→client requests.
+            if let Some(id) = id.as_ref().and_then(Value::as_str)
+                && let Some(tx) = st.pending.lock().unwrap().remove(id)
+            {
+                let _ = tx.send(body.clone());
+            }
+            return reply(202);
+        }
+        let Some(id) = id else { return reply(202) };
+        let tool = body["params"]["name"].as_str().unwrap_or("").to_string();
+        match tool.as_str() {
+            "json" => {
+                let res = result(
+                    &id,
+                    json!({"content":[{"type":"text","text":"hi"}],"args":body["params"]["arguments"]}),
+                );
+                Ok(Response::builder()
+                    .header(CONTENT_TYPE, "application/json")
+                    .body(json_body(&res))
+                    .unwrap())
+            }
+            "sse" => {
+                let token = body["params"]["_meta"]["progressToken"].clone();
+                let (tx, out) = channel_body();
+                let (answer_tx, answer_rx) = oneshot::channel();
+                st.pending
+                    .lock()
+                    .unwrap()
+                    .insert("elic-1".into(), answer_tx);
+                tokio::spawn(async move {
+                    let progress = json!({"jsonrpc":"2.0","method":"notifications/progress",
+                        "params":{"progressToken":token,"progress":1,"total":2,"message":"half"}});
+                    let other = json!({"jsonrpc":"2.0","method":"notifications/progress",
+                        "params":{"progressToken":"someone-else","progress":9}});
+                    let log = json!({"jsonrpc":"2.0","method":"notifications/message",
+                        "params":{"level":"info","data":"working"}});
+                    let elicit = json!({"jsonrpc":"2.0","id":"elic-1","method":"elicitation/create",
+                        "params":{"message":"sure?","requestedSchema":{"type":"object"}}});
+                    for m in [progress, other, log, elicit] {
+                        let _ = tx.send(event(None, &m)).await;
+                    }
+                    let Ok(answer) = answer_rx.await else { return };
+                    let _ = tx
+                        .send(event(
+                            None,
+                            &result(&id, json!({"content":[],"elicited":answer["result"]})),
+                        ))
+                        .await;
+                });
+                Ok(sse_headers(Response::builder()).body(out).unwrap())
+            }
+            "poll" => {
+                st.parked.lock().unwrap().insert(
+                    "prime-1".into(),
+                    result(&id, json!({"content":[{"type":"text","text":"polled"}]})),
+                );
+                // Priming event, then a retry hint, then the connection closes.
+                let chunk = Bytes::from("id: prime-1\ndata:\n\nretry: 50\n\n");
+                Ok(sse_headers(Response::builder())
+                    .body(Full::new(chunk).boxed_unsync())
+                    .unwrap())
+            }
+            "broken" => {
+                // A notification, then the stream ends: no id, no response.
+                let note = json!({"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":"bye"}});
+                Ok(sse_headers(Response::builder())
+                    .body(Full::new(event(None, &note)).boxed_unsync())
+                    .unwrap())
+            }
+            "hang" => {
+                let (tx, out) = channel_body();
+                tokio::spawn(async move {
+                    let _ = tx.send(Bytes::from("id: h-1\ndata:\n\n")).await;
+                    tx.closed().await;
+                });
+                Ok(sse_headers(Response::builder()).body(out).unwrap())
+            }
+            _ => Ok(Response::builder()
+                .status(500)
+                .body(json_body(&json!({"error":"unknown tool"})))
+                .unwrap()),
+        }
+    }
+
+    async fn serve(listener: TcpListener, st: Arc<MockState>) {
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let st = st.clone();
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req| handle(st.clone(), req));
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+    }
+
+    async fn mock(st: MockState) -> (SocketAddr, Arc<MockState>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let st = Arc::new(st);
+        serve(listener, st.clone()).await;
+        (addr, st)
+    }
+
+    fn opts(url: String) -> HttpOptions {
+        HttpOptions {
+            name: "mock".into(),
+            url,
+            headers: vec![("X-Api-Key".into(), "k".into())],
+            max_message_bytes: 64 * 1024,
+        }
+    }
+
+    fn spec(tool: &str, want_progress: bool) -> CallSpec {
+        let mut params = Map::new();
+        params.insert("name".into(), json!(tool));
+        params.insert("arguments".into(), json!({"x": 1}));
+        CallSpec {
+            method: "tools/call".into(),
+            params,
+            want_progress,
+        }
+    }
+
+    /// Poll `cond` every 20 ms for up to 10 s.
+    async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+        for _ in 0..500 {
+            if cond() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("timed out waiting for {what}");
+    }
+
+    fn ok_result(r: Result<CallOutcome, UpstreamError>) -> Value {
+        match r {
+            Ok(CallOutcome::Result(v)) => v,
+            other => panic!("expected a result, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn initialize_with_session_and_json_answer() {
+        let (addr, st) = mock(MockState::default()).await;
+        let up = HttpUpstream::start(opts(format!("http://{addr}/mcp")));
+        let info = up.ensure_ready().await.unwrap();
+        assert_eq!(info.protocol_version, "2025-11-25");
+        assert_eq!(up.state(), TransportState::Ready);
+        assert_eq!(up.info().unwrap().server_info["name"], "mock");
+
+        let (tx, _rx) = mpsc::channel(8);
+        let v = ok_result(up.call(spec("json", false), tx).await);
+        assert_eq!(v["content"][0]["text"], "hi");
+        assert_eq!(v["args"], json!({"x": 1}));
+
+        let recs = st.records();
+        assert_eq!(st.count("initialize"), 1);
+        let init = recs
+            .iter()
+            .find(|r| r.rpc_method() == Some("initialize"))
+            .unwrap();
+        assert_eq!(init.header("accept"), Some(ACCEPT_POST));
+        assert_eq!(init.header("content-type"), Some("application/json"));
+        assert_eq!(init.header(SESSION_HEADER), None);
+        assert_eq!(init.header("x-api-key"), Some("k"));
+        let initialized = recs
+            .iter()
+            .find(|r| r.rpc_method() == Some("notifications/initialized"))
+            .unwrap();
+        assert_eq!(initialized.header(SESSION_HEADER), Some("s-1"));
+        let call = recs
+            .iter()
+            .find(|r| r.rpc_method() == Some("tools/call"))
+            .unwrap();
+        assert_eq!(call.header(SESSION_HEADER), Some("s-1"));
+        assert_eq!(call.header(VERSION_HEADER), Some("2025-11-25"));
+        assert_eq!(call.header("x-api-key"), Some("k"));
+        let body = call.body.as_ref().unwrap();
+        assert!(body["id"].is_u64(), "gateway-minted numeric id");
+        assert!(
+            body["params"].get("_meta").is_none(),
+            "no progress token unless asked"
+        );
+        up.shutdown().await;
+        eventually("DELETE", || {
+            st.records().iter().any(|r| r.method == "DELETE")
+        })
+        .await;
+        let del = st
+            .records()
+            .into_iter()
+            .find(|r| r.method == "DELETE")
+            .unwrap();
+        assert_eq!(del.header(SESSION_HEADER), Some("s-1"));
+        let (tx, _rx) = mpsc::channel(8);
+        assert!(matches!(
+            up.call(spec("json", false), tx).await,
+            Err(UpstreamError::ShuttingDown)
+        ));
+    }
+
+    #[tokio::test]
+    async fn sse_answer_with_progress_log_and_elicitation() {
+        let (addr, st) = mock(MockState::default()).await;
+        let up = HttpUpstream::start(opts(format!("http://{addr}/mcp")));
+        let (tx, mut rx) = mpsc::channel(8);
+        let gateway = tokio::spawn(async move {
+            let mut seen = Vec::new();
+            while let Some(ev) = rx.recv().await {
+                match ev {
+                    CallEvent::Progress(p) => seen.push(json!({"progress": p})),
+                    CallEvent::Log(l) => seen.push(json!({"log": l})),
+                    CallEvent::Input(req) => {
+                        seen.push(json!({"input": req.method, "params": req.params}));
+                        let _ = req.respond.send(InputAnswer::Result(
+                            json!({"action":"accept","content":{"ok":true}}),
+                        ));
+                    }
+                }
+            }
+            seen
+        });
+        let v = ok_result(up.call(spec("sse", true), tx).await);
+        assert_eq!(
+            v["elicited"],
+            json!({"action":"accept","content":{"ok":true}})
+        );
+        let seen = gateway.await.unwrap();
+        assert_eq!(seen.len(), 3, "{seen:?}");
+        assert_eq!(
+            seen[0],
+            json!({"progress":{"progress":1,"total":2,"message":"half"}})
+        );
+        assert_eq!(seen[1]["log"]["data"], "working");
+        assert_eq!(seen[2]["input"], "elicitation/create");
+        assert_eq!(seen[2]["params"]["message"], "sure?");
+
+        let recs = st.records();
+        let call = recs
+            .iter()
+            .find(|r| r.rpc_method() == Some("tools/call"))
+            .unwrap();
+        let token = &call.body.as_ref().unwrap()["params"]["_meta"]["progressToken"];
+        assert!(!token.is_null(), "gateway-minted progress token");
+        let answer = recs
+            .iter()
+            .find(|r| r.body.as_ref().is_some_and(|b| b["id"] == "elic-1"))
+            .unwrap();
+        assert_eq!(answer.header(SESSION_HEADER), Some("s-1"));
+        assert_eq!(answer.header(VERSION_HEADER), Some("2025-11-25"));
+    }
+
+    #[tokio::test]
+    async fn dropped_event_receiver_answers_input_with_error() {
+        let (addr, st) = mock(MockState::default()).await;
+        let up = HttpUpstream::start(opts(format!("http://{addr}/mcp")));
+        let (tx, rx) = mpsc::channel(8);
+        drop(rx);
+        let v = ok_result(up.call(spec("sse", false), tx).await);
+        assert!(v["elicited"].is_null());
+        let recs = st.records();
+        let answer = recs
+            .iter()
+            .find(|r| r.body.as_ref().is_some_and(|b| b["id"] == "elic-1"))
+            .unwrap();
+        assert!(answer.body.as_ref().unwrap().get("error").is_some());
+    }
+
+    #[tokio::test]
+    async fn priming_close_after_retry_and_get_resumption() {
+        let (addr, st) = mock(MockState::default()).await;
+        let up = HttpUpstream::start(opts(format!("http://{addr}/mcp")));
+        let (tx, _rx) = mpsc::channel(8);
+        let v = ok_result(up.call(spec("poll", false), tx).await);
+        assert_eq!(v["content"][0]["text"], "polled");
+        let recs = st.records();
+        let resume = recs
+            .iter()
+            .find(|r| r.method == "GET" && r.header(LAST_EVENT_ID).is_some())
+            .unwrap();
+        assert_eq!(resume.header(LAST_EVENT_ID), Some("prime-1"));
+        assert_eq!(resume.header(SESSION_HEADER), Some("s-1"));
+        assert_eq!(resume.header("accept"), Some(ACCEPT_SSE));
+    }
+
+    #[tokio::test]
+    async fn expired_session_reinitializes_and_retries_once() {
+        let (addr, st) = mock(MockState::default()).await;
+        let up = HttpUpstream::start(opts(format!("http://{addr}/mcp")));
+        up.ensure_ready().await.unwrap();
+        st.valid.lock().unwrap().clear();
+        // Concurrent callers share one re-initialisation.
+        let (tx, _rx) = mpsc::channel(8);
+        let (a, b) = tokio::join!(
+            up.call(spec("json", false), tx.clone()),
+            up.call(spec("json", false), tx)
+        );
+        ok_result(a);
+        ok_result(b);
+        assert_eq!(st.count("initialize"), 2);
+        let calls: Vec<_> = st
+            .records()
+            .into_iter()
+            .filter(|r| r.rpc_method() == Some("tools/call"))
+            .collect();
+        assert_eq!(calls.len(), 4, "each call sent once per session");
+        assert!(
+            calls[2..]
+                .iter()
+                .all(|c| c.header(SESSION_HEADER) == Some("s-2"))
+        );
+        let reinit = st
+            .records()
+            .into_iter()
+            .filter(|r| r.rpc_method() == Some("initialize"))
+            .nth(1)
+            .unwrap();
+        assert_eq!(reinit.header(SESSION_HEADER), None);
+    }
+
+    #[tokio::test]
+    async fn unknown_session_400_is_treated_as_expiry() {
+        let (addr, st) = mock(MockState {
+            unknown_session_400: true,
+            ..MockState::default()
+        })
+        .await;
+        let up = HttpUpstream::start(opts(format!("http://{addr}/mcp")));
+        up.ensure_ready().await.unwrap();
+        st.valid.lock().unwrap().clear();
+        let (tx, _rx) = mpsc::channel(8);
+        ok_result(up.call(spec("json", false), tx).await);
+        assert_eq!(st.count("initialize"), 2);
+    }
+
+    #[tokio::test]
+    async fn stream_ending_without_response_or_id_is_broken() {
+        let (addr, _st) = mock(MockState::default()).await;
+        let up = HttpUpstream::start(opts(format!("http://{addr}/mcp")));
+        let (tx, mut rx) = mpsc::channel(8);
+        let err = up.call(spec("broken", false), tx).await.unwrap_err();
+        assert!(matches!(err, UpstreamError::Broken { .. }), "{err:?}");
+        assert!(matches!(rx.recv().await, Some(CallEvent::Log(_))));
+    }
+
+    #[tokio::test]
+    async fn shutdown_fails_in_flight_calls() {
+        let (addr, st) = mock(MockState::default()).await;
+        let up = HttpUpstream::start(opts(format!("http://{addr}/mcp")));
+        let (tx, _rx) = mpsc::channel(8);
+        let caller = up.clone();
+        let call = tokio::spawn(async move { caller.call(spec("hang", false), tx).await });
+        eventually("tools/call", || st.count("tools/call") == 1).await;
+        up.shutdown().await;
+        let r = call.await.unwrap();
+        assert!(matches!(r, Err(UpstreamError::ShuttingDown)), "{r:?}");
+        assert!(matches!(up.state(), TransportState::Down(_)));
+        assert_eq!(
+            st.count("notifications/cancelled"),
+            0,
+            "no cancel after DELETE"
+        );
+        assert!(st.records().iter().any(|r| r.method == "DELETE"));
+    }
+
+    #[tokio::test]
+    async fn follows_307_to_slash_url_and_remembers_it() {
+        let (addr, st) = mock(MockState {
+            redirect: true,
+            ..MockState::default()
+        })
+        .await;
+        let up = HttpUpstream::start(opts(format!("http://{addr}/mcp")));
+        let (tx, _rx) = mpsc::channel(8);
+        ok_result(up.call(spec("json", false), tx.clone()).await);
+        ok_result(up.call(spec("json", false), tx).await);
+        assert_eq!(up.url(), format!("http://{addr}/mcp/"));
+        let recs = st.records();
+        assert_eq!(recs.iter().filter(|r| r.path == "/mcp").count(), 1);
+        assert_eq!(st.count("tools/call"), 2);
+    }
+
+    #[tokio::test]
+    async fn unavailable_at_start_then_recovers() {
+        let probe = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = probe.local_addr().unwrap();
+        drop(probe);
+        let up = HttpUpstream::start(opts(format!("http://{addr}/mcp")));
+        let err = up.ensure_ready().await.unwrap_err();
+        assert!(matches!(err, UpstreamError::Unavailable { .. }), "{err:?}");
+        let (tx, _rx) = mpsc::channel(8);
+        let err = up.call(spec("json", false), tx.clone()).await.unwrap_err();
+        assert!(err.is_unavailable(), "{err:?}");
+        assert!(matches!(up.state(), TransportState::Down(_)));
+
+        // The upstream comes up on the same port; the supervisor reconnects.
+        let listener = TcpListener::bind(addr).await.unwrap();
+        let st = Arc::new(MockState::default());
+        serve(listener, st.clone()).await;
+        eventually("Ready", || up.state() == TransportState::Ready).await;
+        ok_result(up.call(spec("json", false), tx).await);
+    }
+
+    #[tokio::test]
+    async fn dropping_the_call_sends_cancelled() {
+        let (addr, st) = mock(MockState::default()).await;
+        let up = HttpUpstream::start(opts(format!("http://{addr}/mcp")));
+        let (tx, _rx) = mpsc::channel(8);
+        let call = up.call(spec("hang", false), tx);
+        // Drop the future once the upstream has the request.
+        tokio::select! {
+            r = call => panic!("the hanging call must not resolve: {r:?}"),
+            _ = eventually("tools/call", || st.count("tools/call") == 1) => {}
+        }
+        eventually("notifications/cancelled", || {
+            st.count("notifications/cancelled") == 1
+        })
+        .await;
+        let recs = st.records();
+        let sent = recs
+            .iter()
+            .find(|r| r.rpc_method() == Some("tools/call"))
+            .unwrap();
+        let cancel = recs
+            .iter()
+            .find(|r| r.rpc_method() == Some("notifications/cancelled"))
+            .unwrap();
+        let cb = cancel.body.as_ref().unwrap();
+        assert_eq!(cb["params"]["requestId"], sent.body.as_ref().unwrap()["id"]);
+        assert_eq!(cancel.header(SESSION_HEADER), Some("s-1"));
+    }
+
+    #[tokio::test]
+    async fn standalone_get_stream_relays_and_answers_ping() {
+        let (addr, st) = mock(MockState {
+            get_stream: true,
+            ..MockState::default()
+        })
+        .await;
+        let up = HttpUpstream::start(opts(format!("http://{addr}/mcp")));
+        let mut notes = up.notifications();
+        up.ensure_ready().await.unwrap();
+        let n = tokio::time::timeout(Duration::from_secs(10), notes.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(n.method, "notifications/tools/list_changed");
+        eventually("ping answer", || {
+            st.records().iter().any(|r| {
+                r.body
+                    .as_ref()
+                    .is_some_and(|b| b["id"] == "gp-1" && b["result"] == json!({}))
+            })
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn oversized_json_is_a_protocol_error() {
+        let (addr, _st) = mock(MockState::default()).await;
+        let mut o = opts(format!("http://{addr}/mcp"));
+        o.max_message_bytes = 1024;
+        let up = HttpUpstream::start(o);
+        let mut s = spec("json", false);
+        s.params
+            .insert("arguments".into(), json!({"big": "x".repeat(4096)}));
+        let (tx, _rx) = mpsc::channel(8);
+        let err = up.call(s, tx).await.unwrap_err();
+        assert!(matches!(err, UpstreamError::Protocol { .. }), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn http_error_carries_status_and_snippet() {
+        let (addr, _st) = mock(MockState::default()).await;
+        let up = HttpUpstream::start(opts(format!("http://{addr}/mcp")));
+        let (tx, _rx) = mpsc::channel(8);
+        let err = up.call(spec("nope", false), tx).await.unwrap_err();
+        let UpstreamError::Broken { reason, .. } = err else {
+            panic!("expected Broken, got {err:?}")
+        };
+        assert!(
+            reason.contains("500") && reason.contains("unknown tool"),
+            "{reason}"
+        );
+    }
+
+    #[test]
+    fn location_resolution() {
+        let base = "http://h:1/a/mcp";
+        assert_eq!(
+            resolve_location(base, "/mcp/").as_deref(),
+            Some("http://h:1/mcp/")
+        );
+        assert_eq!(
+            resolve_location(base, "mcp/").as_deref(),
+            Some("http://h:1/a/mcp/")
+        );
+        assert_eq!(
+            resolve_location(base, "http://o:2/x").as_deref(),
+            Some("http://o:2/x")
+        );
+        assert_eq!(resolve_location(base, "https://o/x"), None);
     }
 }
