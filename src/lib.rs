@@ -6,4 +6,5 @@ pub mod config;
 pub mod demo;
 pub mod front;
 pub mod protocol;
+pub mod store;
 pub mod upstream;

@@ -1,0 +1,199 @@
+//! Durable task state (design.md policy 3, 10, 11, 16).
+//!
+//! Two tables with two lifetimes: *task routes* (task records, live until TTL expiry)
+//! and *request routes* (in-flight upstream calls, gone when the call ends), plus an
+//! idempotency index, an expiry index and owner-only tombstones. The engine talks to
+//! the [`TaskStore`] trait; `sled.rs` is the embedded single-replica backend (a shared
+//! backend for several replicas comes later).
+//!
+//! Durability contract: a write is durable once a [`TaskStore::flush`] call that
+//! started after it has resolved `Ok`. The engine never hands out a task id before
+//! that (policy 1).
+
+pub mod sled;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::upstream::BoxFuture;
+
+/// Schema version written into every stored record; a newer gateway reads older ones.
+pub const SCHEMA_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskStatus {
+    Working,
+    InputRequired,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+impl TaskStatus {
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Completed | Self::Failed | Self::Cancelled)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Working => "working",
+            Self::InputRequired => "input_required",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// A task record (the *task routes* table).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskRecord {
+    pub v: u32,
+    pub task_id: String,
+    pub tenant: String,
+    pub subject: String,
+    pub upstream: String,
+    pub tool: String,
+    /// Hex SHA-256 of the canonical tool arguments (idempotency conflict check).
+    pub args_fingerprint: String,
+    pub idempotency_key: Option<String>,
+    pub status: TaskStatus,
+    pub status_message: Option<String>,
+    pub created_at_ms: u64,
+    pub last_updated_at_ms: u64,
+    pub ttl_ms: u64,
+    pub poll_interval_ms: u64,
+    /// `createdAt + ttlMs`; the expiry index is keyed by it.
+    pub expires_at_ms: u64,
+    /// The upstream `CallToolResult`, only when `completed`.
+    pub result: Option<Value>,
+    /// The JSON-RPC error object, only when `failed`.
+    pub error: Option<Value>,
+    /// Outstanding input requests by key: `{method, params}`.
+    pub input_requests: Map<String, Value>,
+    /// Every input key ever issued for this task (keys are never reused).
+    pub issued_keys: Vec<String>,
+    pub cancel_requested: bool,
+}
+
+/// An in-flight upstream call (the *request routes* table).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RequestRoute {
+    pub v: u32,
+    pub route_id: String,
+    pub upstream: String,
+    pub tenant: String,
+    pub subject: String,
+    pub method: String,
+    pub started_at_ms: u64,
+    pub deadline_ms: u64,
+    pub task_id: Option<String>,
+}
+
+/// What remains of an expired task: only its owner may learn that it expired.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Tombstone {
+    pub v: u32,
+    pub task_id: String,
+    pub tenant: String,
+    pub subject: String,
+    /// Idempotency index key to drop together with the tombstone.
+    pub idempotency_index_key: Option<Vec<u8>>,
+    pub expires_at_ms: u64,
+}
+
+/// An idempotency index entry: which task a caller key produced.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IdempotencyEntry {
+    pub task_id: String,
+    pub args_fingerprint: String,
+}
+
+/// Result of [`TaskStore::create`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Created {
+    /// Task, route and (if given) idempotency entry were written.
+    New,
+    /// The idempotency key already maps to a task; nothing was written.
+    Existing(IdempotencyEntry),
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    #[error("store I/O error: {0}")]
+    Io(String),
+    #[error("stored record is corrupt: {0}")]
+    Corrupt(String),
+    #[error("store is closed")]
+    Closed,
+}
+
+/// The durable store behind the tasks engine.
+pub trait TaskStore: Send + Sync + 'static {
+    /// Atomically write a new task, its request route and, if `idempotency_key` is
+    /// given, the idempotency entry — unless that key already exists, in which case
+    /// nothing is written and the existing entry is returned. Not durable until
+    /// [`flush`](Self::flush) resolves.
+    fn create(
+        &self,
+        task: &TaskRecord,
+        route: &RequestRoute,
+        idempotency_key: Option<&[u8]>,
+    ) -> Result<Created, StoreError>;
+
+    /// Resolves once every write that completed before this call is durable (one
+    /// group-commit flush shared by concurrent callers; plus fsync in strict mode).
+    fn flush(&self) -> BoxFuture<'_, Result<(), StoreError>>;
+
+    fn get(&self, task_id: &str) -> Result<Option<TaskRecord>, StoreError>;
+
+    /// Atomic read-modify-write of one task. `f` returns `false` to leave the record
+    /// unchanged. Keeps the expiry index in step with `expires_at_ms`. Returns the
+    /// record after the call (`None` if the task does not exist).
+    fn update(
+        &self,
+        task_id: &str,
+        f: &mut dyn FnMut(&mut TaskRecord) -> bool,
+    ) -> Result<Option<TaskRecord>, StoreError>;
+
+    fn put_route(&self, route: &RequestRoute) -> Result<(), StoreError>;
+    fn remove_route(&self, route_id: &str) -> Result<(), StoreError>;
+    fn routes(&self) -> Result<Vec<RequestRoute>, StoreError>;
+
+    fn idempotency_get(&self, key: &[u8]) -> Result<Option<IdempotencyEntry>, StoreError>;
+
+    /// Ids of tasks whose `expires_at_ms <= now_ms`, oldest first, at most `limit`.
+    fn expired(&self, now_ms: u64, limit: usize) -> Result<Vec<String>, StoreError>;
+
+    /// Atomically delete an expired task (and its expiry index entry) and leave an
+    /// owner-only tombstone that lives until `tombstone_until_ms`. Returns the
+    /// deleted record.
+    fn expire(
+        &self,
+        task_id: &str,
+        tombstone_until_ms: u64,
+    ) -> Result<Option<TaskRecord>, StoreError>;
+
+    fn tombstone(&self, task_id: &str) -> Result<Option<Tombstone>, StoreError>;
+
+    /// Delete tombstones past their time, with their idempotency entries.
+    fn sweep_tombstones(&self, now_ms: u64) -> Result<usize, StoreError>;
+
+    /// Number of non-terminal tasks of a tenant (quota).
+    fn live_tasks(&self, tenant: &str) -> Result<u64, StoreError>;
+
+    /// A 32-byte secret stored under `name`, created from the CSPRNG on first use.
+    fn secret(&self, name: &str) -> Result<[u8; 32], StoreError>;
+
+    /// Whether the store is open and writable (for `/readyz`).
+    fn healthy(&self) -> bool;
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
