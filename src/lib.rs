@@ -7,4 +7,5 @@ pub mod demo;
 pub mod front;
 pub mod protocol;
 pub mod store;
+pub mod tasks;
 pub mod upstream;

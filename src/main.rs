@@ -12,6 +12,9 @@ use tokio_util::sync::CancellationToken;
 use taskgate::auth::{self, Authenticator};
 use taskgate::config::Config;
 use taskgate::front::{self, Gateway};
+use taskgate::store::TaskStore;
+use taskgate::store::sled::SledStore;
+use taskgate::tasks::Engine;
 use taskgate::upstream::{UpstreamSet, stdio};
 
 const DEFAULT_CONFIG: &str = "config/taskgate.toml";
@@ -123,6 +126,8 @@ async fn serve(config_path: PathBuf) -> Result<()> {
     }
 
     let auth = Arc::new(Authenticator::new(&cfg.auth, &public_url)?);
+    let store = SledStore::open(&cfg.store)
+        .with_context(|| format!("opening the task store at {}", cfg.store.path.display()))?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("binding {listen}"))?;
@@ -131,12 +136,19 @@ async fn serve(config_path: PathBuf) -> Result<()> {
     upstreams.spawn_reaper();
 
     let cfg = Arc::new(cfg);
+    let engine = Engine::new(store.clone(), cfg.clone());
+    let recovered = engine.recover().await.context("recovering tasks after restart")?;
+    if recovered > 0 {
+        tracing::warn!(recovered, "tasks whose calls were in flight at the last stop are now failed");
+    }
     let gw = Arc::new(Gateway {
         cfg: cfg.clone(),
         auth,
         upstreams: upstreams.clone(),
+        engine: engine.clone(),
     });
     let shutdown = CancellationToken::new();
+    engine.spawn_sweeper(shutdown.clone());
     spawn_signal_handler(shutdown.clone());
     for u in &cfg.upstreams {
         tracing::info!(upstream = %u.name, path = %u.path, "serving upstream");
@@ -145,6 +157,9 @@ async fn serve(config_path: PathBuf) -> Result<()> {
     front::serve(gw, listener, shutdown).await;
     tracing::info!("draining done; stopping upstreams");
     upstreams.shutdown().await;
+    if let Err(e) = store.flush().await {
+        tracing::error!(error = %e, "final store flush failed");
+    }
     tracing::info!("taskgate stopped");
     Ok(())
 }

@@ -14,6 +14,8 @@ use super::wire::ValidRequest;
 use crate::auth::Principal;
 use crate::config::TaskMode;
 use crate::protocol::{self, PROTOCOL_VERSION, RpcError, TASKS_EXTENSION};
+use crate::tasks::call::ToolCall;
+use crate::tasks::promote::Promotion;
 use crate::upstream::{Upstream, UpstreamInfo};
 
 /// The server capability a method needs from the upstream (policy 14: methods the
@@ -112,7 +114,9 @@ pub async fn dispatch(
             StatusCode::OK,
             &protocol::response(&req.id, discover_result(&info)),
         ),
-        "tasks/get" | "tasks/update" | "tasks/cancel" => tasks_method(&req),
+        "tasks/get" | "tasks/update" | "tasks/cancel" => {
+            tasks_method(gw, upstream, &principal, &req, &info.server_info).await
+        }
         "subscriptions/listen" => super::listen::open(upstream, &principal, &req, &info, gw),
         "tools/call" => tools_call(gw, upstream, principal, req, info).await,
         _ => {
@@ -145,28 +149,24 @@ pub async fn dispatch(
     }
 }
 
-/// Task ids are `tsk_` + base64url of 16 random bytes (policy 1).
-pub fn is_well_formed_task_id(id: &str) -> bool {
-    id.strip_prefix("tsk_").is_some_and(|rest| {
-        rest.len() == 22
-            && rest
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-    })
-}
-
-fn tasks_method(req: &ValidRequest) -> Response<Body> {
-    let Some(task_id) = req.params.get("taskId").and_then(Value::as_str) else {
-        return error_200(
-            req,
-            RpcError::invalid_params("params.taskId must be a string"),
-        );
+async fn tasks_method(
+    gw: &Gateway,
+    upstream: &Arc<Upstream>,
+    principal: &Principal,
+    req: &ValidRequest,
+    server_info: &Value,
+) -> Response<Body> {
+    let e = &gw.engine;
+    let name = upstream.name();
+    let r = match req.method.as_str() {
+        "tasks/get" => e.get(principal, name, &req.params, server_info),
+        "tasks/update" => e.update(principal, name, &req.params, server_info),
+        _ => e.cancel(principal, name, &req.params, server_info).await,
     };
-    if !is_well_formed_task_id(task_id) {
-        return error_200(req, RpcError::invalid_params("malformed task id"));
+    match r {
+        Ok(v) => reply::json(StatusCode::OK, &protocol::response(&req.id, v)),
+        Err(err) => error_200(req, err),
     }
-    // No task engine yet: no id was ever issued, so every well-formed id is unknown.
-    error_200(req, RpcError::invalid_params("task not found"))
 }
 
 async fn tools_call(
@@ -206,6 +206,34 @@ async fn tools_call(
                 .await
                 .as_deref()
                 == Some("required"));
+    let promotion = Promotion::resolve(&gw.cfg.tasks, &upstream.cfg, &tool);
+    let keyed = req.idempotency_key.is_some()
+        || promotion
+            .idempotency_argument
+            .as_deref()
+            .is_some_and(|a| req.params.get("arguments").and_then(|x| x.get(a)).is_some());
+    if keyed && !req.meta.caps.declares_tasks() {
+        return reply::rpc_error(
+            StatusCode::BAD_REQUEST,
+            Some(&req.id),
+            &RpcError::tasks_extension_required(
+                "an idempotency key makes the call a task; declare the tasks extension",
+            ),
+        );
+    }
+    if req.meta.caps.declares_tasks() && promotion.mode != TaskMode::Never {
+        return gw
+            .engine
+            .tools_call(ToolCall {
+                upstream: upstream.clone(),
+                principal,
+                req,
+                server_info: info.server_info,
+                promotion,
+                timing: gw.inline_timing(),
+            })
+            .await;
+    }
     if required && !req.meta.caps.declares_tasks() {
         return reply::rpc_error(
             StatusCode::BAD_REQUEST,
@@ -237,14 +265,6 @@ impl Gateway {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn task_id_shape() {
-        assert!(is_well_formed_task_id("tsk_AAAAAAAAAAAAAAAAAAAAAA"));
-        assert!(!is_well_formed_task_id("tsk_short"));
-        assert!(!is_well_formed_task_id("AAAAAAAAAAAAAAAAAAAAAAAAAA"));
-        assert!(!is_well_formed_task_id("tsk_AAAAAAAAAAAAAAAAAAAA/A"));
-    }
 
     #[test]
     fn discover_strips_legacy_tasks() {

@@ -93,7 +93,7 @@ pub fn upstream_failure(id: &Value, upstream: &str, err: &UpstreamError) -> Fina
     Final::error(status, id, &rpc)
 }
 
-fn final_of(req: &ValidRequest, upstream: &Upstream, server_info: &Value, r: CallResult) -> Final {
+pub fn final_of(req: &ValidRequest, upstream: &Upstream, server_info: &Value, r: CallResult) -> Final {
     match r {
         Ok(Ok(CallOutcome::Result(v))) => Final::ok(protocol::response(
             &req.id,

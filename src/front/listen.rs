@@ -15,6 +15,7 @@ use super::reply::{self, Body};
 use super::wire::ValidRequest;
 use crate::auth::Principal;
 use crate::protocol::{self, META_SUBSCRIPTION_ID};
+use crate::tasks::snapshot;
 use crate::upstream::{Upstream, UpstreamInfo};
 
 /// The filter flag that admits an upstream session notification.
@@ -62,9 +63,18 @@ pub fn open(
             honoured.insert(flag.into(), Value::Bool(true));
         }
     }
-    if filter.contains_key("taskIds") {
-        // Only the caller's own tasks are acknowledged (policy 7); none exist yet.
-        honoured.insert("taskIds".into(), json!([]));
+    // Only the caller's own tasks are acknowledged; others are dropped silently
+    // (policy 7).
+    let mut task_ids: Vec<String> = Vec::new();
+    if let Some(ids) = filter.get("taskIds").and_then(Value::as_array) {
+        for id in ids.iter().filter_map(Value::as_str) {
+            let mut p = Map::new();
+            p.insert("taskId".into(), Value::from(id));
+            if gw.engine.resolve(principal, upstream.name(), &p).is_ok() && !task_ids.iter().any(|t| t == id) {
+                task_ids.push(id.to_string());
+            }
+        }
+        honoured.insert("taskIds".into(), json!(task_ids));
     }
     let sub_id = req.id.clone();
     let ack = tagged(
@@ -73,6 +83,8 @@ pub fn open(
         &sub_id,
     );
     let mut rx = upstream.session_notifications(principal);
+    let mut task_rx = gw.engine.subscribe_changes();
+    let engine = gw.engine.clone();
     let keepalive = Duration::from_millis(gw.cfg.server.keepalive_ms);
     let (tx, out) = mpsc::channel::<Bytes>(32);
     tokio::spawn(async move {
@@ -92,6 +104,19 @@ pub fn open(
                         }
                     }
                     Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(broadcast::error::RecvError::Closed) => break,
+                },
+                t = task_rx.recv(), if !task_ids.is_empty() => match t {
+                    Ok(id) if task_ids.contains(&id) => {
+                        // A full snapshot, equal to what tasks/get returns now (spec B9).
+                        if let Ok(Some(rec)) = engine.store.get(&id) {
+                            let n = tagged("notifications/tasks", Some(Value::Object(snapshot::detailed(&rec))), &sub_id);
+                            if tx.send(reply::sse_event(&n)).await.is_err() {
+                                break;
+                            }
+                        }
+                    }
+                    Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
                     Err(broadcast::error::RecvError::Closed) => break,
                 },
                 _ = ticker.tick() => {

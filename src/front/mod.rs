@@ -38,6 +38,7 @@ pub struct Gateway {
     pub cfg: Arc<Config>,
     pub auth: Arc<Authenticator>,
     pub upstreams: Arc<UpstreamSet>,
+    pub engine: Arc<crate::tasks::Engine>,
 }
 
 const PRM_PATH: &str = "/.well-known/oauth-protected-resource";

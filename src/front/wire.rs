@@ -34,6 +34,8 @@ pub struct ValidRequest {
     /// `params` without `_meta`.
     pub params: Map<String, Value>,
     pub meta: RequestMeta,
+    /// The `Idempotency-Key` header, if sent (design.md policy 9).
+    pub idempotency_key: Option<String>,
 }
 
 /// What a POST body turned out to be.
@@ -256,6 +258,15 @@ fn validate_inner(body: &[u8], headers: &HeaderMap) -> Result<Incoming, Reject> 
         ));
     }
 
+    let idempotency_key = match header_str(headers, "idempotency-key") {
+        Ok(k) => k.filter(|k| !k.is_empty()),
+        Err(()) => {
+            return Err(bad(
+                Some(id),
+                RpcError::invalid_params("invalid Idempotency-Key header"),
+            ));
+        }
+    };
     let mut params = params.unwrap_or_default();
     params.remove("_meta");
     Ok(Incoming::Request(Box::new(ValidRequest {
@@ -263,6 +274,7 @@ fn validate_inner(body: &[u8], headers: &HeaderMap) -> Result<Incoming, Reject> 
         method,
         params,
         meta,
+        idempotency_key,
     })))
 }
 

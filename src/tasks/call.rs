@@ -1,0 +1,314 @@
+//! The deadline race for a `tools/call` from a client that declared the tasks
+//! extension (design.md policy 1): the upstream call starts at once; an answer within
+//! `promote_after_ms` goes back inline, otherwise the task is written and flushed
+//! *before* its id goes out, and the call carries on in the background.
+
+use std::sync::Arc;
+
+use http::{Response, StatusCode};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use super::driver::{CallTask, Driven, key_inputs, split_inputs};
+use super::promote::Promotion;
+use super::{Engine, fingerprint, ids, snapshot};
+use crate::auth::Principal;
+use crate::config::OnInput;
+use crate::front::inline::{self, InlineTiming, missing_capability};
+use crate::front::reply::{self, Body};
+use crate::front::wire::ValidRequest;
+use crate::protocol::RpcError;
+use crate::store::{Created, RequestRoute, SCHEMA_VERSION, TaskRecord, TaskStatus, now_ms};
+use crate::upstream::{CallEvent, CallSpec, InputRequest, Upstream, UpstreamError};
+
+/// One `tools/call` that may become a task.
+pub struct ToolCall {
+    pub upstream: Arc<Upstream>,
+    pub principal: Principal,
+    pub req: ValidRequest,
+    pub server_info: Value,
+    pub promotion: Promotion,
+    pub timing: InlineTiming,
+}
+
+/// Aborts the call unless disarmed: the client still owns the call until a task
+/// handle has been returned (policy 6).
+struct Armed(Option<tokio::task::AbortHandle>);
+
+impl Armed {
+    fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Armed {
+    fn drop(&mut self) {
+        if let Some(h) = self.0.take() {
+            h.abort();
+        }
+    }
+}
+
+/// Idempotency index key: `(tenant, subject, upstream, tool, key)` (policy 9).
+fn idempotency_index(p: &Principal, upstream: &str, tool: &str, key: &str) -> Vec<u8> {
+    [p.tenant.as_str(), p.subject.as_str(), upstream, tool, key]
+        .join("\u{0}")
+        .into_bytes()
+}
+
+fn start_call(
+    upstream: &Arc<Upstream>,
+    principal: &Principal,
+    req: &ValidRequest,
+    promotion: &Promotion,
+) -> (CallTask, mpsc::Receiver<CallEvent>) {
+    let spec = CallSpec {
+        method: req.method.clone(),
+        params: req.params.clone(),
+        want_progress: true,
+    };
+    let (tx, rx) = mpsc::channel(32);
+    let up = upstream.clone();
+    let p = principal.clone();
+    let limit = promotion.call_timeout;
+    let name = upstream.name().to_string();
+    let task = tokio::spawn(async move {
+        let call = up.call(&p, spec, tx);
+        match limit {
+            None => call.await,
+            Some(d) => tokio::time::timeout(d, call).await.unwrap_or_else(|_| {
+                Err(UpstreamError::Broken {
+                    upstream: name,
+                    reason: format!("call exceeded call_timeout_ms ({} ms)", d.as_millis()),
+                })
+            }),
+        }
+    });
+    (task, rx)
+}
+
+fn store_failure(req: &ValidRequest, e: impl std::fmt::Display) -> Response<Body> {
+    reply::unavailable(
+        Some(&req.id),
+        &RpcError::internal(format!("the task could not be stored durably: {e}")),
+        1,
+    )
+}
+
+impl Engine {
+    fn new_record(&self, c: &ToolCall, tool: &str, fp: String, idem: Option<String>) -> TaskRecord {
+        let now = now_ms();
+        let ttl = self.cfg.tasks.ttl_ms;
+        TaskRecord {
+            v: SCHEMA_VERSION,
+            task_id: ids::new_task_id(),
+            tenant: c.principal.tenant.clone(),
+            subject: c.principal.subject.clone(),
+            upstream: c.upstream.name().to_string(),
+            tool: tool.to_string(),
+            args_fingerprint: fp,
+            idempotency_key: idem,
+            status: TaskStatus::Working,
+            status_message: Some("working".into()),
+            created_at_ms: now,
+            last_updated_at_ms: now,
+            ttl_ms: ttl,
+            poll_interval_ms: self.cfg.tasks.poll_interval_ms,
+            expires_at_ms: now + ttl,
+            result: None,
+            error: None,
+            input_requests: Default::default(),
+            issued_keys: Vec::new(),
+            cancel_requested: false,
+        }
+    }
+
+    fn new_route(&self, c: &ToolCall, task_id: &str) -> RequestRoute {
+        let now = now_ms();
+        RequestRoute {
+            v: SCHEMA_VERSION,
+            route_id: ids::new_route_id(),
+            upstream: c.upstream.name().to_string(),
+            tenant: c.principal.tenant.clone(),
+            subject: c.principal.subject.clone(),
+            method: c.req.method.clone(),
+            started_at_ms: now,
+            deadline_ms: now + self.cfg.tasks.ttl_ms,
+            task_id: Some(task_id.to_string()),
+        }
+    }
+
+    /// The reply to a duplicate idempotency key: the existing task, or `-32602`
+    /// when the arguments differ.
+    fn existing(&self, c: &ToolCall, entry: crate::store::IdempotencyEntry, fp: &str) -> Response<Body> {
+        let req = &c.req;
+        if entry.args_fingerprint != fp {
+            return reply::rpc_error(
+                StatusCode::OK,
+                Some(&req.id),
+                &RpcError::invalid_params(
+                    "Idempotency-Key was already used with different arguments",
+                ),
+            );
+        }
+        let mut params = serde_json::Map::new();
+        params.insert("taskId".into(), Value::from(entry.task_id));
+        match self.resolve(&c.principal, c.upstream.name(), &params) {
+            Ok(rec) => reply::json(
+                StatusCode::OK,
+                &crate::protocol::response(&req.id, snapshot::create_result(&rec, &c.server_info)),
+            ),
+            Err(e) => reply::rpc_error(StatusCode::OK, Some(&req.id), &e),
+        }
+    }
+
+    /// Serve a `tools/call` from a client that declared the tasks extension.
+    pub async fn tools_call(self: &Arc<Self>, c: ToolCall) -> Response<Body> {
+        let tool = c
+            .req
+            .params
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let args = c.req.params.get("arguments").cloned().unwrap_or_else(|| json!({}));
+        let fp = fingerprint(&args);
+        let idem = c.req.idempotency_key.clone().or_else(|| {
+            let arg = c.promotion.idempotency_argument.as_deref()?;
+            args.get(arg).and_then(Value::as_str).map(str::to_string)
+        });
+
+        if let Some(key) = &idem {
+            // A keyed call is always a task, written before the upstream call starts
+            // so concurrent duplicates never reach the upstream twice (policy 9).
+            let index = idempotency_index(&c.principal, c.upstream.name(), &tool, key);
+            match self.store.idempotency_get(&index) {
+                Ok(Some(entry)) => return self.existing(&c, entry, &fp),
+                Ok(None) => {}
+                Err(e) => return store_failure(&c.req, e),
+            }
+            let rec = self.new_record(&c, &tool, fp.clone(), idem.clone());
+            return self.create_then_call(c, rec, Some(index), fp).await;
+        }
+        if c.promotion.promote_after.is_zero() {
+            let rec = self.new_record(&c, &tool, fp.clone(), None);
+            return self.create_then_call(c, rec, None, fp).await;
+        }
+        self.race(c, tool, fp).await
+    }
+
+    /// `promote_after_ms = 0` and keyed calls: the task exists before the call starts.
+    async fn create_then_call(
+        self: &Arc<Self>,
+        c: ToolCall,
+        rec: TaskRecord,
+        index: Option<Vec<u8>>,
+        fp: String,
+    ) -> Response<Body> {
+        let route = self.new_route(&c, &rec.task_id);
+        match self.store.create(&rec, &route, index.as_deref()) {
+            Ok(Created::New) => {}
+            Ok(Created::Existing(entry)) => return self.existing(&c, entry, &fp),
+            Err(e) => return store_failure(&c.req, e),
+        }
+        if let Err(e) = self.store.flush().await {
+            return store_failure(&c.req, e);
+        }
+        let (call, events) = start_call(&c.upstream, &c.principal, &c.req, &c.promotion);
+        self.launch(&c, &rec, &route, call, events, Vec::new());
+        reply::json(
+            StatusCode::OK,
+            &crate::protocol::response(&c.req.id, snapshot::create_result(&rec, &c.server_info)),
+        )
+    }
+
+    /// Register a promoted call and hand it to its driver.
+    fn launch(
+        self: &Arc<Self>,
+        c: &ToolCall,
+        rec: &TaskRecord,
+        route: &RequestRoute,
+        call: CallTask,
+        events: mpsc::Receiver<CallEvent>,
+        responders: Vec<(String, tokio::sync::oneshot::Sender<crate::upstream::InputAnswer>)>,
+    ) {
+        self.register_live(&rec.task_id, call.abort_handle());
+        let awaiting_input = !responders.is_empty();
+        for (key, tx) in responders {
+            self.add_responder(&rec.task_id, key, tx);
+        }
+        let engine = self.clone();
+        tokio::spawn(engine.drive(Driven {
+            task_id: rec.task_id.clone(),
+            route_id: route.route_id.clone(),
+            upstream: c.upstream.name().to_string(),
+            caps: c.req.meta.caps.clone(),
+            call,
+            events,
+            awaiting_input,
+        }));
+    }
+
+    async fn race(self: &Arc<Self>, c: ToolCall, tool: String, fp: String) -> Response<Body> {
+        let (mut call, mut events) = start_call(&c.upstream, &c.principal, &c.req, &c.promotion);
+        let mut armed = Armed(Some(call.abort_handle()));
+        let deadline = tokio::time::sleep(c.promotion.promote_after);
+        tokio::pin!(deadline);
+        let mut events_open = true;
+        let mut inputs: Vec<InputRequest> = Vec::new();
+        loop {
+            tokio::select! {
+                r = &mut call => {
+                    armed.disarm();
+                    return inline::final_of(&c.req, &c.upstream, &c.server_info, r).into_response();
+                }
+                ev = events.recv(), if events_open => match ev {
+                    None => events_open = false,
+                    Some(CallEvent::Input(ir)) => {
+                        if let Some(err) = missing_capability(&c.req.meta.caps, &ir.method, ir.params.as_ref()) {
+                            return reply::rpc_error(StatusCode::BAD_REQUEST, Some(&c.req.id), &err);
+                        }
+                        if c.promotion.on_input == OnInput::Mrtr {
+                            tracing::debug!(tool = %tool, "on_input = mrtr: promoting (MRTR rounds not yet supported here)");
+                        }
+                        inputs.push(ir);
+                        // Gather requests that arrive together, then promote at once.
+                        let gather = std::time::Duration::from_millis(self.cfg.tasks.input_gather_ms);
+                        while let Ok(Some(ev)) = tokio::time::timeout(gather, events.recv()).await {
+                            if let CallEvent::Input(ir) = ev {
+                                if let Some(err) = missing_capability(&c.req.meta.caps, &ir.method, ir.params.as_ref()) {
+                                    return reply::rpc_error(StatusCode::BAD_REQUEST, Some(&c.req.id), &err);
+                                }
+                                inputs.push(ir);
+                            }
+                        }
+                        break;
+                    }
+                    Some(_) => {}
+                },
+                () = &mut deadline => break,
+            }
+        }
+
+        let mut rec = self.new_record(&c, &tool, fp, None);
+        let (requests, senders) = split_inputs(inputs);
+        let keys = if requests.is_empty() {
+            Vec::new()
+        } else {
+            key_inputs(&mut rec, &requests)
+        };
+        let route = self.new_route(&c, &rec.task_id);
+        if let Err(e) = self.store.create(&rec, &route, None) {
+            return store_failure(&c.req, e);
+        }
+        if let Err(e) = self.store.flush().await {
+            return store_failure(&c.req, e);
+        }
+        armed.disarm();
+        self.launch(&c, &rec, &route, call, events, keys.into_iter().zip(senders).collect());
+        reply::json(
+            StatusCode::OK,
+            &crate::protocol::response(&c.req.id, snapshot::create_result(&rec, &c.server_info)),
+        )
+    }
+}

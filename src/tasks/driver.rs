@@ -1,0 +1,286 @@
+//! A promoted call running in the background: upstream progress becomes
+//! `statusMessage`, upstream input requests become `inputRequests`, and the answer
+//! becomes the terminal state — unless the task reached a terminal state first
+//! (cancel, expiry), in which case the late answer is discarded (policy 4, 6).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::Engine;
+use crate::front::inline::missing_capability;
+use crate::front::results;
+use crate::protocol::{ClientCaps, META_RELATED_TASK, RpcError};
+use crate::store::{TaskRecord, TaskStatus, now_ms};
+use crate::upstream::{CallEvent, CallOutcome, InputAnswer, InputRequest, UpstreamError};
+
+pub type CallTask = JoinHandle<Result<CallOutcome, UpstreamError>>;
+
+/// Everything the driver needs for one task.
+pub struct Driven {
+    pub task_id: String,
+    pub route_id: String,
+    pub upstream: String,
+    pub caps: ClientCaps,
+    pub call: CallTask,
+    pub events: mpsc::Receiver<CallEvent>,
+    /// Set when the task was created in `input_required`.
+    pub awaiting_input: bool,
+}
+
+/// Assign fresh keys (unique for the task's life) to input requests `(method,
+/// params)`, record them as outstanding and return the keys in order. Deterministic
+/// for a given record, so a store update may safely retry it. Strips the legacy
+/// `elicitationId` of URL-mode elicitations (spec C10).
+pub fn key_inputs(rec: &mut TaskRecord, inputs: &[(String, Option<Value>)]) -> Vec<String> {
+    let mut keys = Vec::with_capacity(inputs.len());
+    for (method, params) in inputs {
+        let kind = method.split('/').next().unwrap_or("input");
+        let key = format!("{kind}-{}", rec.issued_keys.len() + 1);
+        rec.issued_keys.push(key.clone());
+        let mut req = Map::new();
+        req.insert("method".into(), Value::from(method.clone()));
+        if let Some(params) = params {
+            let mut params = params.clone();
+            if let Some(p) = params.as_object_mut() {
+                p.remove("elicitationId");
+            }
+            req.insert("params".into(), params);
+        }
+        rec.input_requests.insert(key.clone(), Value::Object(req));
+        keys.push(key);
+    }
+    rec.status = TaskStatus::InputRequired;
+    rec.status_message = Some("waiting for input".into());
+    rec.last_updated_at_ms = now_ms();
+    keys
+}
+
+/// Split input requests into what is recorded and the answer channels.
+pub fn split_inputs(
+    batch: Vec<InputRequest>,
+) -> (Vec<(String, Option<Value>)>, Vec<oneshot::Sender<InputAnswer>>) {
+    batch
+        .into_iter()
+        .map(|ir| ((ir.method, ir.params), ir.respond))
+        .unzip()
+}
+
+/// `statusMessage` for an upstream progress notification, e.g. "40/100: indexing".
+pub fn progress_message(p: &Map<String, Value>) -> String {
+    let num = |k: &str| p.get(k).filter(|v| v.is_number()).map(Value::to_string);
+    let mut s = num("progress").unwrap_or_default();
+    if let Some(t) = num("total") {
+        s = format!("{s}/{t}");
+    }
+    if let Some(m) = p.get("message").and_then(Value::as_str) {
+        s = if s.is_empty() { m.to_string() } else { format!("{s}: {m}") };
+    }
+    s
+}
+
+impl Engine {
+    /// Apply a terminal outcome unless the task is already terminal.
+    pub(super) async fn settle(&self, task_id: &str, apply: impl Fn(&mut TaskRecord)) {
+        let retention = self.cfg.tasks.result_retention_ms;
+        let updated = self.store.update(task_id, &mut |rec| {
+            if rec.status.is_terminal() {
+                return false;
+            }
+            apply(rec);
+            let now = now_ms();
+            rec.last_updated_at_ms = now;
+            rec.input_requests.clear();
+            // Keep the result retrievable for result_retention_ms (policy 11).
+            rec.expires_at_ms = rec.expires_at_ms.max(now + retention);
+            rec.ttl_ms = rec.expires_at_ms.saturating_sub(rec.created_at_ms);
+            true
+        });
+        match updated {
+            Ok(_) => {
+                if let Err(e) = self.store.flush().await {
+                    tracing::error!(task = task_id, error = %e, "flushing a terminal state failed");
+                }
+            }
+            Err(e) => tracing::error!(task = task_id, error = %e, "recording a terminal state failed"),
+        }
+        self.changed(task_id);
+    }
+
+    fn outcome_applier(
+        &self,
+        upstream: &str,
+        r: Result<Result<CallOutcome, UpstreamError>, tokio::task::JoinError>,
+    ) -> Option<Box<dyn Fn(&mut TaskRecord) + Send + Sync>> {
+        let max = self.cfg.tasks.max_result_bytes;
+        match r {
+            Ok(Ok(CallOutcome::Result(mut v))) => {
+                if let Some(m) = v.get_mut("_meta").and_then(Value::as_object_mut) {
+                    m.remove(META_RELATED_TASK);
+                }
+                let size = serde_json::to_vec(&v).map(|b| b.len()).unwrap_or(0);
+                if size > max {
+                    let err = RpcError::internal(format!(
+                        "result too large: {size} bytes exceeds max_result_bytes ({max})"
+                    ));
+                    return Some(Box::new(move |rec| fail(rec, &err)));
+                }
+                Some(Box::new(move |rec| {
+                    rec.status = TaskStatus::Completed;
+                    rec.status_message = Some(if v.get("isError") == Some(&Value::Bool(true)) {
+                        "completed with a tool error".into()
+                    } else {
+                        "completed".into()
+                    });
+                    rec.result = Some(v.clone());
+                }))
+            }
+            Ok(Ok(CallOutcome::Error(e))) => {
+                let e = results::map_error(e);
+                Some(Box::new(move |rec| fail(rec, &e)))
+            }
+            Ok(Err(e)) => {
+                let err = RpcError::internal(e.to_string()).with_data(json!({ "upstream": upstream }));
+                Some(Box::new(move |rec| fail(rec, &err)))
+            }
+            // Aborted by cancel or expiry: the record already says so.
+            Err(j) if j.is_cancelled() => None,
+            Err(_) => {
+                let err = RpcError::internal("the upstream call ended unexpectedly");
+                Some(Box::new(move |rec| fail(rec, &err)))
+            }
+        }
+    }
+
+    /// Run a promoted call to its end.
+    pub async fn drive(self: Arc<Self>, d: Driven) {
+        let Driven {
+            task_id,
+            route_id,
+            upstream,
+            caps,
+            mut call,
+            mut events,
+            awaiting_input,
+        } = d;
+        let input_timeout = Duration::from_millis(self.cfg.tasks.input_timeout_ms);
+        let gather = Duration::from_millis(self.cfg.tasks.input_gather_ms);
+        let far = Instant::now() + Duration::from_secs(86_400 * 365);
+        let mut input_deadline = if awaiting_input {
+            Instant::now() + input_timeout
+        } else {
+            far
+        };
+        let mut events_open = true;
+        loop {
+            tokio::select! {
+                r = &mut call => {
+                    if let Some(apply) = self.outcome_applier(&upstream, r) {
+                        self.settle(&task_id, apply).await;
+                    }
+                    break;
+                }
+                ev = events.recv(), if events_open => match ev {
+                    None => events_open = false,
+                    Some(CallEvent::Log(_)) => {}
+                    Some(CallEvent::Progress(p)) => self.on_progress(&task_id, &p),
+                    Some(CallEvent::Input(first)) => {
+                        let mut batch = vec![first];
+                        // Surface requests that arrive close together as one set.
+                        while let Ok(Some(ev)) = tokio::time::timeout(gather, events.recv()).await {
+                            match ev {
+                                CallEvent::Input(ir) => batch.push(ir),
+                                CallEvent::Progress(p) => self.on_progress(&task_id, &p),
+                                CallEvent::Log(_) => {}
+                            }
+                        }
+                        if let Some(err) = batch.iter().find_map(|ir| missing_capability(&caps, &ir.method, ir.params.as_ref())) {
+                            call.abort();
+                            self.settle(&task_id, move |rec| fail(rec, &err)).await;
+                            break;
+                        }
+                        self.on_inputs(&task_id, batch);
+                        input_deadline = Instant::now() + input_timeout;
+                    }
+                },
+                () = tokio::time::sleep_until(input_deadline) => {
+                    input_deadline = far;
+                    let waiting = matches!(self.store.get(&task_id), Ok(Some(r)) if r.status == TaskStatus::InputRequired);
+                    if waiting {
+                        call.abort();
+                        let err = RpcError::internal(format!(
+                            "input was not provided within input_timeout_ms ({} ms)",
+                            input_timeout.as_millis()
+                        ));
+                        self.settle(&task_id, move |rec| fail(rec, &err)).await;
+                        break;
+                    }
+                }
+            }
+        }
+        if let Err(e) = self.store.remove_route(&route_id) {
+            tracing::warn!(task = %task_id, error = %e, "removing a request route failed");
+        }
+        self.forget_live(&task_id);
+    }
+
+    fn on_progress(&self, task_id: &str, p: &Map<String, Value>) {
+        let msg = progress_message(p);
+        let r = self.store.update(task_id, &mut |rec| {
+            if rec.status.is_terminal() {
+                return false;
+            }
+            rec.status_message = Some(msg.clone());
+            rec.last_updated_at_ms = now_ms();
+            true
+        });
+        if r.is_ok() {
+            self.changed(task_id);
+        }
+    }
+
+    fn on_inputs(&self, task_id: &str, batch: Vec<InputRequest>) {
+        let (requests, responders) = split_inputs(batch);
+        let mut keys = Vec::new();
+        let r = self.store.update(task_id, &mut |rec| {
+            if rec.status.is_terminal() {
+                return false;
+            }
+            keys = key_inputs(rec, &requests);
+            true
+        });
+        if let Err(e) = r {
+            tracing::error!(task = task_id, error = %e, "recording input requests failed");
+        }
+        // Responders dropped here (terminal task) answer the upstream with an error.
+        for (key, tx) in keys.into_iter().zip(responders) {
+            self.add_responder(task_id, key, tx);
+        }
+        self.changed(task_id);
+    }
+}
+
+/// Mark a record failed with a JSON-RPC error.
+pub fn fail(rec: &mut TaskRecord, err: &RpcError) {
+    rec.status = TaskStatus::Failed;
+    rec.status_message = Some(err.message.clone());
+    rec.error = Some(err.to_value());
+    rec.result = None;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_messages() {
+        let p = |v: Value| v.as_object().cloned().unwrap_or_default();
+        assert_eq!(progress_message(&p(json!({"progress": 40, "total": 100, "message": "indexing shard 3"}))), "40/100: indexing shard 3");
+        assert_eq!(progress_message(&p(json!({"progress": 0.5}))), "0.5");
+        assert_eq!(progress_message(&p(json!({"message": "hi"}))), "hi");
+    }
+}

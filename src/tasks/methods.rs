@@ -1,0 +1,165 @@
+//! `tasks/get`, `tasks/update`, `tasks/cancel` (spec B5–B7) and the ownership check
+//! (design.md policy 7): every method resolves the record under the caller's
+//! `(tenant, subject)`; anything else is byte-identical to "not found".
+
+use serde_json::{Map, Value};
+
+use super::{Engine, ids, snapshot};
+use crate::auth::Principal;
+use crate::front::results::add_server_info;
+use crate::protocol::RpcError;
+use crate::store::{TaskRecord, TaskStatus, now_ms};
+use crate::upstream::InputAnswer;
+
+/// The one reply for foreign, unknown and never-issued ids.
+pub fn not_found() -> RpcError {
+    RpcError::invalid_params("task not found")
+}
+
+fn expired() -> RpcError {
+    RpcError::invalid_params("task expired")
+}
+
+fn ack(server_info: &Value) -> Value {
+    let mut m = Map::new();
+    m.insert("resultType".into(), Value::from("complete"));
+    add_server_info(&mut m, server_info);
+    Value::Object(m)
+}
+
+fn owned_by(rec_tenant: &str, rec_subject: &str, p: &Principal) -> bool {
+    rec_tenant == p.tenant && rec_subject == p.subject
+}
+
+impl Engine {
+    /// Resolve `params.taskId` for `principal` on `upstream`.
+    pub fn resolve(
+        &self,
+        principal: &Principal,
+        upstream: &str,
+        params: &Map<String, Value>,
+    ) -> Result<TaskRecord, RpcError> {
+        let Some(task_id) = params.get("taskId").and_then(Value::as_str) else {
+            return Err(RpcError::invalid_params("params.taskId must be a string"));
+        };
+        if !ids::is_well_formed(task_id) {
+            return Err(RpcError::invalid_params("malformed task id"));
+        }
+        let store_err = |e: crate::store::StoreError| RpcError::internal(e.to_string());
+        match self.store.get(task_id).map_err(store_err)? {
+            Some(rec) if owned_by(&rec.tenant, &rec.subject, principal) && rec.upstream == upstream => {
+                // Never expire early, and never serve past the ttl even if the
+                // sweeper has not run yet (policy 11).
+                if rec.expires_at_ms <= now_ms() {
+                    Err(expired())
+                } else {
+                    Ok(rec)
+                }
+            }
+            Some(_) => Err(not_found()),
+            None => match self.store.tombstone(task_id).map_err(store_err)? {
+                Some(t) if owned_by(&t.tenant, &t.subject, principal) => Err(expired()),
+                _ => Err(not_found()),
+            },
+        }
+    }
+
+    pub fn get(
+        &self,
+        principal: &Principal,
+        upstream: &str,
+        params: &Map<String, Value>,
+        server_info: &Value,
+    ) -> Result<Value, RpcError> {
+        let rec = self.resolve(principal, upstream, params)?;
+        Ok(snapshot::get_result(&rec, server_info))
+    }
+
+    /// Relay each answer for an outstanding key to the upstream; ignore the rest
+    /// (spec B6). The task stays `input_required` until every key is answered.
+    pub fn update(
+        &self,
+        principal: &Principal,
+        upstream: &str,
+        params: &Map<String, Value>,
+        server_info: &Value,
+    ) -> Result<Value, RpcError> {
+        let rec = self.resolve(principal, upstream, params)?;
+        let responses = match params.get("inputResponses") {
+            Some(Value::Object(r)) => r.clone(),
+            _ => return Err(RpcError::invalid_params("params.inputResponses must be an object")),
+        };
+        if rec.status != TaskStatus::InputRequired {
+            return Ok(ack(server_info));
+        }
+        let answered: Vec<(String, Value)> = responses
+            .into_iter()
+            .filter(|(k, v)| rec.input_requests.contains_key(k) && v.is_object())
+            .collect();
+        if answered.is_empty() {
+            return Ok(ack(server_info));
+        }
+        let keys: Vec<String> = answered.iter().map(|(k, _)| k.clone()).collect();
+        let r = self.store.update(&rec.task_id, &mut |r| {
+            if r.status != TaskStatus::InputRequired {
+                return false;
+            }
+            for k in &keys {
+                r.input_requests.remove(k);
+            }
+            if r.input_requests.is_empty() {
+                r.status = TaskStatus::Working;
+                r.status_message = Some("working".into());
+            }
+            r.last_updated_at_ms = now_ms();
+            true
+        });
+        r.map_err(|e| RpcError::internal(e.to_string()))?;
+        for (key, answer) in answered {
+            if let Some(tx) = self.take_responder(&rec.task_id, &key) {
+                let _ = tx.send(InputAnswer::Result(answer));
+            }
+        }
+        self.changed(&rec.task_id);
+        Ok(ack(server_info))
+    }
+
+    /// Record the intent durably, stop the upstream call, acknowledge (spec B7,
+    /// policy 6). A terminal task is acknowledged unchanged.
+    pub async fn cancel(
+        &self,
+        principal: &Principal,
+        upstream: &str,
+        params: &Map<String, Value>,
+        server_info: &Value,
+    ) -> Result<Value, RpcError> {
+        let rec = self.resolve(principal, upstream, params)?;
+        if rec.status.is_terminal() {
+            return Ok(ack(server_info));
+        }
+        let retention = self.cfg.tasks.result_retention_ms;
+        let r = self.store.update(&rec.task_id, &mut |r| {
+            if r.status.is_terminal() {
+                return false;
+            }
+            let now = now_ms();
+            r.status = TaskStatus::Cancelled;
+            r.status_message = Some("cancelled by the client".into());
+            r.cancel_requested = true;
+            r.input_requests.clear();
+            r.last_updated_at_ms = now;
+            r.expires_at_ms = r.expires_at_ms.max(now + retention);
+            r.ttl_ms = r.expires_at_ms.saturating_sub(r.created_at_ms);
+            true
+        });
+        r.map_err(|e| RpcError::internal(e.to_string()))?;
+        self.store
+            .flush()
+            .await
+            .map_err(|e| RpcError::internal(e.to_string()))?;
+        // Dropping the call sends `notifications/cancelled` upstream.
+        self.abort_live(&rec.task_id);
+        self.changed(&rec.task_id);
+        Ok(ack(server_info))
+    }
+}

@@ -1,0 +1,75 @@
+//! The promotion decision (design.md policy 1): for one `tools/call`, whether and when
+//! it becomes a task. Per-tool settings win over per-upstream ones, which win over
+//! `[tasks]`.
+
+use std::time::Duration;
+
+use crate::config::{OnInput, TaskMode, TasksConfig, UpstreamConfig};
+
+/// How one tool call is to be run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Promotion {
+    pub mode: TaskMode,
+    /// Race the upstream against this deadline; zero = always a task.
+    pub promote_after: Duration,
+    pub on_input: OnInput,
+    /// Tool argument that carries a caller idempotency key (policy 9).
+    pub idempotency_argument: Option<String>,
+    /// Absolute cap on the upstream call.
+    pub call_timeout: Option<Duration>,
+}
+
+impl Promotion {
+    pub fn resolve(tasks: &TasksConfig, upstream: &UpstreamConfig, tool: &str) -> Self {
+        let t = upstream.tools.get(tool);
+        let promote_after_ms = t
+            .and_then(|t| t.promote_after_ms)
+            .or(upstream.promote_after_ms)
+            .unwrap_or(tasks.promote_after_ms);
+        let call_timeout_ms = t
+            .and_then(|t| t.call_timeout_ms)
+            .or(upstream.call_timeout_ms);
+        Self {
+            mode: t.map(|t| t.task).unwrap_or_default(),
+            promote_after: Duration::from_millis(promote_after_ms),
+            on_input: t.map(|t| t.on_input).unwrap_or_default(),
+            idempotency_argument: t.and_then(|t| t.idempotency_argument.clone()),
+            call_timeout: call_timeout_ms.map(Duration::from_millis),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    #[test]
+    fn tool_beats_upstream_beats_global() {
+        let cfg = Config::parse(
+            r#"
+[auth]
+mode = "none"
+[tasks]
+promote_after_ms = 900
+[[upstream]]
+name = "a"
+command = ["x"]
+promote_after_ms = 500
+[upstream.tools.fast]
+promote_after_ms = 0
+task = "required"
+on_input = "mrtr"
+"#,
+        )
+        .unwrap();
+        let u = &cfg.upstreams[0];
+        let p = Promotion::resolve(&cfg.tasks, u, "fast");
+        assert_eq!(p.promote_after, Duration::ZERO);
+        assert_eq!(p.mode, TaskMode::Required);
+        assert_eq!(p.on_input, OnInput::Mrtr);
+        let p = Promotion::resolve(&cfg.tasks, u, "other");
+        assert_eq!(p.promote_after, Duration::from_millis(500));
+        assert_eq!(p.mode, TaskMode::Optional);
+    }
+}

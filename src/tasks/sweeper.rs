@@ -1,0 +1,90 @@
+//! Expiry (policy 11) and restart recovery (policy 10).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use super::Engine;
+use super::driver::fail;
+use crate::protocol::RpcError;
+use crate::store::{StoreError, now_ms};
+
+impl Engine {
+    /// Resolve request routes left by a previous process: their calls are gone, so
+    /// their tasks fail with a reason; nothing stays `working` forever.
+    pub async fn recover(&self) -> Result<usize, StoreError> {
+        let routes = self.store.routes()?;
+        let mut failed = 0;
+        for route in &routes {
+            if let Some(task_id) = &route.task_id {
+                let err = RpcError::internal("gateway restarted while the call was in flight")
+                    .with_data(json!({ "upstream": route.upstream }));
+                let r = self.store.update(task_id, &mut |rec| {
+                    if rec.status.is_terminal() {
+                        return false;
+                    }
+                    fail(rec, &err);
+                    let now = now_ms();
+                    rec.last_updated_at_ms = now;
+                    rec.input_requests.clear();
+                    rec.expires_at_ms = rec
+                        .expires_at_ms
+                        .max(now + self.cfg.tasks.result_retention_ms);
+                    rec.ttl_ms = rec.expires_at_ms.saturating_sub(rec.created_at_ms);
+                    true
+                })?;
+                if r.is_some() {
+                    failed += 1;
+                }
+            }
+            self.store.remove_route(&route.route_id)?;
+        }
+        self.store.flush().await?;
+        Ok(failed)
+    }
+
+    /// One sweep: expire tasks past their ttl (stopping their calls, leaving
+    /// owner-only tombstones) and drop old tombstones.
+    pub fn sweep(&self) -> Result<usize, StoreError> {
+        let now = now_ms();
+        let tomb_until = now + self.cfg.store.tombstone_ttl_ms;
+        let mut n = 0;
+        loop {
+            let ids = self.store.expired(now, 512)?;
+            if ids.is_empty() {
+                break;
+            }
+            for id in &ids {
+                self.abort_live(id);
+                self.store.expire(id, tomb_until)?;
+                self.changed(id);
+                n += 1;
+            }
+            if ids.len() < 512 {
+                break;
+            }
+        }
+        self.store.sweep_tombstones(now)?;
+        Ok(n)
+    }
+
+    pub fn spawn_sweeper(self: &Arc<Self>, shutdown: CancellationToken) {
+        let engine = self.clone();
+        let every = Duration::from_millis(self.cfg.store.sweep_interval_ms.max(100));
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    () = tokio::time::sleep(every) => {}
+                }
+                match engine.sweep() {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(expired = n, "expired tasks swept"),
+                    Err(e) => tracing::error!(error = %e, "task sweep failed"),
+                }
+            }
+        });
+    }
+}
