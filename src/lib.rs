@@ -5,6 +5,7 @@ pub mod auth;
 pub mod config;
 pub mod demo;
 pub mod front;
+pub mod mrtr;
 pub mod protocol;
 pub mod store;
 pub mod tasks;

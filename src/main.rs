@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use taskgate::auth::{self, Authenticator};
 use taskgate::config::Config;
 use taskgate::front::{self, Gateway};
+use taskgate::mrtr::Holds;
 use taskgate::store::TaskStore;
 use taskgate::store::sled::SledStore;
 use taskgate::tasks::Engine;
@@ -137,15 +138,26 @@ async fn serve(config_path: PathBuf) -> Result<()> {
 
     let cfg = Arc::new(cfg);
     let engine = Engine::new(store.clone(), cfg.clone());
-    let recovered = engine.recover().await.context("recovering tasks after restart")?;
+    let recovered = engine
+        .recover()
+        .await
+        .context("recovering tasks after restart")?;
     if recovered > 0 {
-        tracing::warn!(recovered, "tasks whose calls were in flight at the last stop are now failed");
+        tracing::warn!(
+            recovered,
+            "tasks whose calls were in flight at the last stop are now failed"
+        );
     }
+    let holds = Holds::new(
+        request_state_key(&cfg, store.as_ref())?,
+        std::time::Duration::from_millis(cfg.tasks.input_timeout_ms),
+    );
     let gw = Arc::new(Gateway {
         cfg: cfg.clone(),
         auth,
         upstreams: upstreams.clone(),
         engine: engine.clone(),
+        holds,
     });
     let shutdown = CancellationToken::new();
     engine.spawn_sweeper(shutdown.clone());
@@ -162,6 +174,23 @@ async fn serve(config_path: PathBuf) -> Result<()> {
     }
     tracing::info!("taskgate stopped");
     Ok(())
+}
+
+/// The MRTR `requestState` HMAC key: from the environment variable named by
+/// `auth.request_state_key_env` (≥ 32 bytes), else generated once and kept in the store.
+fn request_state_key(cfg: &Config, store: &dyn TaskStore) -> Result<[u8; 32]> {
+    if let Some(var) = &cfg.auth.request_state_key_env {
+        if let Ok(v) = std::env::var(var) {
+            let d = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, v.as_bytes());
+            let mut key = [0u8; 32];
+            key.copy_from_slice(d.as_ref());
+            if v.len() < 32 {
+                anyhow::bail!("auth.request_state_key_env: ${var} must hold at least 32 bytes");
+            }
+            return Ok(key);
+        }
+    }
+    Ok(store.secret("mrtr-request-state")?)
 }
 
 fn spawn_signal_handler(shutdown: CancellationToken) {

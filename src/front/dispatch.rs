@@ -7,12 +7,13 @@ use http::{Response, StatusCode};
 use serde_json::{Map, Value, json};
 
 use super::Gateway;
-use super::inline::{self, InlineTiming};
+use super::inline::{self, Inline, InlineTiming};
 use super::reply::{self, Body};
 use super::results;
 use super::wire::ValidRequest;
 use crate::auth::Principal;
 use crate::config::TaskMode;
+use crate::mrtr::{Pending, Resumed};
 use crate::protocol::{self, PROTOCOL_VERSION, RpcError, TASKS_EXTENSION};
 use crate::tasks::call::ToolCall;
 use crate::tasks::promote::Promotion;
@@ -137,14 +138,7 @@ pub async fn dispatch(
                     }
                 };
             }
-            inline::run(
-                upstream.clone(),
-                principal,
-                req,
-                info.server_info,
-                gw.inline_timing(),
-            )
-            .await
+            inline_or_resume(gw, upstream, principal, req, info.server_info).await
         }
     }
 }
@@ -222,17 +216,20 @@ async fn tools_call(
         );
     }
     if req.meta.caps.declares_tasks() && promotion.mode != TaskMode::Never {
-        return gw
-            .engine
-            .tools_call(ToolCall {
-                upstream: upstream.clone(),
-                principal,
-                req,
-                server_info: info.server_info,
-                promotion,
-                timing: gw.inline_timing(),
-            })
-            .await;
+        let c = ToolCall {
+            upstream: upstream.clone(),
+            principal,
+            req,
+            server_info: info.server_info,
+            promotion,
+            timing: gw.inline_timing(),
+            holds: gw.holds.clone(),
+        };
+        return match resume_state(gw, &c.upstream, &c.principal, &c.req, &c.server_info) {
+            None => gw.engine.tools_call(c).await,
+            Some(Err(resp)) => resp,
+            Some(Ok(pending)) => gw.engine.resume(c, pending).await,
+        };
     }
     if required && !req.meta.caps.declares_tasks() {
         return reply::rpc_error(
@@ -243,14 +240,7 @@ async fn tools_call(
             )),
         );
     }
-    inline::run(
-        upstream.clone(),
-        principal,
-        req,
-        info.server_info,
-        gw.inline_timing(),
-    )
-    .await
+    inline_or_resume(gw, upstream, principal, req, info.server_info).await
 }
 
 impl Gateway {
@@ -258,6 +248,7 @@ impl Gateway {
         InlineTiming {
             keepalive: std::time::Duration::from_millis(self.cfg.server.keepalive_ms),
             sync_timeout: std::time::Duration::from_millis(self.cfg.tasks.sync_timeout_ms),
+            input_gather: std::time::Duration::from_millis(self.cfg.tasks.input_gather_ms),
         }
     }
 }
@@ -280,5 +271,66 @@ mod tests {
         assert_eq!(d["supportedVersions"], json!(["2026-07-28"]));
         assert_eq!(d["instructions"], "hi");
         assert_eq!(d["resultType"], "complete");
+    }
+}
+
+/// An MRTR retry (`params.requestState`): `None` when this is a first request;
+/// otherwise the resumed call, or the reply to send (error or a further round).
+fn resume_state(
+    gw: &Gateway,
+    upstream: &Arc<Upstream>,
+    principal: &Principal,
+    req: &ValidRequest,
+    server_info: &Value,
+) -> Option<Result<Pending, Response<Body>>> {
+    let state = req.params.get("requestState")?;
+    if !inline::mrtr_eligible(&req.method) {
+        return None;
+    }
+    let Some(state) = state.as_str() else {
+        return Some(Err(error_200(
+            req,
+            RpcError::invalid_params("requestState must be a string"),
+        )));
+    };
+    Some(
+        match gw.holds.resume(
+            state,
+            principal,
+            upstream.name(),
+            &req.method,
+            &req.params,
+            server_info,
+        ) {
+            Ok(Resumed::Call(p)) => Ok(p),
+            Ok(Resumed::StillWaiting(v)) => {
+                Err(reply::json(StatusCode::OK, &protocol::response(&req.id, v)))
+            }
+            Err(e) => Err(error_200(req, e)),
+        },
+    )
+}
+
+/// Serve inline, resuming a held call when the request is an MRTR retry.
+async fn inline_or_resume(
+    gw: &Gateway,
+    upstream: &Arc<Upstream>,
+    principal: Principal,
+    req: ValidRequest,
+    server_info: Value,
+) -> Response<Body> {
+    let resumed = resume_state(gw, upstream, &principal, &req, &server_info);
+    let c = Inline {
+        upstream: upstream.clone(),
+        principal,
+        req,
+        server_info,
+        timing: gw.inline_timing(),
+        holds: gw.holds.clone(),
+    };
+    match resumed {
+        None => inline::run(c).await,
+        Some(Err(resp)) => resp,
+        Some(Ok(pending)) => inline::serve(c, pending).await,
     }
 }

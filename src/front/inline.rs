@@ -15,27 +15,18 @@ use bytes::Bytes;
 use http::{Response, StatusCode};
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::reply::{self, Body};
 use super::results;
 use super::wire::ValidRequest;
 use crate::auth::Principal;
+use crate::mrtr::{Holds, Pending};
 use crate::protocol::meta::{InputKind, log_level_rank};
 use crate::protocol::{self, ClientCaps, RpcError};
 use crate::upstream::{
     CallEvent, CallOutcome, CallSpec, InputAnswer, InputRequest, Upstream, UpstreamError,
 };
-
-/// Aborts the upstream call task when dropped (client gone, or answer decided).
-pub struct AbortOnDrop(pub tokio::task::AbortHandle);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
 
 type CallResult = Result<Result<CallOutcome, UpstreamError>, tokio::task::JoinError>;
 
@@ -44,6 +35,7 @@ type CallResult = Result<Result<CallOutcome, UpstreamError>, tokio::task::JoinEr
 pub struct InlineTiming {
     pub keepalive: Duration,
     pub sync_timeout: Duration,
+    pub input_gather: Duration,
 }
 
 /// The final answer for the client: HTTP status + JSON-RPC message.
@@ -93,7 +85,12 @@ pub fn upstream_failure(id: &Value, upstream: &str, err: &UpstreamError) -> Fina
     Final::error(status, id, &rpc)
 }
 
-pub fn final_of(req: &ValidRequest, upstream: &Upstream, server_info: &Value, r: CallResult) -> Final {
+pub fn final_of(
+    req: &ValidRequest,
+    upstream: &Upstream,
+    server_info: &Value,
+    r: CallResult,
+) -> Final {
     match r {
         Ok(Ok(CallOutcome::Result(v))) => Final::ok(protocol::response(
             &req.id,
@@ -110,14 +107,6 @@ pub fn final_of(req: &ValidRequest, upstream: &Upstream, server_info: &Value, r:
             &RpcError::internal("upstream call task ended unexpectedly"),
         ),
     }
-}
-
-/// What the front does with an upstream server→client request.
-enum InputVerdict {
-    /// The client did not declare this kind: cancel and answer `-32021` (policy 5).
-    Missing(RpcError),
-    /// Answered upstream already (e.g. with an error until MRTR handles it).
-    Handled,
 }
 
 /// The `requiredCapabilities` an input request needs that `caps` lacks, if any.
@@ -151,22 +140,57 @@ pub fn missing_capability(
     None
 }
 
-fn screen_input(req: &ValidRequest, upstream: &str, ir: InputRequest) -> InputVerdict {
-    if let Some(err) = missing_capability(&req.meta.caps, &ir.method, ir.params.as_ref()) {
-        let _ = ir.respond.send(InputAnswer::Error(RpcError::internal(
-            "the client did not declare this capability",
-        )));
+/// Methods whose result may be `input_required` (spec A7).
+pub fn mrtr_eligible(method: &str) -> bool {
+    matches!(method, "tools/call" | "prompts/get" | "resources/read")
+}
+
+/// What to do with the upstream's input requests.
+pub enum InputVerdict {
+    /// The client did not declare a kind: cancel and answer `-32021` (policy 5).
+    Missing(RpcError),
+    /// Relay them to the client as MRTR `input_required`.
+    Relay(Vec<InputRequest>),
+    /// Not relayable for this method: answered upstream with an error.
+    Refused,
+}
+
+/// Screen a first input request, gathering the ones that arrive within
+/// `input_gather_ms` of it so they are surfaced together (policy 5).
+pub async fn screen_inputs(
+    req: &ValidRequest,
+    upstream: &str,
+    first: InputRequest,
+    events: &mut mpsc::Receiver<CallEvent>,
+    gather: Duration,
+) -> InputVerdict {
+    let mut batch = vec![first];
+    while let Ok(Some(ev)) = tokio::time::timeout(gather, events.recv()).await {
+        if let CallEvent::Input(ir) = ev {
+            batch.push(ir);
+        }
+    }
+    if let Some(err) = batch
+        .iter()
+        .find_map(|ir| missing_capability(&req.meta.caps, &ir.method, ir.params.as_ref()))
+    {
+        for ir in batch {
+            let _ = ir.respond.send(InputAnswer::Error(RpcError::internal(
+                "the client did not declare this capability",
+            )));
+        }
         return InputVerdict::Missing(err);
     }
-    tracing::warn!(
-        upstream,
-        method = %ir.method,
-        "upstream input request on the synchronous path is answered with an error"
-    );
-    let _ = ir.respond.send(InputAnswer::Error(RpcError::internal(
-        "the gateway cannot relay this input request to the client",
-    )));
-    InputVerdict::Handled
+    if !mrtr_eligible(&req.method) {
+        tracing::warn!(upstream, method = %req.method, "upstream input request during a method that cannot return input_required");
+        for ir in batch {
+            let _ = ir.respond.send(InputAnswer::Error(RpcError::internal(
+                "this request cannot ask the client for input",
+            )));
+        }
+        return InputVerdict::Refused;
+    }
+    InputVerdict::Relay(batch)
 }
 
 /// A progress or log notification for the client, or `None` when the request did not
@@ -196,41 +220,100 @@ fn client_notification(req: &ValidRequest, ev: CallEvent) -> Option<Value> {
     }
 }
 
-/// Run `req` against `upstream` and answer inline.
-pub async fn run(
-    upstream: Arc<Upstream>,
-    principal: Principal,
-    req: ValidRequest,
-    server_info: Value,
-    timing: InlineTiming,
-) -> Response<Body> {
+/// Everything one inline request needs.
+pub struct Inline {
+    pub upstream: Arc<Upstream>,
+    pub principal: Principal,
+    pub req: ValidRequest,
+    pub server_info: Value,
+    pub timing: InlineTiming,
+    pub holds: Arc<Holds>,
+}
+
+/// Start the upstream call for `req` in its own task.
+pub fn start(upstream: &Arc<Upstream>, principal: &Principal, req: &ValidRequest) -> Pending {
+    let mut params = req.params.clone();
+    // MRTR fields are the gateway's business, never the upstream's.
+    params.remove("inputResponses");
+    params.remove("requestState");
     let spec = CallSpec {
         method: req.method.clone(),
-        params: req.params.clone(),
+        params,
         want_progress: req.meta.progress_token.is_some(),
     };
-    let (ev_tx, mut ev_rx) = mpsc::channel::<CallEvent>(32);
-    let call_upstream = upstream.clone();
-    let mut call: JoinHandle<Result<CallOutcome, UpstreamError>> =
-        tokio::spawn(async move { call_upstream.call(&principal, spec, ev_tx).await });
-    let guard = AbortOnDrop(call.abort_handle());
-    let sync_deadline = Instant::now() + timing.sync_timeout;
+    let (ev_tx, events) = mpsc::channel::<CallEvent>(32);
+    let up = upstream.clone();
+    let p = principal.clone();
+    let call = tokio::spawn(async move { up.call(&p, spec, ev_tx).await });
+    Pending { call, events }
+}
 
-    let wants_stream = req.meta.progress_token.is_some() || req.meta.log_level.is_some();
+/// Run `req` against the upstream and answer inline.
+pub async fn run(c: Inline) -> Response<Body> {
+    let pending = start(&c.upstream, &c.principal, &c.req);
+    serve(c, pending).await
+}
+
+/// Aborts the call when dropped unless disarmed; clones share the state, so the SSE
+/// body can own one while the forwarder disarms another when it holds the call.
+#[derive(Clone)]
+struct CallGuard(Arc<std::sync::Mutex<Option<tokio::task::AbortHandle>>>);
+
+impl CallGuard {
+    fn new(h: tokio::task::AbortHandle) -> Self {
+        Self(Arc::new(std::sync::Mutex::new(Some(h))))
+    }
+    fn disarm(&self) {
+        if let Ok(mut g) = self.0.lock() {
+            *g = None;
+        }
+    }
+}
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        // Only the last clone decides.
+        if Arc::strong_count(&self.0) == 1 {
+            if let Some(h) = self.0.lock().ok().and_then(|mut g| g.take()) {
+                h.abort();
+            }
+        }
+    }
+}
+
+/// Wait for a running call and answer inline (JSON, or SSE once it takes longer
+/// than `keepalive_ms` or the client asked for notifications).
+pub async fn serve(c: Inline, pending: Pending) -> Response<Body> {
+    let Pending {
+        mut call,
+        events: mut ev_rx,
+    } = pending;
+    let guard = CallGuard::new(call.abort_handle());
+    let sync_deadline = Instant::now() + c.timing.sync_timeout;
+    let gather = c.timing.input_gather;
+
+    let wants_stream = c.req.meta.progress_token.is_some() || c.req.meta.log_level.is_some();
     if !wants_stream {
-        let hold = tokio::time::sleep(timing.keepalive);
+        let hold = tokio::time::sleep(c.timing.keepalive);
         tokio::pin!(hold);
         let mut events_open = true;
         loop {
             tokio::select! {
                 r = &mut call => {
-                    return final_of(&req, &upstream, &server_info, r).into_response();
+                    return final_of(&c.req, &c.upstream, &c.server_info, r).into_response();
                 }
                 ev = ev_rx.recv(), if events_open => match ev {
                     Some(CallEvent::Input(ir)) => {
-                        if let InputVerdict::Missing(err) = screen_input(&req, upstream.name(), ir) {
-                            drop(guard);
-                            return reply::rpc_error(StatusCode::BAD_REQUEST, Some(&req.id), &err);
+                        match screen_inputs(&c.req, c.upstream.name(), ir, &mut ev_rx, gather).await {
+                            InputVerdict::Missing(err) => {
+                                return reply::rpc_error(StatusCode::BAD_REQUEST, Some(&c.req.id), &err);
+                            }
+                            InputVerdict::Relay(batch) => {
+                                guard.disarm();
+                                let v = hold_call(&c, Pending { call, events: ev_rx }, batch);
+                                return reply::json(StatusCode::OK, &protocol::response(&c.req.id, v));
+                            }
+                            InputVerdict::Refused => {}
                         }
                     }
                     Some(_) => {}
@@ -243,8 +326,9 @@ pub async fn run(
 
     // SSE from here on: errors travel in-stream (spec D22).
     let (tx, rx) = mpsc::channel::<Bytes>(32);
+    let body_guard = guard.clone();
     tokio::spawn(async move {
-        let mut ticker = tokio::time::interval(timing.keepalive);
+        let mut ticker = tokio::time::interval(c.timing.keepalive);
         ticker.tick().await;
         let sync_timer = tokio::time::sleep_until(sync_deadline);
         tokio::pin!(sync_timer);
@@ -254,28 +338,38 @@ pub async fn run(
                 r = &mut call => {
                     // Notifications queued before the answer go first.
                     while let Ok(ev) = ev_rx.try_recv() {
-                        if let Some(n) = client_notification(&req, ev) {
+                        if let Some(n) = client_notification(&c.req, ev) {
                             let _ = tx.send(reply::sse_event(&n)).await;
                         }
                     }
-                    let f = final_of(&req, &upstream, &server_info, r);
+                    let f = final_of(&c.req, &c.upstream, &c.server_info, r);
                     let _ = tx.send(reply::sse_event(&f.message)).await;
                     break;
                 }
                 ev = ev_rx.recv(), if events_open => match ev {
                     Some(CallEvent::Input(ir)) => {
-                        if let InputVerdict::Missing(err) = screen_input(&req, upstream.name(), ir) {
-                            call.abort();
-                            let msg = protocol::error_response(Some(&req.id), &err);
-                            let _ = tx.send(reply::sse_event(&msg)).await;
-                            break;
+                        match screen_inputs(&c.req, c.upstream.name(), ir, &mut ev_rx, gather).await {
+                            InputVerdict::Missing(err) => {
+                                call.abort();
+                                let msg = protocol::error_response(Some(&c.req.id), &err);
+                                let _ = tx.send(reply::sse_event(&msg)).await;
+                                break;
+                            }
+                            InputVerdict::Relay(batch) => {
+                                guard.disarm();
+                                let v = hold_call(&c, Pending { call, events: ev_rx }, batch);
+                                let _ = tx.send(reply::sse_event(&protocol::response(&c.req.id, v))).await;
+                                break;
+                            }
+                            InputVerdict::Refused => {}
                         }
                     }
                     Some(ev) => {
-                        if let Some(n) = client_notification(&req, ev)
-                            && tx.send(reply::sse_event(&n)).await.is_err() {
+                        if let Some(n) = client_notification(&c.req, ev) {
+                            if tx.send(reply::sse_event(&n)).await.is_err() {
                                 break;
                             }
+                        }
                     }
                     None => events_open = false,
                 },
@@ -288,13 +382,25 @@ pub async fn run(
                     call.abort();
                     let err = RpcError::tasks_extension_required(format!(
                         "the call did not finish within sync_timeout_ms ({} ms); declare the tasks extension to run it as a task",
-                        timing.sync_timeout.as_millis()
+                        c.timing.sync_timeout.as_millis()
                     ));
-                    let _ = tx.send(reply::sse_event(&protocol::error_response(Some(&req.id), &err))).await;
+                    let _ = tx.send(reply::sse_event(&protocol::error_response(Some(&c.req.id), &err))).await;
                     break;
                 }
             }
         }
     });
-    reply::sse(rx, guard)
+    reply::sse(rx, body_guard)
+}
+
+fn hold_call(c: &Inline, pending: Pending, batch: Vec<InputRequest>) -> Value {
+    c.holds.hold(
+        pending,
+        batch,
+        &c.principal,
+        c.upstream.name(),
+        &c.req.method,
+        &c.req.params,
+        &c.server_info,
+    )
 }

@@ -70,7 +70,9 @@ pub fn open(
         for id in ids.iter().filter_map(Value::as_str) {
             let mut p = Map::new();
             p.insert("taskId".into(), Value::from(id));
-            if gw.engine.resolve(principal, upstream.name(), &p).is_ok() && !task_ids.iter().any(|t| t == id) {
+            if gw.engine.resolve(principal, upstream.name(), &p).is_ok()
+                && !task_ids.iter().any(|t| t == id)
+            {
                 task_ids.push(id.to_string());
             }
         }

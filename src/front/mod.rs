@@ -39,6 +39,7 @@ pub struct Gateway {
     pub auth: Arc<Authenticator>,
     pub upstreams: Arc<UpstreamSet>,
     pub engine: Arc<crate::tasks::Engine>,
+    pub holds: Arc<crate::mrtr::Holds>,
 }
 
 const PRM_PATH: &str = "/.well-known/oauth-protected-resource";

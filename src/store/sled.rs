@@ -1124,7 +1124,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = SledStore::open(&cfg(dir.path(), false)).unwrap();
         store
-            .create(&task("tsk_a", "acme", 1000), &route("r1", Some("tsk_a")), None)
+            .create(
+                &task("tsk_a", "acme", 1000),
+                &route("r1", Some("tsk_a")),
+                None,
+            )
             .unwrap();
         store.put_route(&route("r2", None)).unwrap();
         let mut r2b = route("r2", None);
@@ -1229,14 +1233,19 @@ mod tests {
             let key: &[u8] = b"k";
             let mut t = task("tsk_a", "acme", 1000);
             t.result = Some(serde_json::json!({"content": [{"type": "text", "text": "x"}]}));
-            store.create(&t, &route("r1", Some("tsk_a")), Some(key)).unwrap();
+            store
+                .create(&t, &route("r1", Some("tsk_a")), Some(key))
+                .unwrap();
             store.flush().await.unwrap();
             assert!(store.healthy());
             drop(store);
             let store = SledStore::open(&cfg(dir.path(), strict)).unwrap();
             assert_eq!(store.get("tsk_a").unwrap(), Some(t));
             assert_eq!(store.routes().unwrap().len(), 1);
-            assert_eq!(store.idempotency_get(key).unwrap().unwrap().task_id, "tsk_a");
+            assert_eq!(
+                store.idempotency_get(key).unwrap().unwrap().task_id,
+                "tsk_a"
+            );
             assert_eq!(store.expired(1000, 10).unwrap(), vec!["tsk_a"]);
             assert_eq!(store.live_tasks("acme").unwrap(), 1);
         }
@@ -1400,7 +1409,10 @@ mod tests {
             let id = format!("tsk_{i}");
             assert!(store.get(&id).unwrap().is_some(), "{id} lost after crash");
         }
-        assert_eq!(store.live_tasks("acme").unwrap() as usize, store.tasks.len());
+        assert_eq!(
+            store.live_tasks("acme").unwrap() as usize,
+            store.tasks.len()
+        );
         eprintln!(
             "crash test: {CRASH_N} flushed tasks survived SIGKILL ({} tasks total, incl. unflushed)",
             store.tasks.len()
@@ -1423,7 +1435,8 @@ mod tests {
                     let key = format!("key_{w}_{i}");
                     let t0 = Instant::now();
                     let mut t = task(&id, "acme", 1000 + i as u64);
-                    t.result = Some(serde_json::json!({"content": [{"type": "text", "text": "ok"}]}));
+                    t.result =
+                        Some(serde_json::json!({"content": [{"type": "text", "text": "ok"}]}));
                     let r = store
                         .create(&t, &route(&id, Some(&id)), Some(key.as_bytes()))
                         .unwrap();
@@ -1475,7 +1488,10 @@ mod probe {
     #[tokio::test(flavor = "multi_thread")]
     async fn probe_costs() {
         let dir = tempfile::tempdir().unwrap();
-        let c = StoreConfig { path: dir.path().to_path_buf(), ..StoreConfig::default() };
+        let c = StoreConfig {
+            path: dir.path().to_path_buf(),
+            ..StoreConfig::default()
+        };
         let store = SledStore::open(&c).unwrap();
         let t0 = std::time::Instant::now();
         for i in 0..12800u64 {
@@ -1483,7 +1499,9 @@ mod probe {
             let key = format!("k{i}");
             let mut t = super::tests_support::task(&id);
             t.expires_at_ms = i;
-            store.create(&t, &super::tests_support::route(&id), Some(key.as_bytes())).unwrap();
+            store
+                .create(&t, &super::tests_support::route(&id), Some(key.as_bytes()))
+                .unwrap();
         }
         println!("12800 creates: {:?}", t0.elapsed());
         let mut v = vec![];

@@ -14,9 +14,10 @@ use super::promote::Promotion;
 use super::{Engine, fingerprint, ids, snapshot};
 use crate::auth::Principal;
 use crate::config::OnInput;
-use crate::front::inline::{self, InlineTiming, missing_capability};
+use crate::front::inline::{self, InlineTiming, InputVerdict, screen_inputs};
 use crate::front::reply::{self, Body};
 use crate::front::wire::ValidRequest;
+use crate::mrtr::{Holds, Pending};
 use crate::protocol::RpcError;
 use crate::store::{Created, RequestRoute, SCHEMA_VERSION, TaskRecord, TaskStatus, now_ms};
 use crate::upstream::{CallEvent, CallSpec, InputRequest, Upstream, UpstreamError};
@@ -29,6 +30,7 @@ pub struct ToolCall {
     pub server_info: Value,
     pub promotion: Promotion,
     pub timing: InlineTiming,
+    pub holds: Arc<Holds>,
 }
 
 /// Aborts the call unless disarmed: the client still owns the call until a task
@@ -62,9 +64,12 @@ fn start_call(
     req: &ValidRequest,
     promotion: &Promotion,
 ) -> (CallTask, mpsc::Receiver<CallEvent>) {
+    let mut params = req.params.clone();
+    params.remove("inputResponses");
+    params.remove("requestState");
     let spec = CallSpec {
         method: req.method.clone(),
-        params: req.params.clone(),
+        params,
         want_progress: true,
     };
     let (tx, rx) = mpsc::channel(32);
@@ -140,7 +145,12 @@ impl Engine {
 
     /// The reply to a duplicate idempotency key: the existing task, or `-32602`
     /// when the arguments differ.
-    fn existing(&self, c: &ToolCall, entry: crate::store::IdempotencyEntry, fp: &str) -> Response<Body> {
+    fn existing(
+        &self,
+        c: &ToolCall,
+        entry: crate::store::IdempotencyEntry,
+        fp: &str,
+    ) -> Response<Body> {
         let req = &c.req;
         if entry.args_fingerprint != fp {
             return reply::rpc_error(
@@ -171,7 +181,12 @@ impl Engine {
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_string();
-        let args = c.req.params.get("arguments").cloned().unwrap_or_else(|| json!({}));
+        let args = c
+            .req
+            .params
+            .get("arguments")
+            .cloned()
+            .unwrap_or_else(|| json!({}));
         let fp = fingerprint(&args);
         let idem = c.req.idempotency_key.clone().or_else(|| {
             let arg = c.promotion.idempotency_argument.as_deref()?;
@@ -194,7 +209,28 @@ impl Engine {
             let rec = self.new_record(&c, &tool, fp.clone(), None);
             return self.create_then_call(c, rec, None, fp).await;
         }
-        self.race(c, tool, fp).await
+        let (call, events) = start_call(&c.upstream, &c.principal, &c.req, &c.promotion);
+        self.race(c, tool, fp, Pending { call, events }).await
+    }
+
+    /// Carry on with a call held for an MRTR round (`on_input = "mrtr"`): the race
+    /// against the deadline starts again now (spec B4: MRTR first, then the task).
+    pub async fn resume(self: &Arc<Self>, c: ToolCall, pending: Pending) -> Response<Body> {
+        let tool = c
+            .req
+            .params
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let args = c
+            .req
+            .params
+            .get("arguments")
+            .cloned()
+            .unwrap_or_else(|| json!({}));
+        let fp = fingerprint(&args);
+        self.race(c, tool, fp, pending).await
     }
 
     /// `promote_after_ms = 0` and keyed calls: the task exists before the call starts.
@@ -230,7 +266,10 @@ impl Engine {
         route: &RequestRoute,
         call: CallTask,
         events: mpsc::Receiver<CallEvent>,
-        responders: Vec<(String, tokio::sync::oneshot::Sender<crate::upstream::InputAnswer>)>,
+        responders: Vec<(
+            String,
+            tokio::sync::oneshot::Sender<crate::upstream::InputAnswer>,
+        )>,
     ) {
         self.register_live(&rec.task_id, call.abort_handle());
         let awaiting_input = !responders.is_empty();
@@ -249,8 +288,17 @@ impl Engine {
         }));
     }
 
-    async fn race(self: &Arc<Self>, c: ToolCall, tool: String, fp: String) -> Response<Body> {
-        let (mut call, mut events) = start_call(&c.upstream, &c.principal, &c.req, &c.promotion);
+    async fn race(
+        self: &Arc<Self>,
+        c: ToolCall,
+        tool: String,
+        fp: String,
+        pending: Pending,
+    ) -> Response<Body> {
+        let Pending {
+            mut call,
+            mut events,
+        } = pending;
         let mut armed = Armed(Some(call.abort_handle()));
         let deadline = tokio::time::sleep(c.promotion.promote_after);
         tokio::pin!(deadline);
@@ -265,24 +313,31 @@ impl Engine {
                 ev = events.recv(), if events_open => match ev {
                     None => events_open = false,
                     Some(CallEvent::Input(ir)) => {
-                        if let Some(err) = missing_capability(&c.req.meta.caps, &ir.method, ir.params.as_ref()) {
-                            return reply::rpc_error(StatusCode::BAD_REQUEST, Some(&c.req.id), &err);
-                        }
-                        if c.promotion.on_input == OnInput::Mrtr {
-                            tracing::debug!(tool = %tool, "on_input = mrtr: promoting (MRTR rounds not yet supported here)");
-                        }
-                        inputs.push(ir);
-                        // Gather requests that arrive together, then promote at once.
-                        let gather = std::time::Duration::from_millis(self.cfg.tasks.input_gather_ms);
-                        while let Ok(Some(ev)) = tokio::time::timeout(gather, events.recv()).await {
-                            if let CallEvent::Input(ir) = ev {
-                                if let Some(err) = missing_capability(&c.req.meta.caps, &ir.method, ir.params.as_ref()) {
-                                    return reply::rpc_error(StatusCode::BAD_REQUEST, Some(&c.req.id), &err);
-                                }
-                                inputs.push(ir);
+                        match screen_inputs(&c.req, c.upstream.name(), ir, &mut events, c.timing.input_gather).await {
+                            InputVerdict::Missing(err) => {
+                                return reply::rpc_error(StatusCode::BAD_REQUEST, Some(&c.req.id), &err);
                             }
+                            InputVerdict::Relay(batch) if c.promotion.on_input == OnInput::Mrtr => {
+                                // MRTR rounds first; the retry resumes this race.
+                                armed.disarm();
+                                let v = c.holds.hold(
+                                    Pending { call, events },
+                                    batch,
+                                    &c.principal,
+                                    c.upstream.name(),
+                                    &c.req.method,
+                                    &c.req.params,
+                                    &c.server_info,
+                                );
+                                return reply::json(StatusCode::OK, &crate::protocol::response(&c.req.id, v));
+                            }
+                            InputVerdict::Relay(batch) => {
+                                // Input before the deadline promotes at once (policy 1).
+                                inputs = batch;
+                                break;
+                            }
+                            InputVerdict::Refused => {}
                         }
-                        break;
                     }
                     Some(_) => {}
                 },
@@ -305,7 +360,14 @@ impl Engine {
             return store_failure(&c.req, e);
         }
         armed.disarm();
-        self.launch(&c, &rec, &route, call, events, keys.into_iter().zip(senders).collect());
+        self.launch(
+            &c,
+            &rec,
+            &route,
+            call,
+            events,
+            keys.into_iter().zip(senders).collect(),
+        );
         reply::json(
             StatusCode::OK,
             &crate::protocol::response(&c.req.id, snapshot::create_result(&rec, &c.server_info)),

@@ -63,7 +63,10 @@ pub fn key_inputs(rec: &mut TaskRecord, inputs: &[(String, Option<Value>)]) -> V
 /// Split input requests into what is recorded and the answer channels.
 pub fn split_inputs(
     batch: Vec<InputRequest>,
-) -> (Vec<(String, Option<Value>)>, Vec<oneshot::Sender<InputAnswer>>) {
+) -> (
+    Vec<(String, Option<Value>)>,
+    Vec<oneshot::Sender<InputAnswer>>,
+) {
     batch
         .into_iter()
         .map(|ir| ((ir.method, ir.params), ir.respond))
@@ -78,7 +81,11 @@ pub fn progress_message(p: &Map<String, Value>) -> String {
         s = format!("{s}/{t}");
     }
     if let Some(m) = p.get("message").and_then(Value::as_str) {
-        s = if s.is_empty() { m.to_string() } else { format!("{s}: {m}") };
+        s = if s.is_empty() {
+            m.to_string()
+        } else {
+            format!("{s}: {m}")
+        };
     }
     s
 }
@@ -106,7 +113,9 @@ impl Engine {
                     tracing::error!(task = task_id, error = %e, "flushing a terminal state failed");
                 }
             }
-            Err(e) => tracing::error!(task = task_id, error = %e, "recording a terminal state failed"),
+            Err(e) => {
+                tracing::error!(task = task_id, error = %e, "recording a terminal state failed")
+            }
         }
         self.changed(task_id);
     }
@@ -144,7 +153,8 @@ impl Engine {
                 Some(Box::new(move |rec| fail(rec, &e)))
             }
             Ok(Err(e)) => {
-                let err = RpcError::internal(e.to_string()).with_data(json!({ "upstream": upstream }));
+                let err =
+                    RpcError::internal(e.to_string()).with_data(json!({ "upstream": upstream }));
                 Some(Box::new(move |rec| fail(rec, &err)))
             }
             // Aborted by cancel or expiry: the record already says so.
@@ -279,7 +289,12 @@ mod tests {
     #[test]
     fn progress_messages() {
         let p = |v: Value| v.as_object().cloned().unwrap_or_default();
-        assert_eq!(progress_message(&p(json!({"progress": 40, "total": 100, "message": "indexing shard 3"}))), "40/100: indexing shard 3");
+        assert_eq!(
+            progress_message(&p(
+                json!({"progress": 40, "total": 100, "message": "indexing shard 3"})
+            )),
+            "40/100: indexing shard 3"
+        );
         assert_eq!(progress_message(&p(json!({"progress": 0.5}))), "0.5");
         assert_eq!(progress_message(&p(json!({"message": "hi"}))), "hi");
     }

@@ -47,7 +47,9 @@ impl Engine {
         }
         let store_err = |e: crate::store::StoreError| RpcError::internal(e.to_string());
         match self.store.get(task_id).map_err(store_err)? {
-            Some(rec) if owned_by(&rec.tenant, &rec.subject, principal) && rec.upstream == upstream => {
+            Some(rec)
+                if owned_by(&rec.tenant, &rec.subject, principal) && rec.upstream == upstream =>
+            {
                 // Never expire early, and never serve past the ttl even if the
                 // sweeper has not run yet (policy 11).
                 if rec.expires_at_ms <= now_ms() {
@@ -87,7 +89,11 @@ impl Engine {
         let rec = self.resolve(principal, upstream, params)?;
         let responses = match params.get("inputResponses") {
             Some(Value::Object(r)) => r.clone(),
-            _ => return Err(RpcError::invalid_params("params.inputResponses must be an object")),
+            _ => {
+                return Err(RpcError::invalid_params(
+                    "params.inputResponses must be an object",
+                ));
+            }
         };
         if rec.status != TaskStatus::InputRequired {
             return Ok(ack(server_info));

@@ -21,7 +21,10 @@ fn base(rec: &TaskRecord) -> Map<String, Value> {
         Value::from(iso8601(rec.last_updated_at_ms)),
     );
     m.insert("ttlMs".into(), Value::from(rec.ttl_ms.max(1)));
-    m.insert("pollIntervalMs".into(), Value::from(rec.poll_interval_ms.max(1)));
+    m.insert(
+        "pollIntervalMs".into(),
+        Value::from(rec.poll_interval_ms.max(1)),
+    );
     m
 }
 
@@ -38,15 +41,17 @@ pub fn detailed(rec: &TaskRecord) -> Map<String, Value> {
         TaskStatus::Completed => {
             m.insert(
                 "result".into(),
-                rec.result.clone().unwrap_or_else(|| Value::Object(Map::new())),
+                rec.result
+                    .clone()
+                    .unwrap_or_else(|| Value::Object(Map::new())),
             );
         }
         TaskStatus::Failed => {
             m.insert(
                 "error".into(),
-                rec.error.clone().unwrap_or_else(|| {
-                    serde_json::json!({"code": -32603, "message": "task failed"})
-                }),
+                rec.error.clone().unwrap_or_else(
+                    || serde_json::json!({"code": -32603, "message": "task failed"}),
+                ),
             );
         }
         TaskStatus::Working | TaskStatus::Cancelled => {}

@@ -1,47 +1,1301 @@
-//! STUB
-use super::*;
-use std::sync::Arc;
+//! stdio upstream transport: a pool of children (spec C7, design.md policy 14).
+//!
+//! # Attribution guarantee
+//! The stdio wire does not say which request a server→client message is about, and a
+//! wrong guess could show tenant A's elicitation to tenant B. So a child serves **one
+//! call at a time**: everything it writes while that call is in flight (progress with
+//! the call's gateway-minted token, log messages, `elicitation/create`,
+//! `sampling/createMessage`, `roots/list`) goes to that call's event channel and to no
+//! other. A child is handed to the next call only after its previous call has been
+//! answered, or after it was killed. Requests that arrive while no call is in flight
+//! are answered by [`crate::upstream::unowned_request_answer`], never forwarded.
+//!
+//! # Cancellation guarantee
+//! Dropping the future returned by [`LegacyTransport::call`] before it resolves sends
+//! `notifications/cancelled` to the child. The child then stays reserved (no other call
+//! can see its output) until it answers the cancelled request — that answer is
+//! discarded — or `cancel_grace_ms` passes, in which case its whole process group is
+//! killed and the slot restarts with a fresh child.
+//!
+//! # Lifecycle
+//! Slot 0 is started eagerly by [`StdioPool::start`]; further slots (up to
+//! `processes`) start on demand and are reaped after `idle_reap_ms` idle. A child that
+//! dies fails its in-flight call with [`UpstreamError::Broken`] and is restarted with
+//! exponential backoff. Children lead their own process group, get `SIGKILL` if the
+//! gateway dies, and are recorded in `pid_dir` so [`kill_leftovers`] can clean up after
+//! a `kill -9`.
+
+mod process;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::pin::pin;
+use std::process::{ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Map, Value};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{ChildStderr, ChildStdout};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, broadcast, mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+pub use process::kill_leftovers;
+
+use super::session::{self, Inbound};
+use super::{
+    BoxFuture, CallEvent, CallOutcome, CallSpec, InputAnswer, InputRequest, LegacyTransport,
+    SessionNotification, TransportState, UpstreamError, UpstreamInfo,
+};
+use crate::protocol::RpcError;
+
+/// First restart delay after a crash; doubles per consecutive failure up to the max.
+const BACKOFF_INITIAL: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// A child that stayed up this long resets the backoff (it was not crash-looping).
+const STABLE_UPTIME: Duration = Duration::from_secs(10);
+/// Bound on the `initialize` round trip (covers slow `npx`/`uvx` cold starts).
+const INIT_TIMEOUT: Duration = Duration::from_secs(60);
+/// Shutdown: how long a child gets after stdin EOF, then after SIGTERM.
+const STDIN_EOF_GRACE: Duration = Duration::from_millis(500);
+const SIGTERM_GRACE: Duration = Duration::from_millis(500);
+/// After the child exits, how long to keep reading output it already wrote (its final
+/// answer may still sit in the pipe) in case a grandchild holds stdout open.
+const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(300);
+/// After stdout EOF, how long the child gets to exit before it is killed.
+const EXIT_AFTER_EOF: Duration = Duration::from_millis(500);
+/// stderr lines are only logged, so they are capped well below stdout messages.
+const MAX_STDERR_LINE: usize = 16 * 1024;
+const NOTIFICATION_CAPACITY: usize = 64;
+
+/// Configuration of one stdio pool (built from `UpstreamConfig`).
+#[derive(Debug, Clone)]
 pub struct StdioOptions {
     pub name: String,
     pub program: String,
     pub args: Vec<String>,
-    pub env: std::collections::BTreeMap<String, String>,
+    pub env: BTreeMap<String, String>,
+    /// Maximum number of children (= concurrent calls).
     pub processes: usize,
     pub cancel_grace_ms: u64,
     pub idle_reap_ms: u64,
+    /// Longest accepted stdout line; longer is a protocol error.
     pub max_message_bytes: usize,
-    pub pid_dir: std::path::PathBuf,
+    /// Directory where child pids are recorded so leftovers of a previous (kill -9'd)
+    /// gateway run can be killed at start-up.
+    pub pid_dir: PathBuf,
 }
-pub struct StdioPool;
-impl StdioPool {
-    pub fn start(_opts: StdioOptions) -> Arc<Self> {
-        Arc::new(Self)
+
+/// A pool of stdio children speaking legacy MCP; see the module docs.
+pub struct StdioPool {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    opts: StdioOptions,
+    state: Mutex<PoolState>,
+    /// Signalled (`notify_waiters`) on every slot change; checkout and `ensure_ready`
+    /// re-scan the slots when woken.
+    changed: Notify,
+    /// One permit per slot. Tokio's semaphore is fair, so calls waiting for a free
+    /// child are served FIFO; holding a permit guarantees an unreserved slot exists.
+    permits: Arc<Semaphore>,
+    notifications: broadcast::Sender<SessionNotification>,
+    /// Gateway-minted upstream request ids and progress tokens, unique per pool.
+    next_id: AtomicU64,
+    next_token: AtomicU64,
+    next_serial: AtomicU64,
+    shutdown: CancellationToken,
+    info: Mutex<Option<UpstreamInfo>>,
+    /// Every child with a process, including ones still in the handshake.
+    live: Mutex<HashMap<u64, Arc<Child>>>,
+}
+
+struct PoolState {
+    slots: Vec<Slot>,
+}
+
+struct Slot {
+    state: SlotState,
+    /// Reserved by a call (or by a cancelled call waiting out its grace period).
+    busy: bool,
+    idle_since: Instant,
+}
+
+enum SlotState {
+    /// No supervisor: never started, reaped, or an extra slot whose start failed.
+    Inactive,
+    /// Spawning, initializing, or waiting out a restart backoff.
+    Starting,
+    Ready(Arc<Child>),
+    /// The last start failed; the supervisor retries after a backoff.
+    Down(String),
+}
+
+enum WriterCmd {
+    Line(Vec<u8>),
+    /// Close stdin (the polite first step of stopping a child).
+    Close,
+}
+
+/// One running child process.
+struct Child {
+    serial: u64,
+    pid: u32,
+    writer: mpsc::UnboundedSender<WriterCmd>,
+    /// The call this child is serving, if any. Only the call holding the slot sets it.
+    active: Mutex<Option<Active>>,
+    /// Cancelled once the process is reaped and its group cleaned up.
+    gone: CancellationToken,
+    /// Set when the child is being killed, so checkout never hands it out again.
+    doomed: AtomicBool,
+    info: Mutex<Option<UpstreamInfo>>,
+    pid_file: Option<PathBuf>,
+}
+
+/// Routing for the call in flight on a child.
+struct Active {
+    request_id: u64,
+    progress_token: Option<String>,
+    events: mpsc::Sender<CallEvent>,
+    reply: oneshot::Sender<Result<CallOutcome, UpstreamError>>,
+    /// Cancelled when the call is abandoned (future dropped) or over: events are then
+    /// dropped and pending input requests are answered with an error.
+    token: CancellationToken,
+}
+
+impl Child {
+    fn send(&self, msg: &Value) -> bool {
+        match serde_json::to_vec(msg) {
+            // serde_json escapes control characters, so the line has no raw newline.
+            Ok(bytes) => self.writer.send(WriterCmd::Line(bytes)).is_ok(),
+            Err(_) => false,
+        }
+    }
+
+    fn usable(&self) -> bool {
+        !self.doomed.load(Ordering::SeqCst) && !self.gone.is_cancelled()
+    }
+
+    /// Signal the child's process group, unless it is already reaped (its pid could
+    /// then belong to someone else).
+    fn signal(&self, sig: i32) {
+        if !self.gone.is_cancelled() {
+            process::kill_group(self.pid, sig);
+        }
+    }
+
+    fn kill(&self) {
+        self.doomed.store(true, Ordering::SeqCst);
+        self.signal(libc::SIGKILL);
+    }
+
+    fn take_active(&self) -> Option<Active> {
+        self.active.lock().ok().and_then(|mut a| a.take())
+    }
+
+    /// Close stdin, then SIGTERM, then SIGKILL the group (spec C7), waiting in between.
+    async fn terminate(&self) {
+        self.doomed.store(true, Ordering::SeqCst);
+        let _ = self.writer.send(WriterCmd::Close);
+        if tokio::time::timeout(STDIN_EOF_GRACE, self.gone.cancelled())
+            .await
+            .is_ok()
+        {
+            return;
+        }
+        // Some servers (e.g. server-everything) ignore stdin EOF.
+        self.signal(libc::SIGTERM);
+        if tokio::time::timeout(SIGTERM_GRACE, self.gone.cancelled())
+            .await
+            .is_ok()
+        {
+            return;
+        }
+        self.signal(libc::SIGKILL);
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.gone.cancelled()).await;
     }
 }
-pub fn kill_leftovers(_pid_dir: &std::path::Path) -> usize {
-    0
+
+impl StdioPool {
+    /// Create the pool and start slot 0 in the background. Must be called inside a
+    /// tokio runtime.
+    pub fn start(opts: StdioOptions) -> Arc<Self> {
+        let processes = opts.processes.max(1);
+        let now = Instant::now();
+        let slots = (0..processes)
+            .map(|_| Slot {
+                state: SlotState::Inactive,
+                busy: false,
+                idle_since: now,
+            })
+            .collect();
+        let (notifications, _) = broadcast::channel(NOTIFICATION_CAPACITY);
+        let shared = Arc::new(Shared {
+            opts,
+            state: Mutex::new(PoolState { slots }),
+            changed: Notify::new(),
+            permits: Arc::new(Semaphore::new(processes)),
+            notifications,
+            next_id: AtomicU64::new(1),
+            next_token: AtomicU64::new(1),
+            next_serial: AtomicU64::new(1),
+            shutdown: CancellationToken::new(),
+            info: Mutex::new(None),
+            live: Mutex::new(HashMap::new()),
+        });
+        if let Ok(mut st) = shared.state.lock() {
+            shared.activate(&mut st, 0);
+        }
+        Arc::new(Self { shared })
+    }
+
+    /// Pids of the children currently alive (for tests and diagnostics).
+    pub fn child_pids(&self) -> Vec<u32> {
+        self.shared
+            .live
+            .lock()
+            .map(|l| l.values().map(|c| c.pid).collect())
+            .unwrap_or_default()
+    }
 }
+
+impl Drop for StdioPool {
+    /// Last handle gone without `shutdown()`: don't leave children behind.
+    fn drop(&mut self) {
+        self.shared.shutdown.cancel();
+        for child in self.shared.live_children() {
+            child.kill();
+        }
+    }
+}
+
+impl Shared {
+    fn name(&self) -> &str {
+        &self.opts.name
+    }
+
+    fn live_children(&self) -> Vec<Arc<Child>> {
+        self.live
+            .lock()
+            .map(|l| l.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Start a supervisor for an inactive slot. Caller holds the state lock.
+    fn activate(self: &Arc<Self>, st: &mut PoolState, idx: usize) {
+        if self.shutdown.is_cancelled() {
+            return;
+        }
+        let Some(slot) = st.slots.get_mut(idx) else {
+            return;
+        };
+        if !matches!(slot.state, SlotState::Inactive) {
+            return;
+        }
+        slot.state = SlotState::Starting;
+        tokio::spawn(supervise(self.clone(), idx));
+    }
+
+    fn set_slot(&self, idx: usize, state: SlotState) {
+        if let Ok(mut st) = self.state.lock()
+            && let Some(slot) = st.slots.get_mut(idx)
+        {
+            slot.state = state;
+            slot.idle_since = Instant::now();
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// Return a slot reservation (call finished, or its cancelled call was settled).
+    fn release(&self, idx: usize) {
+        if let Ok(mut st) = self.state.lock()
+            && let Some(slot) = st.slots.get_mut(idx)
+        {
+            slot.busy = false;
+            slot.idle_since = Instant::now();
+        }
+        self.changed.notify_waiters();
+    }
+
+    fn unavailable(&self, reason: impl Into<String>) -> UpstreamError {
+        UpstreamError::Unavailable {
+            upstream: self.opts.name.clone(),
+            reason: reason.into(),
+        }
+    }
+
+    /// Reserve a ready child for one call. The caller holds a semaphore permit, so at
+    /// least one slot is unreserved.
+    async fn checkout(self: &Arc<Self>) -> Result<(usize, Arc<Child>), UpstreamError> {
+        loop {
+            let mut notified = pin!(self.changed.notified());
+            notified.as_mut().enable();
+            {
+                let mut st = self
+                    .state
+                    .lock()
+                    .map_err(|_| self.unavailable("pool state poisoned"))?;
+                if self.shutdown.is_cancelled() {
+                    return Err(UpstreamError::ShuttingDown);
+                }
+                let free = |s: &Slot| !s.busy;
+                if let Some((idx, child)) = st.slots.iter().enumerate().find_map(|(i, s)| match &s
+                    .state
+                {
+                    SlotState::Ready(c) if free(s) && c.usable() => Some((i, c.clone())),
+                    _ => None,
+                }) {
+                    if let Some(slot) = st.slots.get_mut(idx) {
+                        slot.busy = true;
+                    }
+                    return Ok((idx, child));
+                }
+                // A free slot that is (re)starting will become ready: wait for it.
+                let starting = st.slots.iter().any(|s| {
+                    free(s) && matches!(&s.state, SlotState::Starting | SlotState::Ready(_))
+                });
+                if !starting {
+                    let inactive = st
+                        .slots
+                        .iter()
+                        .position(|s| free(s) && matches!(s.state, SlotState::Inactive));
+                    match inactive {
+                        Some(idx) => self.activate(&mut st, idx),
+                        None => {
+                            let reason = st
+                                .slots
+                                .iter()
+                                .find_map(|s| match &s.state {
+                                    SlotState::Down(r) if free(s) => Some(r.clone()),
+                                    _ => None,
+                                })
+                                .unwrap_or_else(|| "no child available".into());
+                            return Err(self.unavailable(reason));
+                        }
+                    }
+                }
+            }
+            tokio::select! {
+                () = &mut notified => {}
+                () = self.shutdown.cancelled() => return Err(UpstreamError::ShuttingDown),
+            }
+        }
+    }
+
+    async fn ensure_ready(self: &Arc<Self>) -> Result<UpstreamInfo, UpstreamError> {
+        loop {
+            let mut notified = pin!(self.changed.notified());
+            notified.as_mut().enable();
+            {
+                let mut st = self
+                    .state
+                    .lock()
+                    .map_err(|_| self.unavailable("pool state poisoned"))?;
+                if self.shutdown.is_cancelled() {
+                    return Err(UpstreamError::ShuttingDown);
+                }
+                let ready = st.slots.iter().find_map(|s| match &s.state {
+                    SlotState::Ready(c) if c.usable() => c.info.lock().ok().and_then(|i| i.clone()),
+                    _ => None,
+                });
+                if let Some(info) = ready {
+                    return Ok(info);
+                }
+                if st
+                    .slots
+                    .iter()
+                    .all(|s| matches!(s.state, SlotState::Inactive))
+                {
+                    self.activate(&mut st, 0);
+                }
+                let pending = st
+                    .slots
+                    .iter()
+                    .any(|s| matches!(s.state, SlotState::Starting | SlotState::Ready(_)));
+                if !pending {
+                    let reason = st
+                        .slots
+                        .iter()
+                        .find_map(|s| match &s.state {
+                            SlotState::Down(r) => Some(r.clone()),
+                            _ => None,
+                        })
+                        .unwrap_or_else(|| "no child could be started".into());
+                    return Err(self.unavailable(reason));
+                }
+            }
+            tokio::select! {
+                () = &mut notified => {}
+                () = self.shutdown.cancelled() => return Err(UpstreamError::ShuttingDown),
+            }
+        }
+    }
+
+    fn state(&self) -> TransportState {
+        if self.shutdown.is_cancelled() {
+            return TransportState::Down("shut down".into());
+        }
+        let Ok(st) = self.state.lock() else {
+            return TransportState::Down("pool state poisoned".into());
+        };
+        if st
+            .slots
+            .iter()
+            .any(|s| matches!(&s.state, SlotState::Ready(c) if c.usable()))
+        {
+            return TransportState::Ready;
+        }
+        match st.slots.first().map(|s| &s.state) {
+            Some(SlotState::Down(r)) => TransportState::Down(r.clone()),
+            _ => TransportState::Starting,
+        }
+    }
+
+    async fn call(
+        self: &Arc<Self>,
+        spec: CallSpec,
+        events: mpsc::Sender<CallEvent>,
+    ) -> Result<CallOutcome, UpstreamError> {
+        if self.shutdown.is_cancelled() {
+            return Err(UpstreamError::ShuttingDown);
+        }
+        let permit = tokio::select! {
+            p = self.permits.clone().acquire_owned() => {
+                p.map_err(|_| UpstreamError::ShuttingDown)?
+            }
+            () = self.shutdown.cancelled() => return Err(UpstreamError::ShuttingDown),
+        };
+        let (slot, child) = self.checkout().await?;
+        // From here on the guard owns the reservation; dropping it (the call future
+        // was dropped) runs the cancellation protocol.
+        let mut guard = CallGuard {
+            shared: self.clone(),
+            slot,
+            child: child.clone(),
+            permit: Some(permit),
+            sent: None,
+        };
+
+        let request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut params = spec.params;
+        let progress_token = spec.want_progress.then(|| {
+            let token = format!(
+                "taskgate-{}",
+                self.next_token.fetch_add(1, Ordering::Relaxed)
+            );
+            let meta = params
+                .entry("_meta")
+                .or_insert_with(|| Value::Object(Map::new()));
+            if !meta.is_object() {
+                *meta = Value::Object(Map::new());
+            }
+            if let Value::Object(m) = meta {
+                m.insert("progressToken".into(), Value::String(token.clone()));
+            }
+            token
+        });
+        let (reply_tx, reply_rx) = oneshot::channel();
+        let token = CancellationToken::new();
+        if let Ok(mut a) = child.active.lock() {
+            // Routing must be in place before the request is written, or early
+            // progress from the child would be treated as unowned.
+            *a = Some(Active {
+                request_id,
+                progress_token,
+                events,
+                reply: reply_tx,
+                token: token.clone(),
+            });
+        }
+        guard.sent = Some(Sent {
+            request_id,
+            reply_rx,
+            token,
+        });
+        if !child.send(&session::request(request_id, &spec.method, params)) {
+            guard.finish();
+            child.take_active();
+            return Err(UpstreamError::Broken {
+                upstream: self.opts.name.clone(),
+                reason: "child stdin is closed".into(),
+            });
+        }
+
+        let result = {
+            let Some(sent) = guard.sent.as_mut() else {
+                return Err(UpstreamError::ShuttingDown);
+            };
+            let broken = || {
+                Err(UpstreamError::Broken {
+                    upstream: self.opts.name.clone(),
+                    reason: "child went away without answering".into(),
+                })
+            };
+            tokio::select! {
+                biased;
+                r = &mut sent.reply_rx => r.unwrap_or_else(|_| broken()),
+                () = self.shutdown.cancelled() => Err(UpstreamError::ShuttingDown),
+                // The child may have died just before our routing was installed, in
+                // which case nobody will ever fail the call for us.
+                () = child.gone.cancelled() => sent.reply_rx.try_recv().unwrap_or_else(|_| broken()),
+            }
+        };
+        guard.finish();
+        result
+    }
+
+    async fn shutdown(self: &Arc<Self>) {
+        self.shutdown.cancel();
+        self.changed.notify_waiters();
+        let children = self.live_children();
+        for child in &children {
+            if let Some(active) = child.take_active() {
+                active.token.cancel();
+                let _ = active.reply.send(Err(UpstreamError::ShuttingDown));
+            }
+        }
+        futures_util::future::join_all(children.iter().map(|c| c.terminate())).await;
+        for child in &children {
+            if let Some(p) = &child.pid_file {
+                let _ = std::fs::remove_file(p);
+            }
+        }
+    }
+}
+
+struct Sent {
+    request_id: u64,
+    reply_rx: oneshot::Receiver<Result<CallOutcome, UpstreamError>>,
+    token: CancellationToken,
+}
+
+/// Owns a call's slot reservation. Normal completion releases it; being dropped
+/// unfinished cancels the call upstream and keeps the child reserved until it settles.
+struct CallGuard {
+    shared: Arc<Shared>,
+    slot: usize,
+    child: Arc<Child>,
+    permit: Option<OwnedSemaphorePermit>,
+    sent: Option<Sent>,
+}
+
+impl CallGuard {
+    fn finish(&mut self) {
+        if let Some(sent) = self.sent.take() {
+            sent.token.cancel();
+        }
+        self.shared.release(self.slot);
+        // Release the slot before the permit, so the next permit holder finds it free.
+        self.permit.take();
+    }
+}
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        let Some(permit) = self.permit.take() else {
+            return; // finished normally
+        };
+        let Some(mut sent) = self.sent.take() else {
+            self.shared.release(self.slot);
+            drop(permit);
+            return;
+        };
+        sent.token.cancel();
+        // The answer may already be waiting: then there is nothing to cancel.
+        if sent.reply_rx.try_recv().is_ok() || !self.child.usable() {
+            self.shared.release(self.slot);
+            drop(permit);
+            return;
+        }
+        self.child.send(&session::cancelled(
+            sent.request_id,
+            "the gateway client cancelled the request",
+        ));
+        let shared = self.shared.clone();
+        let child = self.child.clone();
+        let slot = self.slot;
+        let grace = Duration::from_millis(shared.opts.cancel_grace_ms);
+        let settle = async move {
+            // Either the child answers (discarded), dies (the reader fails the reply),
+            // or it is killed once the grace period is over.
+            let settled = tokio::select! {
+                r = tokio::time::timeout(grace, sent.reply_rx) => r.is_ok(),
+                () = child.gone.cancelled() => true,
+            };
+            if !settled {
+                tracing::warn!(upstream = %shared.name(), pid = child.pid,
+                    "child did not settle a cancelled call within cancel_grace_ms; killing it");
+                child.kill();
+            }
+            shared.release(slot);
+            drop(permit);
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => {
+                h.spawn(settle);
+            }
+            Err(_) => {
+                // No runtime to wait in: the only safe option is a fresh child.
+                self.child.kill();
+                self.shared.release(self.slot);
+            }
+        }
+    }
+}
+
+/// Keep one slot's child alive: spawn, initialize, wait for exit or idleness, restart.
+async fn supervise(shared: Arc<Shared>, idx: usize) {
+    let mut backoff = BACKOFF_INITIAL;
+    loop {
+        if shared.shutdown.is_cancelled() {
+            return;
+        }
+        match spawn_child(&shared).await {
+            Ok(child) => {
+                let started = Instant::now();
+                if let Some(info) = child.info.lock().ok().and_then(|i| i.clone())
+                    && let Ok(mut slot_info) = shared.info.lock()
+                {
+                    *slot_info = Some(info);
+                }
+                shared.set_slot(idx, SlotState::Ready(child.clone()));
+                let reaped = watch_child(&shared, idx, &child).await;
+                if reaped || shared.shutdown.is_cancelled() {
+                    if reaped {
+                        child.terminate().await;
+                    }
+                    return;
+                }
+                shared.set_slot(idx, SlotState::Starting);
+                if started.elapsed() >= STABLE_UPTIME {
+                    backoff = BACKOFF_INITIAL;
+                }
+                tracing::warn!(upstream = %shared.name(), pid = child.pid, slot = idx,
+                    delay_ms = backoff.as_millis() as u64, "stdio child exited; restarting");
+            }
+            Err(reason) => {
+                tracing::warn!(upstream = %shared.name(), slot = idx, %reason,
+                    "stdio child failed to start");
+                shared.set_slot(idx, SlotState::Down(reason));
+                if idx > 0 {
+                    // Extra slots are on-demand: let a later call try again rather
+                    // than keep a failing process spinning.
+                    sleep_or_shutdown(&shared, backoff).await;
+                    shared.set_slot(idx, SlotState::Inactive);
+                    return;
+                }
+            }
+        }
+        sleep_or_shutdown(&shared, backoff).await;
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+        if shared.shutdown.is_cancelled() {
+            return;
+        }
+        shared.set_slot(idx, SlotState::Starting);
+    }
+}
+
+async fn sleep_or_shutdown(shared: &Shared, d: Duration) {
+    tokio::select! {
+        () = tokio::time::sleep(d) => {}
+        () = shared.shutdown.cancelled() => {}
+    }
+}
+
+/// Wait until the child goes away (false) or, for extra slots, is reaped because it
+/// stayed idle for `idle_reap_ms` (true; the slot is then already `Inactive`).
+async fn watch_child(shared: &Shared, idx: usize, child: &Child) -> bool {
+    if idx == 0 {
+        // The first child is never reaped: it answers `ensure_ready` and `info()`.
+        child.gone.cancelled().await;
+        return false;
+    }
+    let reap_after = Duration::from_millis(shared.opts.idle_reap_ms.max(1));
+    loop {
+        let next_check = {
+            let Ok(mut st) = shared.state.lock() else {
+                return false;
+            };
+            let Some(slot) = st.slots.get_mut(idx) else {
+                return false;
+            };
+            let idle_for = slot.idle_since.elapsed();
+            if !slot.busy && child.usable() && idle_for >= reap_after {
+                // Marked under the lock so no call can check the child out any more.
+                slot.state = SlotState::Inactive;
+                child.doomed.store(true, Ordering::SeqCst);
+                drop(st);
+                shared.changed.notify_waiters();
+                tracing::info!(upstream = %shared.name(), pid = child.pid, slot = idx,
+                    "reaping idle stdio child");
+                return true;
+            }
+            reap_after
+                .saturating_sub(idle_for)
+                .max(Duration::from_millis(10))
+        };
+        tokio::select! {
+            () = child.gone.cancelled() => return false,
+            () = tokio::time::sleep(next_check) => {}
+        }
+    }
+}
+
+/// Spawn one child and run the `initialize` handshake (spec C2).
+async fn spawn_child(shared: &Arc<Shared>) -> Result<Arc<Child>, String> {
+    let opts = &shared.opts;
+    let mut cmd = tokio::process::Command::new(&opts.program);
+    cmd.args(&opts.args)
+        .envs(&opts.env)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    process::configure(&mut cmd);
+    let mut proc = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", opts.program))?;
+    let Some(pid) = proc.id() else {
+        return Err(format!("{} exited immediately", opts.program));
+    };
+    process::mark_live(pid);
+    let pid_file = process::record(&opts.pid_dir, &opts.name, &opts.program, pid);
+    let (Some(stdin), Some(stdout), Some(stderr)) =
+        (proc.stdin.take(), proc.stdout.take(), proc.stderr.take())
+    else {
+        process::kill_group(pid, libc::SIGKILL);
+        let _ = proc.wait().await;
+        process::unmark_live(pid);
+        if let Some(p) = &pid_file {
+            let _ = std::fs::remove_file(p);
+        }
+        return Err("child stdio pipes are missing".into());
+    };
+
+    let (writer, writer_rx) = mpsc::unbounded_channel();
+    let child = Arc::new(Child {
+        serial: shared.next_serial.fetch_add(1, Ordering::Relaxed),
+        pid,
+        writer,
+        active: Mutex::new(None),
+        gone: CancellationToken::new(),
+        doomed: AtomicBool::new(false),
+        info: Mutex::new(None),
+        pid_file,
+    });
+    if let Ok(mut live) = shared.live.lock() {
+        live.insert(child.serial, child.clone());
+    }
+    tokio::spawn(write_loop(stdin, writer_rx));
+    tokio::spawn(log_stderr(shared.opts.name.clone(), pid, stderr));
+    let (init_tx, init_rx) = oneshot::channel();
+    let init_id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    tokio::spawn(run_child(
+        shared.clone(),
+        child.clone(),
+        proc,
+        stdout,
+        Some((init_id, init_tx)),
+    ));
+    // Shutdown may have snapshotted `live` before this child was inserted.
+    if shared.shutdown.is_cancelled() {
+        child.kill();
+        return Err("gateway is shutting down".into());
+    }
+    child.send(&session::initialize_request(init_id));
+
+    let outcome = tokio::select! {
+        r = init_rx => r.unwrap_or_else(|_| Err("child went away during initialize".into())),
+        () = tokio::time::sleep(INIT_TIMEOUT) => Err(format!(
+            "no initialize answer within {}s", INIT_TIMEOUT.as_secs()
+        )),
+        () = shared.shutdown.cancelled() => Err("gateway is shutting down".into()),
+    };
+    match outcome {
+        Ok(info) => {
+            if let Ok(mut i) = child.info.lock() {
+                *i = Some(info);
+            }
+            tracing::info!(upstream = %shared.name(), pid, "stdio child ready");
+            Ok(child)
+        }
+        Err(reason) => {
+            child.kill();
+            Err(reason)
+        }
+    }
+}
+
+async fn write_loop(
+    mut stdin: tokio::process::ChildStdin,
+    mut rx: mpsc::UnboundedReceiver<WriterCmd>,
+) {
+    while let Some(cmd) = rx.recv().await {
+        match cmd {
+            WriterCmd::Line(mut bytes) => {
+                bytes.push(b'\n');
+                // A write error means the child is gone; the reader reports that.
+                if stdin.write_all(&bytes).await.is_err() || stdin.flush().await.is_err() {
+                    return;
+                }
+            }
+            WriterCmd::Close => return,
+        }
+    }
+}
+
+async fn log_stderr(name: String, pid: u32, stderr: ChildStderr) {
+    let mut reader = LineReader::new(BufReader::new(stderr), MAX_STDERR_LINE);
+    loop {
+        match reader.next().await {
+            Ok(Next::Line(bytes)) => {
+                tracing::info!(upstream = %name, pid, "stderr: {}", String::from_utf8_lossy(&bytes));
+            }
+            Ok(Next::TooLong) => {
+                tracing::info!(upstream = %name, pid, "stderr: <line longer than {MAX_STDERR_LINE} bytes skipped>");
+            }
+            Ok(Next::Eof) | Err(_) => return,
+        }
+    }
+}
+
+enum EndCause {
+    Eof,
+    TooLong,
+    ReadError(std::io::Error),
+    Exited,
+}
+
+/// Read the child's stdout until it ends, dispatch every message, then clean up: reap
+/// the process, kill its group's stragglers, fail the in-flight call, drop the pid
+/// record, and mark the child gone (which makes the supervisor restart the slot).
+async fn run_child(
+    shared: Arc<Shared>,
+    child: Arc<Child>,
+    mut proc: tokio::process::Child,
+    stdout: ChildStdout,
+    mut init: Option<(u64, oneshot::Sender<Result<UpstreamInfo, String>>)>,
+) {
+    let max = shared.opts.max_message_bytes;
+    let mut reader = LineReader::new(BufReader::new(stdout), max);
+    let mut status: Option<std::io::Result<ExitStatus>> = None;
+    let cause = loop {
+        tokio::select! {
+            r = reader.next() => match r {
+                Ok(Next::Line(bytes)) => dispatch_line(&shared, &child, &bytes, &mut init).await,
+                Ok(Next::TooLong) => break EndCause::TooLong,
+                Ok(Next::Eof) => break EndCause::Eof,
+                Err(e) => break EndCause::ReadError(e),
+            },
+            s = proc.wait(), if status.is_none() => {
+                status = Some(s);
+                break EndCause::Exited;
+            }
+        }
+    };
+    child.doomed.store(true, Ordering::SeqCst);
+    match &cause {
+        EndCause::Exited => {
+            // The final answer may still be in the pipe: read what is left, bounded
+            // in time because a grandchild may keep stdout open.
+            let drain = async {
+                while let Ok(Next::Line(bytes)) = reader.next().await {
+                    dispatch_line(&shared, &child, &bytes, &mut init).await;
+                }
+            };
+            let _ = tokio::time::timeout(DRAIN_AFTER_EXIT, drain).await;
+        }
+        EndCause::TooLong => {
+            process::kill_group(child.pid, libc::SIGKILL);
+        }
+        EndCause::Eof | EndCause::ReadError(_) => {}
+    }
+    let status = match status {
+        Some(s) => s,
+        None => match tokio::time::timeout(EXIT_AFTER_EOF, proc.wait()).await {
+            Ok(s) => s,
+            Err(_) => {
+                process::kill_group(child.pid, libc::SIGKILL);
+                proc.wait().await
+            }
+        },
+    };
+    // Grandchildren of a dead leader would otherwise live on with our stdio pipes.
+    process::kill_group(child.pid, libc::SIGKILL);
+    process::unmark_live(child.pid);
+
+    let exit = match &status {
+        Ok(s) => describe_status(*s),
+        Err(e) => format!("exited (status unknown: {e})"),
+    };
+    let desc = match &cause {
+        EndCause::Exited => format!("child {exit}"),
+        EndCause::Eof => format!("child closed stdout and {exit}"),
+        EndCause::TooLong => format!("child sent a message longer than {max} bytes"),
+        EndCause::ReadError(e) => format!("reading child stdout failed ({e}); child {exit}"),
+    };
+    if let Some(active) = child.take_active() {
+        active.token.cancel();
+        let err = if shared.shutdown.is_cancelled() {
+            UpstreamError::ShuttingDown
+        } else if matches!(cause, EndCause::TooLong) {
+            UpstreamError::Protocol {
+                upstream: shared.opts.name.clone(),
+                reason: desc.clone(),
+            }
+        } else {
+            UpstreamError::Broken {
+                upstream: shared.opts.name.clone(),
+                reason: format!("{desc} while the call was in flight"),
+            }
+        };
+        let _ = active.reply.send(Err(err));
+    }
+    if let Some((_, tx)) = init.take() {
+        let _ = tx.send(Err(desc.clone()));
+    }
+    if shared.shutdown.is_cancelled() {
+        tracing::info!(upstream = %shared.name(), pid = child.pid, "{desc}");
+    } else {
+        tracing::warn!(upstream = %shared.name(), pid = child.pid, "{desc}");
+    }
+    if let Some(p) = &child.pid_file {
+        let _ = std::fs::remove_file(p);
+    }
+    if let Ok(mut live) = shared.live.lock() {
+        live.remove(&child.serial);
+    }
+    let _ = child.writer.send(WriterCmd::Close);
+    child.gone.cancel();
+}
+
+fn describe_status(s: ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (s.code(), s.signal()) {
+        (Some(c), _) => format!("exited with status {c}"),
+        (None, Some(sig)) => format!("exited with signal {sig}"),
+        _ => format!("exited ({s})"),
+    }
+}
+
+async fn dispatch_line(
+    shared: &Shared,
+    child: &Arc<Child>,
+    bytes: &[u8],
+    init: &mut Option<(u64, oneshot::Sender<Result<UpstreamInfo, String>>)>,
+) {
+    let text = bytes.strip_suffix(b"\r").unwrap_or(bytes);
+    if text.iter().all(u8::is_ascii_whitespace) {
+        return;
+    }
+    let msg: Value = match serde_json::from_slice(text) {
+        Ok(v) => v,
+        Err(_) => {
+            // Stdout should carry MCP only, but stray prints are common; they are not
+            // worth killing a child over.
+            let preview: String = String::from_utf8_lossy(text).chars().take(200).collect();
+            tracing::warn!(upstream = %shared.name(), pid = child.pid,
+                "ignoring non-JSON stdout line: {preview}");
+            return;
+        }
+    };
+    match msg {
+        // 2025-03-26 batches: handle each element as its own message.
+        Value::Array(items) => {
+            for item in items {
+                dispatch(shared, child, item, init).await;
+            }
+        }
+        other => dispatch(shared, child, other, init).await,
+    }
+}
+
+async fn dispatch(
+    shared: &Shared,
+    child: &Arc<Child>,
+    msg: Value,
+    init: &mut Option<(u64, oneshot::Sender<Result<UpstreamInfo, String>>)>,
+) {
+    let inbound = match session::classify(msg) {
+        Ok(i) => i,
+        Err(e) => {
+            tracing::warn!(upstream = %shared.name(), pid = child.pid, "ignoring message: {e}");
+            return;
+        }
+    };
+    match inbound {
+        Inbound::Response { id, outcome } => {
+            if let Some((init_id, _)) = init
+                && id.as_u64() == Some(*init_id)
+            {
+                let Some((_, tx)) = init.take() else { return };
+                let result = match outcome {
+                    CallOutcome::Result(r) => session::parse_initialize_result(&r),
+                    CallOutcome::Error(e) => Err(format!("initialize failed: {e}")),
+                };
+                if result.is_ok() {
+                    // Queued before any call request can be, so ordering holds.
+                    child.send(&session::initialized_notification());
+                }
+                let _ = tx.send(result);
+                return;
+            }
+            let active = child.active.lock().ok().and_then(|mut a| {
+                if a.as_ref()
+                    .is_some_and(|x| id.as_u64() == Some(x.request_id))
+                {
+                    a.take()
+                } else {
+                    None
+                }
+            });
+            match active {
+                Some(active) => {
+                    active.token.cancel();
+                    // If the call was abandoned the receiver belongs to the grace
+                    // task, which only needs to know the child settled.
+                    let _ = active.reply.send(Ok(outcome));
+                }
+                None => {
+                    tracing::debug!(upstream = %shared.name(), pid = child.pid, %id,
+                        "discarding response to no in-flight request");
+                }
+            }
+        }
+        Inbound::Request { id, method, params } => {
+            handle_request(shared, child, id, method, params).await;
+        }
+        Inbound::Notification { method, params } => {
+            handle_notification(shared, child, method, params).await;
+        }
+    }
+}
+
+/// The in-flight, non-abandoned call's routing (cloned out so no lock is held across
+/// an await).
+fn current_call(
+    child: &Child,
+) -> Option<(mpsc::Sender<CallEvent>, CancellationToken, Option<String>)> {
+    let guard = child.active.lock().ok()?;
+    let a = guard.as_ref()?;
+    if a.token.is_cancelled() {
+        return None;
+    }
+    Some((a.events.clone(), a.token.clone(), a.progress_token.clone()))
+}
+
+/// Deliver an event to the call without ever blocking the reader past the call's end:
+/// a closed receiver drops it, an abandoned call stops the wait.
+async fn deliver(
+    events: &mpsc::Sender<CallEvent>,
+    token: &CancellationToken,
+    ev: CallEvent,
+) -> bool {
+    tokio::select! {
+        r = events.send(ev) => r.is_ok(),
+        () = token.cancelled() => false,
+    }
+}
+
+async fn handle_request(
+    shared: &Shared,
+    child: &Arc<Child>,
+    id: Value,
+    method: String,
+    params: Option<Value>,
+) {
+    let is_input = matches!(
+        method.as_str(),
+        "elicitation/create" | "sampling/createMessage" | "roots/list"
+    );
+    if method == "ping" || !is_input {
+        child.send(&session::answer(
+            &id,
+            &super::unowned_request_answer(&method),
+        ));
+        return;
+    }
+    let Some((events, token, _)) = current_call(child) else {
+        // Attribution is a security boundary: with no call in flight nobody may see it.
+        tracing::info!(upstream = %shared.name(), pid = child.pid, %method,
+            "answering upstream request no call owns");
+        child.send(&session::answer(
+            &id,
+            &super::unowned_request_answer(&method),
+        ));
+        return;
+    };
+    let (respond, answer_rx) = oneshot::channel();
+    let ev = CallEvent::Input(InputRequest {
+        method: method.clone(),
+        params,
+        respond,
+    });
+    // If delivery fails the event (and `respond`) is dropped, so `answer_rx` resolves
+    // to an error right away below.
+    deliver(&events, &token, ev).await;
+    let child = child.clone();
+    // Answering may take a human's time: don't hold up the reader meanwhile.
+    tokio::spawn(async move {
+        let answer = tokio::select! {
+            r = answer_rx => r.unwrap_or_else(|_| InputAnswer::Error(RpcError::internal(
+                format!("{method} was not answered by the gateway client"),
+            ))),
+            () = token.cancelled() => InputAnswer::Error(RpcError::internal(
+                "the request this input belongs to is no longer in flight",
+            )),
+            () = child.gone.cancelled() => return,
+        };
+        child.send(&session::answer(&id, &answer));
+    });
+}
+
+async fn handle_notification(
+    shared: &Shared,
+    child: &Arc<Child>,
+    method: String,
+    params: Option<Value>,
+) {
+    match method.as_str() {
+        "notifications/progress" => {
+            let Some((token, rest)) = session::split_progress(params) else {
+                return;
+            };
+            match current_call(child) {
+                Some((events, call_token, Some(mine))) if token.as_str() == Some(mine.as_str()) => {
+                    deliver(&events, &call_token, CallEvent::Progress(rest)).await;
+                }
+                _ => {
+                    tracing::debug!(upstream = %shared.name(), pid = child.pid, %token,
+                        "dropping progress for no in-flight call");
+                }
+            }
+        }
+        "notifications/message" => {
+            let Some(Value::Object(p)) = params else {
+                return;
+            };
+            match current_call(child) {
+                Some((events, token, _)) => {
+                    deliver(&events, &token, CallEvent::Log(p)).await;
+                }
+                None => {
+                    let text = Value::Object(p).to_string();
+                    tracing::info!(upstream = %shared.name(), pid = child.pid,
+                        "upstream log outside any call: {text}");
+                }
+            }
+        }
+        "notifications/tools/list_changed"
+        | "notifications/prompts/list_changed"
+        | "notifications/resources/list_changed"
+        | "notifications/resources/updated" => {
+            // No subscribers is fine: nobody is listening yet.
+            let _ = shared
+                .notifications
+                .send(SessionNotification { method, params });
+        }
+        _ => {
+            tracing::debug!(upstream = %shared.name(), pid = child.pid, %method,
+                "ignoring upstream notification");
+        }
+    }
+}
+
+enum Next {
+    Line(Vec<u8>),
+    /// The line exceeded the limit; its remainder has been skipped.
+    TooLong,
+    Eof,
+}
+
+/// Newline-delimited reader with a per-line cap, so a child cannot make the gateway
+/// buffer an unbounded line. Cancel-safe: partial lines survive a dropped `next()`.
+struct LineReader<R> {
+    inner: R,
+    buf: Vec<u8>,
+    max: usize,
+    skipping: bool,
+}
+
+impl<R: AsyncBufRead + Unpin> LineReader<R> {
+    fn new(inner: R, max: usize) -> Self {
+        Self {
+            inner,
+            buf: Vec::new(),
+            max,
+            skipping: false,
+        }
+    }
+
+    async fn next(&mut self) -> std::io::Result<Next> {
+        loop {
+            let avail = self.inner.fill_buf().await?;
+            if avail.is_empty() {
+                // An unterminated last line still counts as a message.
+                return Ok(if self.buf.is_empty() || self.skipping {
+                    self.skipping = false;
+                    self.buf.clear();
+                    Next::Eof
+                } else {
+                    Next::Line(std::mem::take(&mut self.buf))
+                });
+            }
+            let newline = avail.iter().position(|&b| b == b'\n');
+            let take = newline.unwrap_or(avail.len());
+            if self.skipping {
+                self.inner.consume(take + usize::from(newline.is_some()));
+                if newline.is_some() {
+                    self.skipping = false;
+                }
+                continue;
+            }
+            if self.buf.len() + take > self.max {
+                self.buf.clear();
+                self.skipping = newline.is_none();
+                self.inner.consume(take + usize::from(newline.is_some()));
+                return Ok(Next::TooLong);
+            }
+            self.buf.extend_from_slice(&avail[..take]);
+            self.inner.consume(take + usize::from(newline.is_some()));
+            if newline.is_some() {
+                return Ok(Next::Line(std::mem::take(&mut self.buf)));
+            }
+        }
+    }
+}
+
 impl LegacyTransport for StdioPool {
     fn ensure_ready(&self) -> BoxFuture<'_, Result<UpstreamInfo, UpstreamError>> {
-        Box::pin(async { Err(UpstreamError::ShuttingDown) })
+        Box::pin(self.shared.ensure_ready())
     }
+
     fn info(&self) -> Option<UpstreamInfo> {
-        None
+        self.shared.info.lock().ok().and_then(|i| i.clone())
     }
+
     fn state(&self) -> TransportState {
-        TransportState::Starting
+        self.shared.state()
     }
+
     fn call(
         &self,
-        _spec: CallSpec,
-        _events: mpsc::Sender<CallEvent>,
+        spec: CallSpec,
+        events: mpsc::Sender<CallEvent>,
     ) -> BoxFuture<'_, Result<CallOutcome, UpstreamError>> {
-        Box::pin(async { Err(UpstreamError::ShuttingDown) })
+        Box::pin(self.shared.call(spec, events))
     }
+
     fn notifications(&self) -> broadcast::Receiver<SessionNotification> {
-        broadcast::channel(1).1
+        self.shared.notifications.subscribe()
     }
+
     fn shutdown(&self) -> BoxFuture<'_, ()> {
-        Box::pin(async {})
+        Box::pin(self.shared.shutdown())
     }
 }
+
+#[cfg(test)]
+mod tests;
