@@ -29,22 +29,42 @@ fn require_peers() {
     }
 }
 
-/// Start the fixture over HTTP and a gateway in front of it.
-async fn fixture_and_gateway() -> (Proc, Gateway) {
-    let port = free_port();
-    let mut cmd = Command::new(peers().join("venv-mcp130/bin/python"));
-    cmd.arg(repo_root().join("tests/fixtures/conformance_upstream.py"))
-        .arg("--http")
-        .arg(port.to_string());
-    let fixture = Proc::spawn(cmd);
-    // The gateway retries the upstream until it is up, so no wait is needed here; but
-    // the suite's first scenario should not race the fixture's start-up.
-    let url = format!("http://127.0.0.1:{port}/mcp");
+enum Transport {
+    Http,
+    Stdio,
+}
+
+/// Start the fixture (over HTTP, or as the gateway's stdio child) and a gateway in
+/// front of it.
+async fn fixture_and_gateway(transport: Transport) -> (Option<Proc>, Gateway) {
+    let python = peers().join("venv-mcp130/bin/python");
+    let script = repo_root().join("tests/fixtures/conformance_upstream.py");
+    let (fixture, upstream) = match transport {
+        Transport::Http => {
+            let port = free_port();
+            let mut cmd = Command::new(&python);
+            cmd.arg(&script).arg("--http").arg(port.to_string());
+            // The gateway retries an unreachable upstream, and wait_ready below
+            // holds the suite until the fixture answered `initialize`.
+            (
+                Some(Proc::spawn(cmd)),
+                format!("url = \"http://127.0.0.1:{port}/mcp\""),
+            )
+        }
+        Transport::Stdio => (
+            None,
+            format!(
+                "command = [\"{}\", \"{}\"]",
+                python.display(),
+                script.display()
+            ),
+        ),
+    };
     let dir = tempfile::tempdir().unwrap();
     let text = std::fs::read_to_string(repo_root().join("tests/conformance/taskgate.toml"))
         .unwrap()
         .replace("@STORE@", &dir.path().join("data").display().to_string())
-        .replace("@UPSTREAM_URL@", &url);
+        .replace("@UPSTREAM@", &upstream);
     let config_path = dir.path().join("taskgate.toml");
     write(&config_path, &text);
     let gw = Gateway::launch(dir, config_path).await;
@@ -84,7 +104,7 @@ fn run_suite(gw: &Gateway, args: &[&str]) -> (bool, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_2026_07_28_scored_scenarios() {
     require_peers();
-    let (_fixture, gw) = fixture_and_gateway().await;
+    let (_fixture, gw) = fixture_and_gateway(Transport::Http).await;
     let (ok, text) = run_suite(&gw, &["--requirements", "2026-07-28", "--timeout", "30000"]);
     let summary: Vec<&str> = text
         .lines()
@@ -99,6 +119,49 @@ async fn conformance_2026_07_28_scored_scenarios() {
     assert!(
         ok,
         "conformance run failed against the baseline:\n{text}\n--- gateway log ---\n{}",
+        gw.proc.log_text()
+    );
+}
+
+/// The tasks-extension scenarios are not scored by `--requirements`, so each runs on
+/// its own against the baseline; the fixture is the gateway's stdio child here, so
+/// both transports face the suite.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_tasks_scenarios() {
+    require_peers();
+    let (_fixture, gw) = fixture_and_gateway(Transport::Stdio).await;
+    let scenarios = [
+        "tasks-lifecycle",
+        "tasks-capability-negotiation",
+        "tasks-wire-fields",
+        "tasks-request-state-removal",
+        "tasks-mrtr-input",
+        "tasks-request-headers",
+        "tasks-dispatch-and-envelope",
+        "tasks-required-task-error",
+        "tasks-mrtr-composition",
+    ];
+    let mut failed = Vec::new();
+    for s in scenarios {
+        let (ok, text) = run_suite(&gw, &["--scenario", s, "--timeout", "30000"]);
+        let line = text
+            .lines()
+            .find(|l| l.contains("Passed:"))
+            .unwrap_or("no summary")
+            .to_string();
+        println!("{s}: {line}");
+        assert!(
+            !line.contains("Passed: 0/0"),
+            "{s} ran no check (skipped?):\n{text}"
+        );
+        if !ok {
+            failed.push(format!("{s}: {line}\n{text}"));
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "tasks scenarios failed:\n{}\n--- gateway log ---\n{}",
+        failed.join("\n"),
         gw.proc.log_text()
     );
 }
