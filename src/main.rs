@@ -179,8 +179,8 @@ async fn serve(config_path: PathBuf) -> Result<()> {
 /// The MRTR `requestState` HMAC key: from the environment variable named by
 /// `auth.request_state_key_env` (≥ 32 bytes), else generated once and kept in the store.
 fn request_state_key(cfg: &Config, store: &dyn TaskStore) -> Result<[u8; 32]> {
-    if let Some(var) = &cfg.auth.request_state_key_env {
-        if let Ok(v) = std::env::var(var) {
+    if let Some(var) = &cfg.auth.request_state_key_env
+        && let Ok(v) = std::env::var(var) {
             let d = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, v.as_bytes());
             let mut key = [0u8; 32];
             key.copy_from_slice(d.as_ref());
@@ -189,7 +189,6 @@ fn request_state_key(cfg: &Config, store: &dyn TaskStore) -> Result<[u8; 32]> {
             }
             return Ok(key);
         }
-    }
     Ok(store.secret("mrtr-request-state")?)
 }
 

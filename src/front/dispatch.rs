@@ -253,27 +253,6 @@ impl Gateway {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn discover_strips_legacy_tasks() {
-        let info = UpstreamInfo {
-            protocol_version: "2025-11-25".into(),
-            capabilities: serde_json::from_value(json!({"tools":{},"tasks":{"list":{}}})).unwrap(),
-            server_info: json!({"name":"u","version":"1"}),
-            instructions: Some("hi".into()),
-        };
-        let d = discover_result(&info);
-        assert!(d["capabilities"].get("tasks").is_none());
-        assert_eq!(d["capabilities"]["extensions"][TASKS_EXTENSION], json!({}));
-        assert_eq!(d["supportedVersions"], json!(["2026-07-28"]));
-        assert_eq!(d["instructions"], "hi");
-        assert_eq!(d["resultType"], "complete");
-    }
-}
-
 /// An MRTR retry (`params.requestState`): `None` when this is a first request;
 /// otherwise the resumed call, or the reply to send (error or a further round).
 fn resume_state(
@@ -332,5 +311,26 @@ async fn inline_or_resume(
         None => inline::run(c).await,
         Some(Err(resp)) => resp,
         Some(Ok(pending)) => inline::serve(c, pending).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn discover_strips_legacy_tasks() {
+        let info = UpstreamInfo {
+            protocol_version: "2025-11-25".into(),
+            capabilities: serde_json::from_value(json!({"tools":{},"tasks":{"list":{}}})).unwrap(),
+            server_info: json!({"name":"u","version":"1"}),
+            instructions: Some("hi".into()),
+        };
+        let d = discover_result(&info);
+        assert!(d["capabilities"].get("tasks").is_none());
+        assert_eq!(d["capabilities"]["extensions"][TASKS_EXTENSION], json!({}));
+        assert_eq!(d["supportedVersions"], json!(["2026-07-28"]));
+        assert_eq!(d["instructions"], "hi");
+        assert_eq!(d["resultType"], "complete");
     }
 }

@@ -273,11 +273,10 @@ impl CallGuard {
 impl Drop for CallGuard {
     fn drop(&mut self) {
         // Only the last clone decides.
-        if Arc::strong_count(&self.0) == 1 {
-            if let Some(h) = self.0.lock().ok().and_then(|mut g| g.take()) {
+        if Arc::strong_count(&self.0) == 1
+            && let Some(h) = self.0.lock().ok().and_then(|mut g| g.take()) {
                 h.abort();
             }
-        }
     }
 }
 
@@ -365,11 +364,10 @@ pub async fn serve(c: Inline, pending: Pending) -> Response<Body> {
                         }
                     }
                     Some(ev) => {
-                        if let Some(n) = client_notification(&c.req, ev) {
-                            if tx.send(reply::sse_event(&n)).await.is_err() {
+                        if let Some(n) = client_notification(&c.req, ev)
+                            && tx.send(reply::sse_event(&n)).await.is_err() {
                                 break;
                             }
-                        }
                     }
                     None => events_open = false,
                 },

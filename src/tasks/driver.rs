@@ -19,6 +19,11 @@ use crate::store::{TaskRecord, TaskStatus, now_ms};
 use crate::upstream::{CallEvent, CallOutcome, InputAnswer, InputRequest, UpstreamError};
 
 pub type CallTask = JoinHandle<Result<CallOutcome, UpstreamError>>;
+type JoinedCall = Result<Result<CallOutcome, UpstreamError>, tokio::task::JoinError>;
+type Applier = Box<dyn Fn(&mut TaskRecord) + Send + Sync>;
+/// An input request as recorded: `(method, params)`.
+pub type InputSpec = (String, Option<Value>);
+pub type Responder = oneshot::Sender<InputAnswer>;
 
 /// Everything the driver needs for one task.
 pub struct Driven {
@@ -61,12 +66,7 @@ pub fn key_inputs(rec: &mut TaskRecord, inputs: &[(String, Option<Value>)]) -> V
 }
 
 /// Split input requests into what is recorded and the answer channels.
-pub fn split_inputs(
-    batch: Vec<InputRequest>,
-) -> (
-    Vec<(String, Option<Value>)>,
-    Vec<oneshot::Sender<InputAnswer>>,
-) {
+pub fn split_inputs(batch: Vec<InputRequest>) -> (Vec<InputSpec>, Vec<Responder>) {
     batch
         .into_iter()
         .map(|ir| ((ir.method, ir.params), ir.respond))
@@ -123,8 +123,8 @@ impl Engine {
     fn outcome_applier(
         &self,
         upstream: &str,
-        r: Result<Result<CallOutcome, UpstreamError>, tokio::task::JoinError>,
-    ) -> Option<Box<dyn Fn(&mut TaskRecord) + Send + Sync>> {
+        r: JoinedCall,
+    ) -> Option<Applier> {
         let max = self.cfg.tasks.max_result_bytes;
         match r {
             Ok(Ok(CallOutcome::Result(mut v))) => {
