@@ -180,15 +180,16 @@ async fn serve(config_path: PathBuf) -> Result<()> {
 /// `auth.request_state_key_env` (≥ 32 bytes), else generated once and kept in the store.
 fn request_state_key(cfg: &Config, store: &dyn TaskStore) -> Result<[u8; 32]> {
     if let Some(var) = &cfg.auth.request_state_key_env
-        && let Ok(v) = std::env::var(var) {
-            let d = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, v.as_bytes());
-            let mut key = [0u8; 32];
-            key.copy_from_slice(d.as_ref());
-            if v.len() < 32 {
-                anyhow::bail!("auth.request_state_key_env: ${var} must hold at least 32 bytes");
-            }
-            return Ok(key);
+        && let Ok(v) = std::env::var(var)
+    {
+        let d = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, v.as_bytes());
+        let mut key = [0u8; 32];
+        key.copy_from_slice(d.as_ref());
+        if v.len() < 32 {
+            anyhow::bail!("auth.request_state_key_env: ${var} must hold at least 32 bytes");
         }
+        return Ok(key);
+    }
     Ok(store.secret("mrtr-request-state")?)
 }
 

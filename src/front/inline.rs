@@ -274,9 +274,10 @@ impl Drop for CallGuard {
     fn drop(&mut self) {
         // Only the last clone decides.
         if Arc::strong_count(&self.0) == 1
-            && let Some(h) = self.0.lock().ok().and_then(|mut g| g.take()) {
-                h.abort();
-            }
+            && let Some(h) = self.0.lock().ok().and_then(|mut g| g.take())
+        {
+            h.abort();
+        }
     }
 }
 

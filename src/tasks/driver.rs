@@ -120,11 +120,7 @@ impl Engine {
         self.changed(task_id);
     }
 
-    fn outcome_applier(
-        &self,
-        upstream: &str,
-        r: JoinedCall,
-    ) -> Option<Applier> {
+    fn outcome_applier(&self, upstream: &str, r: JoinedCall) -> Option<Applier> {
         let max = self.cfg.tasks.max_result_bytes;
         match r {
             Ok(Ok(CallOutcome::Result(mut v))) => {

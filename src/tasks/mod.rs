@@ -78,9 +78,10 @@ impl Engine {
 
     fn add_responder(&self, task_id: &str, key: String, tx: oneshot::Sender<InputAnswer>) {
         if let Ok(mut live) = self.live.lock()
-            && let Some(l) = live.get_mut(task_id) {
-                l.responders.insert(key, tx);
-            }
+            && let Some(l) = live.get_mut(task_id)
+        {
+            l.responders.insert(key, tx);
+        }
     }
 
     fn take_responder(&self, task_id: &str, key: &str) -> Option<oneshot::Sender<InputAnswer>> {
