@@ -108,11 +108,6 @@ async fn serve(config_path: PathBuf) -> Result<()> {
     let cfg = Config::load(&config_path)?;
     init_tracing(cfg.server.log_format == "json");
     let listen = cfg.listen_addr()?;
-    let public_url = cfg
-        .server
-        .public_url
-        .clone()
-        .unwrap_or_else(|| format!("http://{listen}"));
 
     std::fs::create_dir_all(&cfg.store.path)
         .with_context(|| format!("creating store directory {}", cfg.store.path.display()))?;
@@ -126,13 +121,19 @@ async fn serve(config_path: PathBuf) -> Result<()> {
         );
     }
 
-    let auth = Arc::new(Authenticator::new(&cfg.auth, &public_url)?);
     let store = SledStore::open(&cfg.store)
         .with_context(|| format!("opening the task store at {}", cfg.store.path.display()))?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("binding {listen}"))?;
     let local = listener.local_addr()?;
+    // The bound address, not the configured one: `listen = "…:0"` picks a port.
+    let public_url = cfg
+        .server
+        .public_url
+        .clone()
+        .unwrap_or_else(|| format!("http://{local}"));
+    let auth = Arc::new(Authenticator::new(&cfg.auth, &public_url)?);
     let upstreams = Arc::new(UpstreamSet::start(&cfg.upstreams, pid_dir));
     upstreams.spawn_reaper();
 

@@ -44,9 +44,16 @@ pub fn open(
     upstream: &Arc<Upstream>,
     principal: &Principal,
     req: &ValidRequest,
-    _info: &UpstreamInfo,
+    info: &UpstreamInfo,
     gw: &Gateway,
 ) -> Response<Body> {
+    // Resource updates need the legacy `resources/subscribe` per uri (spec C6).
+    let can_subscribe = info
+        .capabilities
+        .get("resources")
+        .and_then(|r| r.get("subscribe"))
+        .and_then(Value::as_bool)
+        == Some(true);
     let filter = req
         .params
         .get("notifications")
@@ -78,21 +85,95 @@ pub fn open(
         }
         honoured.insert("taskIds".into(), json!(task_ids));
     }
+    let wanted_uris: Vec<String> = filter
+        .get("resourceSubscriptions")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default();
     let sub_id = req.id.clone();
-    let ack = tagged(
-        "notifications/subscriptions/acknowledged",
-        Some(json!({ "notifications": Value::Object(honoured.clone()) })),
-        &sub_id,
-    );
     let mut rx = upstream.session_notifications(principal);
+    let up = upstream.clone();
+    let who = principal.clone();
     let mut task_rx = gw.engine.subscribe_changes();
     let engine = gw.engine.clone();
     let keepalive = Duration::from_millis(gw.cfg.server.keepalive_ms);
     let (tx, out) = mpsc::channel::<Bytes>(32);
     tokio::spawn(async move {
-        if tx.send(reply::sse_event(&ack)).await.is_err() {
-            return;
+        let mut uris: Vec<String> = Vec::new();
+        if can_subscribe {
+            for uri in wanted_uris {
+                if uris.contains(&uri) {
+                    continue;
+                }
+                if subscribe(&up, &who, "resources/subscribe", &uri).await {
+                    uris.push(uri);
+                }
+            }
         }
+        if !uris.is_empty() || filter.contains_key("resourceSubscriptions") {
+            honoured.insert("resourceSubscriptions".into(), json!(uris));
+        }
+        let ack = tagged(
+            "notifications/subscriptions/acknowledged",
+            Some(json!({ "notifications": Value::Object(honoured.clone()) })),
+            &sub_id,
+        );
+        if tx.send(reply::sse_event(&ack)).await.is_ok() {
+            relay(
+                &tx,
+                &mut rx,
+                &mut task_rx,
+                &engine,
+                &honoured,
+                &uris,
+                &task_ids,
+                &sub_id,
+                keepalive,
+            )
+            .await;
+        }
+        for uri in &uris {
+            subscribe(&up, &who, "resources/unsubscribe", uri).await;
+        }
+    });
+    reply::sse(out, ())
+}
+
+/// Ask the upstream to (un)subscribe a resource; `true` when it accepted.
+async fn subscribe(up: &Arc<Upstream>, who: &Principal, method: &str, uri: &str) -> bool {
+    let mut params = Map::new();
+    params.insert("uri".into(), Value::from(uri));
+    let (tx, _rx) = mpsc::channel(1);
+    let spec = crate::upstream::CallSpec {
+        method: method.into(),
+        params,
+        want_progress: false,
+    };
+    matches!(
+        up.call(who, spec, tx).await,
+        Ok(crate::upstream::CallOutcome::Result(_))
+    )
+}
+
+/// Forward what the subscription asked for until the client goes away.
+#[allow(clippy::too_many_arguments)]
+async fn relay(
+    tx: &mpsc::Sender<Bytes>,
+    rx: &mut broadcast::Receiver<crate::upstream::SessionNotification>,
+    task_rx: &mut broadcast::Receiver<String>,
+    engine: &Arc<crate::tasks::Engine>,
+    honoured: &Map<String, Value>,
+    uris: &[String],
+    task_ids: &[String],
+    sub_id: &Value,
+    keepalive: Duration,
+) {
+    {
         let mut ticker = tokio::time::interval(keepalive);
         ticker.tick().await;
         loop {
@@ -100,8 +181,11 @@ pub fn open(
                 n = rx.recv() => match n {
                     Ok(n) => {
                         let admitted = flag_for(&n.method)
-                            .is_some_and(|f| honoured.contains_key(f));
-                        if admitted && tx.send(reply::sse_event(&tagged(&n.method, n.params, &sub_id))).await.is_err() {
+                            .is_some_and(|f| honoured.contains_key(f))
+                            || (n.method == "notifications/resources/updated"
+                                && n.params.as_ref().and_then(|p| p.get("uri")).and_then(Value::as_str)
+                                    .is_some_and(|u| uris.iter().any(|x| x == u)));
+                        if admitted && tx.send(reply::sse_event(&tagged(&n.method, n.params, sub_id))).await.is_err() {
                             break;
                         }
                     }
@@ -112,7 +196,7 @@ pub fn open(
                     Ok(id) if task_ids.contains(&id) => {
                         // A full snapshot, equal to what tasks/get returns now (spec B9).
                         if let Ok(Some(rec)) = engine.store.get(&id) {
-                            let n = tagged("notifications/tasks", Some(Value::Object(snapshot::detailed(&rec))), &sub_id);
+                            let n = tagged("notifications/tasks", Some(Value::Object(snapshot::detailed(&rec))), sub_id);
                             if tx.send(reply::sse_event(&n)).await.is_err() {
                                 break;
                             }
@@ -128,6 +212,5 @@ pub fn open(
                 }
             }
         }
-    });
-    reply::sse(out, ())
+    }
 }

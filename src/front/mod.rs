@@ -82,6 +82,28 @@ impl Gateway {
         if req.method() == Method::OPTIONS {
             return self.preflight(&req);
         }
+        // A browser origin that passed the check above may read the answer (CORS);
+        // the preflight alone is not enough.
+        let cors_origin = req.headers().get(header::ORIGIN).cloned();
+        let mut resp = self.handle_mcp(req, upstream).await;
+        if let Some(origin) = cors_origin {
+            let h = resp.headers_mut();
+            h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+            h.insert(
+                header::ACCESS_CONTROL_EXPOSE_HEADERS,
+                HeaderValue::from_static("www-authenticate, retry-after"),
+            );
+            h.append(header::VARY, HeaderValue::from_static("Origin"));
+        }
+        resp
+    }
+
+    /// POST on an upstream path, after the Origin/Host check.
+    async fn handle_mcp(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        upstream: Arc<crate::upstream::Upstream>,
+    ) -> Response<Body> {
         if req.method() != Method::POST {
             return method_not_allowed("POST");
         }
@@ -184,14 +206,21 @@ impl Gateway {
             };
             states.insert(u.name().to_string(), s);
         }
-        let status = if all_ready {
+        // A store that failed a write or flush cannot hand out task ids (policy 16).
+        let store_ok = self.engine.store.healthy();
+        let ready = all_ready && store_ok;
+        let status = if ready {
             StatusCode::OK
         } else {
             StatusCode::SERVICE_UNAVAILABLE
         };
         reply::json(
             status,
-            &json!({"ready": all_ready, "store": "open", "upstreams": states}),
+            &json!({
+                "ready": ready,
+                "store": if store_ok { "open" } else { "failed" },
+                "upstreams": states
+            }),
         )
     }
 

@@ -408,3 +408,274 @@ pub fn first_text(result: &Value) -> String {
         .unwrap_or_default()
         .to_string()
 }
+
+// ---------------------------------------------------------------------------------
+// Helpers added for methods.rs / auth.rs / upstream_faults.rs / http_front.rs.
+
+/// Which transport the gateway reaches the demo legacy server through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    Stdio,
+    Http,
+}
+
+impl Gateway {
+    /// Like [`Gateway::start`], with extra `key = value` lines in `[server]`
+    /// (e.g. `"header_timeout_ms = 500\n"`).
+    pub async fn start_with_server(server_extra: &str, body: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let config_path = dir.path().join("taskgate.toml");
+        let store = dir.path().join("data");
+        let text = format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\nkeepalive_ms = 1000\n{server_extra}\n[store]\npath = \"{}\"\n{body}",
+            store.display()
+        );
+        std::fs::write(&config_path, text).unwrap();
+        Self::launch(dir, config_path).await
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.proc.child.id()
+    }
+}
+
+/// `[[upstream]]` for the demo over stdio, with no defaults besides name/path/command
+/// (so `extra` may set `max_concurrency`, `stdio_processes`, `env`, …).
+pub fn stdio_upstream_bare(extra: &str) -> String {
+    format!(
+        "[[upstream]]\nname = \"demo\"\npath = \"/mcp\"\ncommand = [\"{}\", \"demo-upstream\"]\n{extra}\n",
+        bin().display()
+    )
+}
+
+/// The demo legacy server over Streamable HTTP (`taskgate demo-upstream --http`).
+pub struct DemoHttp {
+    pub proc: Proc,
+    pub port: u16,
+}
+
+impl DemoHttp {
+    /// On a fresh free port.
+    pub async fn start() -> Self {
+        for _ in 0..5 {
+            if let Some(d) = Self::try_start_on(free_port(), &[]).await {
+                return d;
+            }
+        }
+        panic!("demo HTTP upstream did not start");
+    }
+
+    /// On `port` (retrying a few times while the port is still busy).
+    pub async fn start_on(port: u16) -> Self {
+        for _ in 0..40 {
+            if let Some(d) = Self::try_start_on(port, &[]).await {
+                return d;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        panic!("demo HTTP upstream did not start on port {port}");
+    }
+
+    pub async fn try_start_on(port: u16, env: &[(&str, &str)]) -> Option<Self> {
+        let mut cmd = Command::new(bin());
+        cmd.arg("demo-upstream")
+            .arg("--http")
+            .arg(format!("127.0.0.1:{port}"));
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut proc = Proc::spawn(cmd);
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(30) {
+            if proc.log_text().contains("listening on") {
+                return Some(Self { proc, port });
+            }
+            if let Ok(Some(_)) = proc.child.try_wait() {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        proc.kill9();
+        None
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port)
+    }
+}
+
+/// `[[upstream]]` named `demo` at `/mcp` for a demo HTTP server on `port`.
+pub fn demo_http_upstream(port: u16, extra: &str) -> String {
+    http_upstream(
+        "demo",
+        "/mcp",
+        &format!("http://127.0.0.1:{port}/mcp"),
+        extra,
+    )
+}
+
+/// A gateway fronting the demo upstream over one transport. `demo` holds the HTTP
+/// demo server (if any) so it lives as long as the test.
+pub struct DemoSetup {
+    pub gw: Gateway,
+    pub demo: Option<DemoHttp>,
+    /// stdio only, with [`DemoSetup::start_traced`]: every line the gateway wrote to
+    /// its children's stdin (all children append to this one file).
+    pub stdin_log: Option<PathBuf>,
+    _trace_dir: Option<tempfile::TempDir>,
+}
+
+impl DemoSetup {
+    /// JWT auth (test secret), `[server]` extras, upstream extras (for stdio these may
+    /// set `max_concurrency`/`stdio_processes`; for HTTP they are appended verbatim).
+    pub async fn start(t: Transport, server_extra: &str, upstream_extra: &str) -> Self {
+        Self::start_full(t, server_extra, "", upstream_extra).await
+    }
+
+    /// Like [`DemoSetup::start_full`], but a stdio child is `sh -c 'tee -a LOG | exec
+    /// taskgate demo-upstream'`, so the test can see what the gateway sent upstream
+    /// (e.g. `notifications/cancelled`). HTTP: same as `start_full`.
+    pub async fn start_traced(
+        t: Transport,
+        server_extra: &str,
+        sections: &str,
+        upstream_extra: &str,
+    ) -> Self {
+        if t == Transport::Http {
+            return Self::start_full(t, server_extra, sections, upstream_extra).await;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("stdin.log");
+        let script = format!(
+            "tee -a '{}' | exec '{}' demo-upstream",
+            log.display(),
+            bin().display()
+        );
+        let upstream = format!(
+            "[[upstream]]\nname = \"demo\"\npath = \"/mcp\"\ncommand = [\"/bin/sh\", \"-c\", {}]\n{upstream_extra}\n",
+            toml_string(&script)
+        );
+        let gw = Gateway::start_with_server(
+            server_extra,
+            &format!("{}{sections}\n{upstream}", jwt_auth()),
+        )
+        .await;
+        Self {
+            gw,
+            demo: None,
+            stdin_log: Some(log),
+            _trace_dir: Some(dir),
+        }
+    }
+
+    /// As [`DemoSetup::start`]; `sections` (e.g. `"[tasks]\nsync_timeout_ms = 1500\n"`)
+    /// goes between `[auth]` and `[[upstream]]`.
+    pub async fn start_full(
+        t: Transport,
+        server_extra: &str,
+        sections: &str,
+        upstream_extra: &str,
+    ) -> Self {
+        let (demo, upstream) = match t {
+            Transport::Stdio => (None, stdio_upstream_bare(upstream_extra)),
+            Transport::Http => {
+                let d = DemoHttp::start().await;
+                let u = demo_http_upstream(d.port, upstream_extra);
+                (Some(d), u)
+            }
+        };
+        let gw = Gateway::start_with_server(
+            server_extra,
+            &format!("{}{sections}\n{upstream}", jwt_auth()),
+        )
+        .await;
+        Self {
+            gw,
+            demo,
+            stdin_log: None,
+            _trace_dir: None,
+        }
+    }
+
+    /// A client for `/mcp` as alice@acme.
+    pub fn client(&self) -> Client2026 {
+        Client2026::new(&self.gw, "/mcp", Some(token("alice", "acme")))
+    }
+}
+
+/// Parse the demo's `stats` tool output (`{"calls":…,"cancelled":…,"counter":{…}}`).
+pub async fn demo_stats(c: &Client2026) -> Value {
+    let r = c.call_tool("stats", json!({})).await;
+    assert_eq!(r.status, 200, "stats: {}", String::from_utf8_lossy(&r.body));
+    let text = first_text(&r.json()["result"]);
+    serde_json::from_str(&text).unwrap_or_else(|_| panic!("stats text: {text:?} in {:?}", r.json()))
+}
+
+/// Bytes of an HTTP/1.1 request to `addr` (for raw TCP tests).
+pub fn http1_request(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, String)],
+    body: &[u8],
+) -> Vec<u8> {
+    let mut out = format!("POST {path} HTTP/1.1\r\nhost: {addr}\r\n");
+    for (k, v) in headers {
+        out.push_str(&format!("{k}: {v}\r\n"));
+    }
+    out.push_str(&format!("content-length: {}\r\n\r\n", body.len()));
+    let mut out = out.into_bytes();
+    out.extend_from_slice(body);
+    out
+}
+
+/// Generate `stdio::NAME` and `http::NAME` tests from `async fn NAME(t: Transport)`.
+#[allow(unused_macros)]
+macro_rules! per_transport {
+    ($($f:ident),* $(,)?) => {
+        mod stdio {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $f() {
+                    super::$f(crate::common::Transport::Stdio).await
+                }
+            )*
+        }
+        mod http {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $f() {
+                    super::$f(crate::common::Transport::Http).await
+                }
+            )*
+        }
+    };
+}
+
+/// A TOML basic string literal for `s`.
+pub fn toml_string(s: &str) -> String {
+    serde_json::to_string(s).unwrap()
+}
+
+/// JSON-RPC messages (one per line) in a stdin trace written by `start_traced`.
+pub fn traced_messages(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// Did the gateway send `notifications/cancelled` for an upstream `tools/call` of
+/// `tool`? (Matches the cancelled `requestId` to that call's upstream id.)
+pub fn traced_cancel_of(path: &Path, tool: &str) -> bool {
+    let msgs = traced_messages(path);
+    let ids: Vec<&Value> = msgs
+        .iter()
+        .filter(|m| m["method"] == "tools/call" && m["params"]["name"] == tool)
+        .map(|m| &m["id"])
+        .collect();
+    msgs.iter().any(|m| {
+        m["method"] == "notifications/cancelled"
+            && ids.iter().any(|id| **id == m["params"]["requestId"])
+    })
+}

@@ -1,0 +1,439 @@
+//! The client-facing HTTP front through the real binary (design.md policy 12): DNS
+//! rebinding protection and CORS, the JSON-or-SSE choice with keep-alives, header and
+//! body read timeouts, and "a client that goes away cancels the upstream call".
+
+#[macro_use]
+mod common;
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::*;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+per_transport!(
+    json_or_sse_with_keepalive,
+    client_disconnect_cancels_upstream_call,
+    sync_timeout_cancels_and_answers_32021,
+);
+
+fn body_text(r: &Resp) -> String {
+    String::from_utf8_lossy(&r.body).into_owned()
+}
+
+async fn http_gateway(server_extra: &str) -> DemoSetup {
+    let s = DemoSetup::start(Transport::Http, server_extra, "").await;
+    s.gw.wait_ready().await;
+    s
+}
+
+/// `server/discover` with extra headers (replacing same-named defaults).
+async fn discover_with_headers(s: &DemoSetup, extra: &[(&'static str, String)]) -> Resp {
+    let c = s.client();
+    let params = json!({});
+    let mut h = c.headers("server/discover", &params);
+    h.retain(|(k, _)| !extra.iter().any(|(e, _)| e.eq_ignore_ascii_case(k)));
+    h.extend(extra.iter().cloned());
+    raw(
+        &c.url,
+        "POST",
+        &h,
+        Bytes::from(c.body(json!(1), "server/discover", &params).to_string()),
+    )
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dns_rebinding_origin_and_host() {
+    let s = http_gateway("").await;
+    // Foreign Origin / Host → 403, before auth (no token needed to be refused).
+    for (k, v) in [
+        ("origin", "http://evil.example"),
+        ("origin", "https://evil.example:443"),
+        ("origin", "null"),
+        ("origin", "http://localhost.evil.example"),
+        ("origin", "http://127.0.0.1.evil.example"),
+        ("host", "evil.example"),
+        ("host", "evil.example:8080"),
+        ("host", "localhost.evil.example"),
+    ] {
+        let r = discover_with_headers(&s, &[(k, v.to_string())]).await;
+        assert_eq!(r.status, 403, "{k}: {v}: {}", body_text(&r));
+        assert!(r.json().get("result").is_none());
+        let r = raw(
+            &s.gw.url("/mcp"),
+            "POST",
+            &[(k, v.to_string())],
+            Bytes::new(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 403, "{k}: {v} without token");
+    }
+    // Loopback origins (any port) and loopback hosts are allowed.
+    for (k, v) in [
+        ("origin", "http://localhost:5173".to_string()),
+        ("origin", "http://127.0.0.1:9".to_string()),
+        ("origin", "http://[::1]:3000".to_string()),
+        ("host", format!("localhost:{}", s.gw.addr.port())),
+        ("host", format!("127.0.0.1:{}", s.gw.addr.port())),
+    ] {
+        let r = discover_with_headers(&s, &[(k, v.clone())]).await;
+        assert_eq!(r.status, 200, "{k}: {v}: {}", body_text(&r));
+    }
+    // Preflight from a foreign origin is refused.
+    let r = raw(
+        &s.gw.url("/mcp"),
+        "OPTIONS",
+        &[
+            ("origin", "http://evil.example".into()),
+            ("access-control-request-method", "POST".into()),
+        ],
+        Bytes::new(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 403);
+    assert!(r.header("access-control-allow-origin").is_none());
+}
+
+const APP: &str = "https://app.example";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allowed_origins_and_hosts_admit_and_preflight_is_answered() {
+    let s = http_gateway(&format!(
+        "allowed_origins = [\"{APP}\"]\nallowed_hosts = [\"mcp.example\"]\n"
+    ))
+    .await;
+    let r = discover_with_headers(&s, &[("origin", APP.to_string())]).await;
+    assert_eq!(r.status, 200, "{}", body_text(&r));
+    let r = discover_with_headers(&s, &[("origin", "https://other.example".into())]).await;
+    assert_eq!(r.status, 403, "{}", body_text(&r));
+    let r =
+        discover_with_headers(&s, &[("host", format!("mcp.example:{}", s.gw.addr.port()))]).await;
+    assert_eq!(r.status, 200, "{}", body_text(&r));
+    let r = discover_with_headers(&s, &[("host", "mcp.example".into())]).await;
+    assert_eq!(r.status, 200, "{}", body_text(&r));
+
+    // Preflight: no token, answered with CORS headers for that origin.
+    let r = raw(
+        &s.gw.url("/mcp"),
+        "OPTIONS",
+        &[
+            ("origin", APP.into()),
+            ("access-control-request-method", "POST".into()),
+            (
+                "access-control-request-headers",
+                "authorization, content-type, mcp-protocol-version, mcp-method, mcp-name".into(),
+            ),
+        ],
+        Bytes::new(),
+    )
+    .await
+    .unwrap();
+    assert!(
+        r.status == 204 || r.status == 200,
+        "{}: {:?}",
+        r.status,
+        r.headers
+    );
+    assert_eq!(
+        r.header("access-control-allow-origin").as_deref(),
+        Some(APP)
+    );
+    let methods = r.header("access-control-allow-methods").unwrap_or_default();
+    assert!(methods.contains("POST"), "{methods}");
+    let allow_headers = r
+        .header("access-control-allow-headers")
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    for h in [
+        "authorization",
+        "content-type",
+        "mcp-protocol-version",
+        "mcp-method",
+        "mcp-name",
+    ] {
+        assert!(
+            allow_headers.contains(h),
+            "{h} missing from {allow_headers}"
+        );
+    }
+}
+
+/// A browser can only read the POST answer if it carries CORS headers too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cors_actual_response_carries_allow_origin() {
+    let s = http_gateway(&format!("allowed_origins = [\"{APP}\"]\n")).await;
+    let r = discover_with_headers(&s, &[("origin", APP.to_string())]).await;
+    assert_eq!(r.status, 200, "{}", body_text(&r));
+    assert_eq!(
+        r.header("access-control-allow-origin").as_deref(),
+        Some(APP),
+        "POST response to an admitted browser origin lacks CORS headers: {:?}",
+        r.headers
+    );
+    // Error answers (here: 401 without a token) must be readable by the browser too,
+    // or it cannot see the WWW-Authenticate challenge.
+    let c = Client2026::new(&s.gw, "/mcp", None);
+    let params = json!({});
+    let mut h = c.headers("server/discover", &params);
+    h.push(("origin", APP.into()));
+    let r = raw(
+        &c.url,
+        "POST",
+        &h,
+        Bytes::from(c.body(json!(1), "server/discover", &params).to_string()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 401);
+    assert_eq!(
+        r.header("access-control-allow-origin").as_deref(),
+        Some(APP)
+    );
+    let expose = r
+        .header("access-control-expose-headers")
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    assert!(expose.contains("www-authenticate"), "expose: {expose:?}");
+}
+
+async fn json_or_sse_with_keepalive(t: Transport) {
+    let s = DemoSetup::start(t, "", "").await;
+    s.gw.wait_ready().await;
+    let c = s.client();
+
+    // Fast → application/json.
+    let r = c.call_tool("echo", json!({"text": "fast"})).await;
+    assert_eq!(r.status, 200, "{}", body_text(&r));
+    assert_eq!(
+        r.header("content-type").as_deref(),
+        Some("application/json")
+    );
+    assert_eq!(first_text(&r.json()["result"]), "fast");
+
+    // Slower than keepalive_ms (1000), no progress asked → SSE with keep-alives.
+    let r = c.call_tool("sleep", json!({"ms": 2500})).await;
+    assert_eq!(r.status, 200, "{}", body_text(&r));
+    assert!(r.is_sse(), "{:?}", r.headers);
+    assert_eq!(r.header("cache-control").as_deref(), Some("no-cache"));
+    assert_eq!(r.header("x-accel-buffering").as_deref(), Some("no"));
+    let text = body_text(&r);
+    assert!(
+        text.lines().any(|l| l.starts_with(':')),
+        "no keep-alive comment: {text:?}"
+    );
+    assert!(!text.lines().any(|l| l.starts_with("id:")), "{text:?}");
+    // No notifications were asked for, so the only message is the final result, last.
+    let msgs = r.sse_messages();
+    assert_eq!(msgs.len(), 1, "{msgs:?}");
+    assert_eq!(msgs[0]["id"], 1);
+    assert_eq!(first_text(&msgs[0]["result"]), "slept 2500 ms");
+    let last_block = text
+        .split("\n\n")
+        .filter(|b| !b.trim().is_empty())
+        .last()
+        .unwrap();
+    assert!(
+        last_block.contains("\"slept 2500 ms\""),
+        "last event: {last_block:?}"
+    );
+}
+
+/// Read from `s` until EOF/reset (→ Ok(bytes read)) or `limit` passes (→ Err).
+async fn read_until_closed(s: &mut TcpStream, limit: Duration) -> Result<Vec<u8>, Vec<u8>> {
+    let start = Instant::now();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while start.elapsed() < limit {
+        match tokio::time::timeout(Duration::from_millis(200), s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return Ok(got),
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+            Err(_) => {}
+        }
+    }
+    Err(got)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_read_timeout_closes_connection() {
+    let s = http_gateway("header_timeout_ms = 500\n").await;
+    let mut stalled = TcpStream::connect(s.gw.addr).await.unwrap();
+    stalled
+        .write_all(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Ty")
+        .await
+        .unwrap();
+    // A well-behaved client is still served meanwhile.
+    let r = s.client().call_tool("echo", json!({"text": "ok"})).await;
+    assert_eq!(r.status, 200, "{}", body_text(&r));
+    let got = read_until_closed(&mut stalled, Duration::from_secs(20)).await;
+    assert!(
+        got.is_ok(),
+        "stalled header connection was not closed: {got:?}"
+    );
+    // Only an error status (e.g. 408) may precede the close, never a served request.
+    let got = String::from_utf8_lossy(&got.unwrap()).into_owned();
+    assert!(got.is_empty() || got.starts_with("HTTP/1.1 4"), "{got:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn body_read_timeout_408_or_close() {
+    let s = http_gateway("body_timeout_ms = 500\n").await;
+    let c = s.client();
+    let params = json!({});
+    let headers: Vec<(&str, String)> = c.headers("tools/list", &params).into_iter().collect();
+    // Announce 100 bytes, send 10, stall.
+    let mut req = http1_request(s.gw.addr, "/mcp", &headers, &[b'{'; 100]);
+    req.truncate(req.len() - 90);
+    let mut conn = TcpStream::connect(s.gw.addr).await.unwrap();
+    conn.write_all(&req).await.unwrap();
+    let got = read_until_closed(&mut conn, Duration::from_secs(20)).await;
+    match got {
+        Ok(bytes) => {
+            let text = String::from_utf8_lossy(&bytes);
+            assert!(
+                text.is_empty() || text.starts_with("HTTP/1.1 408"),
+                "expected 408 or a close: {text:?}"
+            );
+        }
+        Err(bytes) => {
+            // Still open: acceptable only if a 408 was sent.
+            let text = String::from_utf8_lossy(&bytes);
+            assert!(
+                text.starts_with("HTTP/1.1 408"),
+                "no 408 and not closed: {text:?}"
+            );
+        }
+    }
+    // The gateway keeps serving.
+    let r = c.request("tools/list", json!({})).await;
+    assert_eq!(r.status, 200, "{}", body_text(&r));
+}
+
+async fn client_disconnect_cancels_upstream_call(t: Transport) {
+    let s = DemoSetup::start_traced(t, "", "", UPSTREAM_EXTRA).await;
+    s.gw.wait_ready().await;
+    let c = s.client();
+    let before = demo_stats(&c).await;
+    assert_eq!(before["cancelled"], 0, "{before}");
+
+    let params = json!({"name": "sleep", "arguments": {"ms": 10000}});
+    let body = c.body(json!(1), "tools/call", &params).to_string();
+    let headers: Vec<(&str, String)> = c.headers("tools/call", &params).into_iter().collect();
+    let mut conn = TcpStream::connect(s.gw.addr).await.unwrap();
+    conn.write_all(&http1_request(s.gw.addr, "/mcp", &headers, body.as_bytes()))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(conn);
+    assert_upstream_cancelled(&s, &c, "sleep").await;
+}
+
+/// stdio: two children, so a call can run while the cancelled child is reserved.
+const UPSTREAM_EXTRA: &str = "max_concurrency = 2\n";
+
+/// The upstream saw the cancellation of its `tool` call. HTTP: the demo server's
+/// `stats.cancelled` (one process, shared stats). stdio: each child has its own stats
+/// and a child whose cancelled call never answers is killed and replaced (policy 14),
+/// so the proof is on the wire: the gateway wrote `notifications/cancelled` for that
+/// call's upstream request id to the child's stdin.
+async fn assert_upstream_cancelled(s: &DemoSetup, c: &Client2026, tool: &str) {
+    let start = Instant::now();
+    loop {
+        let done = match &s.stdin_log {
+            Some(log) => traced_cancel_of(log, tool),
+            None => demo_stats(c).await["cancelled"].as_u64().unwrap_or(0) >= 1,
+        };
+        if done {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "upstream {tool} call was not cancelled: stats {} / stdin {:?}",
+            demo_stats(c).await,
+            s.stdin_log.as_deref().map(traced_messages)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The upstream stays usable afterwards.
+    let r = c.call_tool("echo", json!({"text": "still here"})).await;
+    assert_eq!(r.status, 200, "{}", body_text(&r));
+    assert_eq!(first_text(&r.json()["result"]), "still here");
+}
+
+/// Policy 2: a client without the tasks extension is held up to `sync_timeout_ms`
+/// (SSE keep-alives meanwhile); then the upstream call is cancelled and the client
+/// gets -32021 naming the tasks extension as the final SSE event.
+async fn sync_timeout_cancels_and_answers_32021(t: Transport) {
+    let s =
+        DemoSetup::start_traced(t, "", "[tasks]\nsync_timeout_ms = 3500\n", UPSTREAM_EXTRA).await;
+    s.gw.wait_ready().await;
+    let c = s.client();
+    let before = demo_stats(&c).await;
+    assert_eq!(before["cancelled"], 0, "{before}");
+
+    let r = c.call_tool("sleep", json!({"ms": 30000})).await;
+    assert_eq!(
+        r.status,
+        200,
+        "headers were sent before the timeout: {}",
+        body_text(&r)
+    );
+    assert!(r.is_sse(), "{:?}", r.headers);
+    let text = body_text(&r);
+    assert!(text.lines().any(|l| l.starts_with(':')), "{text:?}");
+    let msgs = r.sse_messages();
+    let last = msgs.last().expect("a final event");
+    assert_eq!(last["id"], 1, "{msgs:?}");
+    assert!(last.get("result").is_none(), "{last}");
+    assert_eq!(last["error"]["code"], -32021, "{last}");
+    assert_eq!(
+        last["error"]["data"]["requiredCapabilities"],
+        json!({"extensions": {"io.modelcontextprotocol/tasks": {}}}),
+        "{last}"
+    );
+    // The upstream call was cancelled, not left running.
+    assert_upstream_cancelled(&s, &c, "sleep").await;
+}
+
+/// `max_connections`: with the cap reached, a further connection is not served until a
+/// held one closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_cap_holds_extra_connections() {
+    let s = http_gateway("max_connections = 2\n").await;
+    let c = s.client();
+    let params = json!({"name": "echo", "arguments": {"text": "third"}});
+    let body = c.body(json!(1), "tools/call", &params).to_string();
+    let headers: Vec<(&str, String)> = c.headers("tools/call", &params).into_iter().collect();
+    let req = http1_request(s.gw.addr, "/mcp", &headers, body.as_bytes());
+
+    // Two connections that are served once (so they certainly hold permits) and stay open.
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut conn = TcpStream::connect(s.gw.addr).await.unwrap();
+        conn.write_all(&req).await.unwrap();
+        let mut buf = vec![0u8; 8192];
+        let n = tokio::time::timeout(Duration::from_secs(20), conn.read(&mut buf))
+            .await
+            .expect("held connection served")
+            .unwrap();
+        assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+        held.push(conn);
+    }
+    let mut third = TcpStream::connect(s.gw.addr).await.unwrap();
+    third.write_all(&req).await.unwrap();
+    let mut buf = vec![0u8; 8192];
+    let early = tokio::time::timeout(Duration::from_millis(1000), third.read(&mut buf)).await;
+    assert!(early.is_err(), "served beyond max_connections: {early:?}");
+    drop(held.pop());
+    let n = tokio::time::timeout(Duration::from_secs(20), third.read(&mut buf))
+        .await
+        .expect("third connection served after one closed")
+        .unwrap();
+    let text = String::from_utf8_lossy(&buf[..n]);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+}

@@ -1,0 +1,183 @@
+//! What the gateway sends to a legacy HTTP upstream (design.md policy 14), observed by
+//! a recording proxy between the gateway and the demo server: static upstream
+//! credentials from config, session headers after `initialize`, and never the client's
+//! token or its 2026 `_meta`/progress token.
+
+mod common;
+
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use common::*;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{Value, json};
+
+#[derive(Clone, Debug)]
+struct Seen {
+    method: String,
+    headers: http::HeaderMap,
+    body: Bytes,
+}
+
+/// A pass-through HTTP proxy to `target` (http://host:port) recording each request.
+async fn recording_proxy(target: String) -> (String, Arc<Mutex<Vec<Seen>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let client = Client::builder(TokioExecutor::new()).build_http::<http_body_util::Full<Bytes>>();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let (log, client, target) = (log.clone(), client.clone(), target.clone());
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: http::Request<Incoming>| {
+                    let (log, client, target) = (log.clone(), client.clone(), target.clone());
+                    async move {
+                        let (parts, body) = req.into_parts();
+                        let body = body
+                            .collect()
+                            .await
+                            .map(|c| c.to_bytes())
+                            .unwrap_or_default();
+                        log.lock().unwrap().push(Seen {
+                            method: parts.method.to_string(),
+                            headers: parts.headers.clone(),
+                            body: body.clone(),
+                        });
+                        let uri = format!(
+                            "{target}{}",
+                            parts
+                                .uri
+                                .path_and_query()
+                                .map(|p| p.as_str())
+                                .unwrap_or("/")
+                        );
+                        let mut b = http::Request::builder().method(parts.method).uri(uri);
+                        for (k, v) in parts.headers.iter() {
+                            if k != http::header::HOST {
+                                b = b.header(k, v);
+                            }
+                        }
+                        let out = b.body(http_body_util::Full::new(body)).unwrap();
+                        let resp: http::Response<
+                            http_body_util::combinators::BoxBody<Bytes, hyper::Error>,
+                        > = match client.request(out).await {
+                            Ok(r) => r.map(|b| b.boxed()),
+                            Err(_) => http::Response::builder()
+                                .status(502)
+                                .body(
+                                    http_body_util::Empty::<Bytes>::new()
+                                        .map_err(|never| match never {})
+                                        .boxed(),
+                                )
+                                .unwrap(),
+                        };
+                        Ok::<_, Infallible>(resp)
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    (format!("http://{addr}/mcp"), seen)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_sees_static_credentials_never_the_client_token() {
+    let demo = DemoHttp::start().await;
+    let (proxy_url, seen) = recording_proxy(format!("http://127.0.0.1:{}", demo.port)).await;
+    let upstream = http_upstream(
+        "demo",
+        "/mcp",
+        &proxy_url,
+        "headers = { Authorization = \"Bearer upstream-static-credential\", X-Upstream-Key = \"k-123\" }\n",
+    );
+    let gw = Gateway::start(&format!("{}{upstream}", jwt_auth())).await;
+    gw.wait_ready().await;
+    let client_token = token("alice", "acme");
+    let c = Client2026::new(&gw, "/mcp", Some(client_token.clone()));
+
+    // A call with a client progress token and 2026 _meta.
+    let params = json!({"name": "sleep", "arguments": {"ms": 200, "steps": 2}});
+    let mut body = c.body(json!(1), "tools/call", &params);
+    body["params"]["_meta"]["progressToken"] = json!("client-progress-token-xyz");
+    let r = c.send("tools/call", &params, &body).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let r = c.call_tool("echo", json!({"text": "hi"})).await;
+    assert_eq!(first_text(&r.json()["result"]), "hi");
+
+    let seen = seen.lock().unwrap().clone();
+    assert!(
+        seen.len() >= 3,
+        "initialize + initialized + calls expected: {seen:?}"
+    );
+    let mut saw_initialize = false;
+    let mut saw_call = false;
+    for s in &seen {
+        let auth: Vec<_> = s.headers.get_all("authorization").iter().collect();
+        assert_eq!(auth.len(), 1, "{} {:?}", s.method, s.headers);
+        assert_eq!(auth[0], "Bearer upstream-static-credential");
+        assert_eq!(
+            s.headers.get("x-upstream-key").map(|v| v.as_bytes()),
+            Some(&b"k-123"[..])
+        );
+        // The client's bearer token never leaves the gateway, in headers or body.
+        for (k, v) in s.headers.iter() {
+            assert!(
+                !String::from_utf8_lossy(v.as_bytes()).contains(&client_token),
+                "client token leaked upstream in header {k}"
+            );
+        }
+        let text = String::from_utf8_lossy(&s.body);
+        assert!(
+            !text.contains(&client_token),
+            "client token leaked in body: {text}"
+        );
+        if s.method != "POST" {
+            continue;
+        }
+        let msg: Value = serde_json::from_slice(&s.body).unwrap_or(Value::Null);
+        match msg["method"].as_str() {
+            Some("initialize") => {
+                saw_initialize = true;
+                assert!(s.headers.get("mcp-session-id").is_none(), "{:?}", s.headers);
+            }
+            Some("tools/call") => {
+                saw_call = true;
+                // Session headers after initialize.
+                assert!(s.headers.get("mcp-session-id").is_some(), "{:?}", s.headers);
+                assert!(
+                    s.headers.get("mcp-protocol-version").is_some(),
+                    "{:?}",
+                    s.headers
+                );
+                // No 2026 request _meta upstream; the progress token is the gateway's own.
+                let meta = &msg["params"]["_meta"];
+                assert!(
+                    meta.get("io.modelcontextprotocol/protocolVersion")
+                        .is_none(),
+                    "2026 _meta forwarded: {msg}"
+                );
+                assert!(
+                    meta.get("io.modelcontextprotocol/clientCapabilities")
+                        .is_none(),
+                    "2026 _meta forwarded: {msg}"
+                );
+                assert_ne!(meta["progressToken"], "client-progress-token-xyz", "{msg}");
+                assert!(!text.contains("client-progress-token-xyz"), "{msg}");
+            }
+            _ => {}
+        }
+    }
+    assert!(saw_initialize && saw_call, "{seen:?}");
+    drop(demo);
+}
