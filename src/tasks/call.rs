@@ -92,6 +92,23 @@ fn start_call(
     (task, rx)
 }
 
+/// The tool name, its arguments (`{}` when absent) and their fingerprint.
+fn tool_args(req: &ValidRequest) -> (String, Value, String) {
+    let tool = req
+        .params
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let args = req
+        .params
+        .get("arguments")
+        .cloned()
+        .unwrap_or_else(|| json!({}));
+    let fp = fingerprint(&args);
+    (tool, args, fp)
+}
+
 fn store_failure(req: &ValidRequest, e: impl std::fmt::Display) -> Response<Body> {
     reply::unavailable(
         Some(&req.id),
@@ -174,20 +191,7 @@ impl Engine {
 
     /// Serve a `tools/call` from a client that declared the tasks extension.
     pub async fn tools_call(self: &Arc<Self>, c: ToolCall) -> Response<Body> {
-        let tool = c
-            .req
-            .params
-            .get("name")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string();
-        let args = c
-            .req
-            .params
-            .get("arguments")
-            .cloned()
-            .unwrap_or_else(|| json!({}));
-        let fp = fingerprint(&args);
+        let (tool, args, fp) = tool_args(&c.req);
         let idem = c.req.idempotency_key.clone().or_else(|| {
             let arg = c.promotion.idempotency_argument.as_deref()?;
             args.get(arg).and_then(Value::as_str).map(str::to_string)
@@ -216,20 +220,7 @@ impl Engine {
     /// Carry on with a call held for an MRTR round (`on_input = "mrtr"`): the race
     /// against the deadline starts again now (spec B4: MRTR first, then the task).
     pub async fn resume(self: &Arc<Self>, c: ToolCall, pending: Pending) -> Response<Body> {
-        let tool = c
-            .req
-            .params
-            .get("name")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string();
-        let args = c
-            .req
-            .params
-            .get("arguments")
-            .cloned()
-            .unwrap_or_else(|| json!({}));
-        let fp = fingerprint(&args);
+        let (tool, _, fp) = tool_args(&c.req);
         self.race(c, tool, fp, pending).await
     }
 

@@ -99,12 +99,7 @@ impl Engine {
                 return false;
             }
             apply(rec);
-            let now = now_ms();
-            rec.last_updated_at_ms = now;
-            rec.input_requests.clear();
-            // Keep the result retrievable for result_retention_ms (policy 11).
-            rec.expires_at_ms = rec.expires_at_ms.max(now + retention);
-            rec.ttl_ms = rec.expires_at_ms.saturating_sub(rec.created_at_ms);
+            conclude(rec, retention);
             true
         });
         match updated {
@@ -268,6 +263,16 @@ impl Engine {
         }
         self.changed(task_id);
     }
+}
+
+/// Bookkeeping of every move to a terminal state: no input is outstanding any more,
+/// and the result stays retrievable for `result_retention_ms` (policy 11).
+pub fn conclude(rec: &mut TaskRecord, retention_ms: u64) {
+    let now = now_ms();
+    rec.last_updated_at_ms = now;
+    rec.input_requests.clear();
+    rec.expires_at_ms = rec.expires_at_ms.max(now + retention_ms);
+    rec.ttl_ms = rec.expires_at_ms.saturating_sub(rec.created_at_ms);
 }
 
 /// Mark a record failed with a JSON-RPC error.

@@ -4,6 +4,7 @@
 
 use serde_json::{Map, Value};
 
+use super::driver::conclude;
 use super::{Engine, ids, snapshot};
 use crate::auth::Principal;
 use crate::front::results::add_server_info;
@@ -148,14 +149,10 @@ impl Engine {
             if r.status.is_terminal() {
                 return false;
             }
-            let now = now_ms();
             r.status = TaskStatus::Cancelled;
             r.status_message = Some("cancelled by the client".into());
             r.cancel_requested = true;
-            r.input_requests.clear();
-            r.last_updated_at_ms = now;
-            r.expires_at_ms = r.expires_at_ms.max(now + retention);
-            r.ttl_ms = r.expires_at_ms.saturating_sub(r.created_at_ms);
+            conclude(r, retention);
             true
         });
         r.map_err(|e| RpcError::internal(e.to_string()))?;

@@ -7,7 +7,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::Engine;
-use super::driver::fail;
+use super::driver::{conclude, fail};
 use crate::protocol::RpcError;
 use crate::store::{StoreError, now_ms};
 
@@ -26,13 +26,7 @@ impl Engine {
                         return false;
                     }
                     fail(rec, &err);
-                    let now = now_ms();
-                    rec.last_updated_at_ms = now;
-                    rec.input_requests.clear();
-                    rec.expires_at_ms = rec
-                        .expires_at_ms
-                        .max(now + self.cfg.tasks.result_retention_ms);
-                    rec.ttl_ms = rec.expires_at_ms.saturating_sub(rec.created_at_ms);
+                    conclude(rec, self.cfg.tasks.result_retention_ms);
                     true
                 })?;
                 if r.is_some() {
