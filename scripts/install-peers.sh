@@ -12,6 +12,8 @@
 #                           pinned by scripts/peers/npm/package-lock.json
 #   .peers/venv-mcp130/     python venv with mcp==1.30.0 (+ pinned deps) for the
 #                           legacy fixture upstream tests/fixtures/conformance_upstream.py
+#   .peers/venv-fastmcp/    python venv with fastmcp[tasks]==4.1.4 (+ pinned deps): the
+#                           2026-07-28 + tasks client of tests/peers/fastmcp_client.py
 #
 # Afterwards: export PATH="$ROOT/.peers/node22/node_modules/.bin:$PATH"
 # Env: PEERS_FORCE=1 reinstalls everything; PEERS_RETRIES (default 4).
@@ -110,5 +112,7 @@ venv() {
 }
 venv venv-mcp130 "$SRC/requirements-mcp130.txt"
 "$PEERS/venv-mcp130/bin/python" -c 'import importlib.metadata as m; print("mcp", m.version("mcp"))'
+venv venv-fastmcp "$SRC/requirements-fastmcp.txt"
+"$PEERS/venv-fastmcp/bin/python" -c 'import importlib.metadata as m, fastmcp_tasks; print("fastmcp", m.version("fastmcp"), "fastmcp-tasks", m.version("fastmcp-tasks"))'
 
 log "done: export PATH=\"$PEERS/node22/node_modules/.bin:\$PATH\""

@@ -56,6 +56,8 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// A child that stayed up this long resets the backoff (it was not crash-looping).
 const STABLE_UPTIME: Duration = Duration::from_secs(10);
 /// Bound on the `initialize` round trip (covers slow `npx`/`uvx` cold starts).
+/// Quiet period between `initialized` and a child's first call (see `spawn_child`).
+const SETTLE_AFTER_INIT: Duration = Duration::from_millis(750);
 const INIT_TIMEOUT: Duration = Duration::from_secs(60);
 /// Shutdown: how long a child gets after stdin EOF, then after SIGTERM.
 const STDIN_EOF_GRACE: Duration = Duration::from_millis(500);
@@ -817,6 +819,18 @@ async fn spawn_child(shared: &Arc<Shared>) -> Result<Arc<Child>, String> {
         Ok(info) => {
             if let Ok(mut i) = child.info.lock() {
                 *i = Some(info);
+            }
+            // Attribution is a security boundary (policy 14): servers send unsolicited
+            // requests right after `initialized` (server-everything asks `roots/list`
+            // ~350 ms later). A child gets its first call only after this settle
+            // window, so such a request is answered as unowned instead of being
+            // blamed on — or shown to — whichever client's call happens to run.
+            tokio::select! {
+                () = tokio::time::sleep(SETTLE_AFTER_INIT) => {}
+                () = shared.shutdown.cancelled() => {
+                    child.kill();
+                    return Err("gateway is shutting down".into());
+                }
             }
             tracing::info!(upstream = %shared.name(), pid, "stdio child ready");
             Ok(child)

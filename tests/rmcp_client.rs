@@ -1,0 +1,275 @@
+//! A real third-party 2026-07-28 + Tasks client end to end: the Rust MCP SDK `rmcp`
+//! 3.11 (dev-dependency; `server/discover` lifecycle, Streamable HTTP via reqwest,
+//! bearer token through `auth_header`) against the gateway fronting the bundled demo
+//! legacy upstream over stdio. rmcp parses every result into its typed model, so these
+//! tests also prove the gateway's wire shapes are what a real SDK accepts.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ClientCapabilities,
+    ClientConfig, GetTaskParams, Implementation, InputResponses, ProtocolVersion, TaskPayload,
+    TaskStatus, UpdateTaskParams,
+};
+use rmcp::service::{ClientLifecycleMode, ClientServiceExt, RoleClient, RunningService};
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use serde_json::{Value, json};
+
+use common::*;
+
+/// Gateway in front of the demo stdio upstream, JWT auth, tasks after 200 ms.
+async fn gateway() -> Gateway {
+    let body = format!(
+        "{}[tasks]\npromote_after_ms = 200\npoll_interval_ms = 100\n{}",
+        jwt_auth(),
+        demo_stdio_upstream("")
+    );
+    let gw = Gateway::start(&body).await;
+    gw.wait_ready().await;
+    gw
+}
+
+/// An rmcp client in `Discover` lifecycle mode (2026-07-28), declaring the tasks
+/// extension (and, with `elicitation`, the elicitation capability).
+async fn client(gw: &Gateway, elicitation: bool) -> RunningService<RoleClient, ClientConfig> {
+    // The typed builder (`ClientCapabilities::builder().enable_tasks()`) is only
+    // compiled with rmcp's `server`/`macros` features; the wire form is the same.
+    let mut caps = json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
+    if elicitation {
+        caps["elicitation"] = json!({});
+    }
+    let caps: ClientCapabilities = serde_json::from_value(caps).unwrap();
+    assert!(caps.supports_tasks());
+    let info = ClientConfig::new(caps, Implementation::new("taskgate-rmcp-test", "0.1.0"));
+    let transport = StreamableHttpClientTransport::from_config(
+        StreamableHttpClientTransportConfig::with_uri(gw.url("/mcp"))
+            .auth_header(token("rmcp-user", "acme")),
+    );
+    info.serve_with_lifecycle(
+        transport,
+        ClientLifecycleMode::Discover {
+            preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("rmcp discover failed: {e:?}\n{}", gw.proc.log_text()))
+}
+
+fn args(v: Value) -> rmcp::model::JsonObject {
+    serde_json::from_value(v).unwrap()
+}
+
+/// `tasks/get` through rmcp until the status is `until` or terminal.
+async fn poll(
+    c: &RunningService<RoleClient, ClientConfig>,
+    id: &str,
+    until: TaskStatus,
+    gw: &Gateway,
+) -> rmcp::model::DetailedTask {
+    let start = Instant::now();
+    let mut wait = 100;
+    loop {
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+        match c.peer().get_task(GetTaskParams::new(id)).await {
+            Ok(r) => {
+                let t = r.task;
+                if t.status() == until || t.status().is_terminal() {
+                    return t;
+                }
+                wait = t.task.poll_interval_ms.unwrap_or(200).clamp(50, 2000) + 20;
+            }
+            // A poll faster than the advertised interval is answered 429 / -32005.
+            Err(e) if format!("{e:?}").contains("32005") => wait = 500,
+            Err(e) => panic!("tasks/get {id}: {e:?}\n{}", gw.proc.log_text()),
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "task {id} never reached {until:?}\n{}",
+            gw.proc.log_text()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rmcp_discover_list_and_inline_call() {
+    let gw = gateway().await;
+    let c = client(&gw, false).await;
+    let tools = c.list_tools(None).await.expect("tools/list");
+    let names: Vec<String> = tools.tools.iter().map(|t| t.name.to_string()).collect();
+    for n in ["echo", "sleep", "elicit"] {
+        assert!(names.iter().any(|x| x == n), "{n} not in {names:?}");
+    }
+    // A fast call stays inline even for a tasks client.
+    let r = c
+        .call_tool_once(
+            CallToolRequestParams::new("echo").with_arguments(args(json!({"text": "hi rmcp"}))),
+        )
+        .await
+        .expect("echo");
+    match r {
+        CallToolResponse::Complete(res) => {
+            assert_eq!(res.content[0].as_text().unwrap().text, "hi rmcp")
+        }
+        other => panic!("expected inline result, got {other:?}"),
+    }
+    c.cancel().await.ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rmcp_task_create_poll_result() {
+    let gw = gateway().await;
+    let c = client(&gw, false).await;
+    let r = c
+        .call_tool_once(
+            CallToolRequestParams::new("sleep").with_arguments(args(json!({"ms": 1500}))),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("sleep: {e:?}\n{}", gw.proc.log_text()));
+    let created = match r {
+        CallToolResponse::Task(t) => t,
+        other => panic!("expected a task, got {other:?}"),
+    };
+    let id = created.task.task_id.clone();
+    assert!(id.starts_with("tsk_"), "{id}");
+    assert!(
+        matches!(created.task.status, TaskStatus::Working),
+        "{:?}",
+        created.task.status
+    );
+    assert!(created.task.poll_interval_ms.is_some());
+
+    let t = poll(&c, &id, TaskStatus::Completed, &gw).await;
+    let TaskPayload::Completed { result } = t.payload else {
+        panic!("expected completed, got {:?}", t.payload)
+    };
+    let result: CallToolResult = serde_json::from_value(Value::Object(result.clone()))
+        .unwrap_or_else(|e| panic!("result not a CallToolResult ({e}): {result:?}"));
+    assert_ne!(result.is_error, Some(true), "{result:?}");
+    assert!(!result.content.is_empty(), "{result:?}");
+    c.cancel().await.ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rmcp_task_input_required_update_completes() {
+    let gw = gateway().await;
+    let c = client(&gw, true).await;
+    let r = c
+        .call_tool_once(
+            CallToolRequestParams::new("elicit")
+                .with_arguments(args(json!({"message": "Favourite colour?"}))),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("elicit: {e:?}\n{}", gw.proc.log_text()));
+    let created = match r {
+        CallToolResponse::Task(t) => t,
+        other => panic!("expected a task, got {other:?}"),
+    };
+    let id = created.task.task_id.clone();
+
+    let t = poll(&c, &id, TaskStatus::InputRequired, &gw).await;
+    let TaskPayload::InputRequired { input_requests } = t.payload else {
+        panic!("expected input_required, got {:?}", t.payload)
+    };
+    assert_eq!(input_requests.len(), 1, "{input_requests:?}");
+    let (key, req) = input_requests.iter().next().unwrap();
+    let req = serde_json::to_value(req).unwrap();
+    assert_eq!(req["method"], "elicitation/create", "{req}");
+    assert_eq!(req["params"]["message"], "Favourite colour?", "{req}");
+
+    let mut answers = InputResponses::new();
+    answers.insert(
+        key.clone(),
+        json!({"action": "accept", "content": {"answer": "octarine"}}),
+    );
+    c.peer()
+        .update_task(UpdateTaskParams::new(id.clone(), answers))
+        .await
+        .unwrap_or_else(|e| panic!("tasks/update: {e:?}\n{}", gw.proc.log_text()));
+
+    let t = poll(&c, &id, TaskStatus::Completed, &gw).await;
+    let TaskPayload::Completed { result } = t.payload else {
+        panic!("expected completed, got {:?}", t.payload)
+    };
+    let result: CallToolResult = serde_json::from_value(Value::Object(result)).unwrap();
+    let text = &result.content[0].as_text().unwrap().text;
+    assert!(
+        text.contains("accept") && text.contains("octarine"),
+        "{text}"
+    );
+    c.cancel().await.ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rmcp_task_cancel() {
+    let gw = gateway().await;
+    let c = client(&gw, false).await;
+    let r = c
+        .call_tool_once(
+            CallToolRequestParams::new("sleep").with_arguments(args(json!({"ms": 20000}))),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("sleep: {e:?}\n{}", gw.proc.log_text()));
+    let created = match r {
+        CallToolResponse::Task(t) => t,
+        other => panic!("expected a task, got {other:?}"),
+    };
+    let id = created.task.task_id.clone();
+    c.peer()
+        .cancel_task(CancelTaskParams::new(id.clone()))
+        .await
+        .unwrap_or_else(|e| panic!("tasks/cancel: {e:?}\n{}", gw.proc.log_text()));
+    let t = poll(&c, &id, TaskStatus::Cancelled, &gw).await;
+    assert_eq!(t.status(), TaskStatus::Cancelled, "{t:?}");
+    // Cancelling a terminal task acks again and changes nothing.
+    c.peer()
+        .cancel_task(CancelTaskParams::new(id.clone()))
+        .await
+        .expect("second cancel acks");
+    let again = c.peer().get_task(GetTaskParams::new(id.clone())).await;
+    if let Ok(again) = again {
+        assert_eq!(again.task.status(), TaskStatus::Cancelled);
+    }
+    c.cancel().await.ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rmcp_foreign_task_is_not_found() {
+    let gw = gateway().await;
+    let owner = client(&gw, false).await;
+    let r = owner
+        .call_tool_once(
+            CallToolRequestParams::new("sleep").with_arguments(args(json!({"ms": 3000}))),
+        )
+        .await
+        .expect("sleep");
+    let CallToolResponse::Task(created) = r else {
+        panic!("expected a task")
+    };
+    // Another principal (different token) sees "not found" for the same id.
+    let caps: ClientCapabilities =
+        serde_json::from_value(json!({"extensions": {"io.modelcontextprotocol/tasks": {}}}))
+            .unwrap();
+    let other = ClientConfig::new(caps, Implementation::new("intruder", "0"))
+        .serve_with_lifecycle(
+            StreamableHttpClientTransport::from_config(
+                StreamableHttpClientTransportConfig::with_uri(gw.url("/mcp"))
+                    .auth_header(token("mallory", "acme")),
+            ),
+            ClientLifecycleMode::Discover {
+                preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+            },
+        )
+        .await
+        .expect("second client");
+    let e = other
+        .peer()
+        .get_task(GetTaskParams::new(created.task.task_id.clone()))
+        .await
+        .expect_err("foreign task must not be visible");
+    assert!(format!("{e:?}").contains("32602"), "{e:?}");
+    owner.cancel().await.ok();
+    other.cancel().await.ok();
+}

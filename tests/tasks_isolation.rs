@@ -1,0 +1,387 @@
+//! Who may see a task, and for how long (design.md policies 7, 9, 11, 15; spec B5–B9,
+//! B13–B15): tenant/subject isolation with replies indistinguishable from "not
+//! found", owner listen streams, idempotency keys, and expiry with owner-only
+//! tombstones.
+
+mod common;
+mod tasks_support;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use serde_json::{Value, json};
+use tasks_support::*;
+
+// ---------------------------------------------------------------------------------
+// Ownership
+// ---------------------------------------------------------------------------------
+
+/// `(status, raw body)` of `method` on `task_id` for client `c` (JSON-RPC id 1).
+async fn probe(c: &Client2026, method: &str, task_id: &str) -> (u16, Bytes, Value) {
+    let params = match method {
+        "tasks/update" => json!({
+            "taskId": task_id,
+            "inputResponses": {"elicitation-1": {"action": "accept", "content": {"answer": "pwned"}}}
+        }),
+        _ => json!({"taskId": task_id}),
+    };
+    let r = send_retrying(c, method, params).await;
+    let v = msg(&r);
+    (r.status, r.body.clone(), v)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_ids_are_indistinguishable_from_unknown_ids() {
+    let tools = "[upstream.tools.sleep]\npromote_after_ms = 0\n";
+    let gw = start_ready(&stdio_body("", tools)).await;
+    let alice = tasks_client(&gw, "alice", "acme");
+    let id = task_id(&create_task(&alice, "sleep", json!({"ms": 2000})).await);
+    let unknown = never_issued_id();
+
+    let strangers = [
+        ("bob", "other"),
+        ("alice", "other"), // same subject, other tenant
+        ("bob", "acme"),    // same tenant, other subject
+    ];
+    for (sub, tenant) in strangers {
+        let s = tasks_client(&gw, sub, tenant);
+        for method in ["tasks/get", "tasks/update", "tasks/cancel"] {
+            let (st_f, body_f, v_f) = probe(&s, method, &id).await;
+            let (st_u, body_u, v_u) = probe(&s, method, &unknown).await;
+            assert_eq!(
+                v_f["error"]["code"], -32602,
+                "{sub}@{tenant} {method}: {v_f}"
+            );
+            assert!(
+                v_f.get("result").is_none(),
+                "{sub}@{tenant} {method}: {v_f}"
+            );
+            assert_eq!(st_f, st_u, "{sub}@{tenant} {method}: status differs");
+            assert_eq!(
+                v_f["error"], v_u["error"],
+                "{sub}@{tenant} {method}: error objects differ"
+            );
+            assert_eq!(
+                body_f, body_u,
+                "{sub}@{tenant} {method}: bodies are not byte-identical"
+            );
+        }
+    }
+
+    // Malformed ids: "malformed task id", for every method.
+    for method in ["tasks/get", "tasks/update", "tasks/cancel"] {
+        let (_, _, v) = probe(&alice, method, "gate-test").await;
+        assert_eq!(v["error"]["code"], -32602, "{method}: {v}");
+        assert_eq!(v["error"]["message"], "malformed task id", "{method}: {v}");
+    }
+
+    // A stranger's listen silently drops the foreign id.
+    let bob = tasks_client(&gw, "bob", "other");
+    let mut l = SseStream::listen(
+        &bob,
+        json!("bob-listen"),
+        json!({"taskIds": [id.clone(), unknown.clone()]}),
+    )
+    .await;
+    assert_eq!(l.status, 200);
+    let ack = l.next(Duration::from_secs(10)).await.expect("listen ack");
+    assert_eq!(
+        ack["method"], "notifications/subscriptions/acknowledged",
+        "{ack}"
+    );
+    assert_eq!(
+        ack["params"]["notifications"]["taskIds"],
+        json!([]),
+        "{ack}"
+    );
+    assert_eq!(ack["params"]["_meta"][SUB_ID], "bob-listen", "{ack}");
+    drop(l);
+
+    // The owner's task is untouched by all of the above.
+    let now = ok_result(&tasks_get(&alice, &id).await);
+    assert!(
+        now["status"] == "working" || now["status"] == "completed",
+        "foreign cancel/update changed the task: {now}"
+    );
+    let done = poll_terminal(&alice, &id).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(first_text(&done["result"]), "slept 2000 ms");
+}
+
+// ---------------------------------------------------------------------------------
+// subscriptions/listen
+// ---------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owner_listen_streams_snapshots_and_drop_cancels_nothing() {
+    let tools = "[upstream.tools.sleep]\npromote_after_ms = 0\n";
+    let gw = start_ready(&stdio_body("", tools)).await;
+    let alice = tasks_client(&gw, "alice", "acme");
+    let unknown = never_issued_id();
+
+    // T1: listened to briefly, then the stream is dropped.
+    let t1 = task_id(&create_task(&alice, "sleep", json!({"ms": 3000, "steps": 3})).await);
+    let mut l1 = SseStream::listen(&alice, json!("l1"), json!({"taskIds": [t1.clone()]})).await;
+    let ack = l1.next(Duration::from_secs(10)).await.expect("l1 ack");
+    assert_eq!(
+        ack["method"], "notifications/subscriptions/acknowledged",
+        "{ack}"
+    );
+    assert_eq!(
+        ack["params"]["notifications"]["taskIds"],
+        json!([t1.clone()])
+    );
+    drop(l1);
+
+    // T2: listened to until it completes.
+    let t2 = task_id(&create_task(&alice, "sleep", json!({"ms": 3000, "steps": 3})).await);
+    let mut l2 = SseStream::listen(
+        &alice,
+        json!(77),
+        json!({"taskIds": [t2.clone(), unknown.clone()]}),
+    )
+    .await;
+    assert_eq!(l2.status, 200);
+    assert!(
+        l2.headers
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|c| c.starts_with("text/event-stream")),
+        "{:?}",
+        l2.headers
+    );
+    let ack = l2.next(Duration::from_secs(10)).await.expect("l2 ack");
+    assert_eq!(
+        ack["method"], "notifications/subscriptions/acknowledged",
+        "{ack}"
+    );
+    assert!(ack.get("id").is_none(), "{ack}");
+    assert_eq!(ack["params"]["_meta"][SUB_ID], 77, "{ack}");
+    assert_eq!(
+        ack["params"]["notifications"]["taskIds"],
+        json!([t2.clone()]),
+        "only the caller's own known ids are acknowledged: {ack}"
+    );
+
+    let mut snapshots: Vec<Value> = Vec::new();
+    loop {
+        let Some(n) = l2.next(Duration::from_secs(60)).await else {
+            panic!("listen stream ended or stalled; got {snapshots:?}");
+        };
+        assert_eq!(n["method"], "notifications/tasks", "{n}");
+        let p = &n["params"];
+        assert_eq!(p["_meta"][SUB_ID], 77, "every notification is tagged: {n}");
+        assert_eq!(p["taskId"], t2.as_str(), "only the subscribed task: {n}");
+        assert!(p.get("resultType").is_none(), "{n}");
+        for k in ["status", "createdAt", "lastUpdatedAt", "ttlMs"] {
+            assert!(p.get(k).is_some(), "snapshot misses {k}: {n}");
+        }
+        snapshots.push(p.clone());
+        if is_terminal(p["status"].as_str().unwrap_or_default()) {
+            break;
+        }
+    }
+    let last = snapshots.last().unwrap();
+    assert_eq!(last["status"], "completed", "{last}");
+    assert_eq!(
+        last["result"],
+        json!({"content": [{"type": "text", "text": "slept 3000 ms"}]}),
+        "{last}"
+    );
+    // The snapshot equals what tasks/get returns (minus resultType and _meta).
+    let got = ok_result(&tasks_get(&alice, &t2).await);
+    for k in [
+        "taskId",
+        "status",
+        "result",
+        "createdAt",
+        "lastUpdatedAt",
+        "ttlMs",
+    ] {
+        assert_eq!(got[k], last[k], "{k}: get {got} vs notification {last}");
+    }
+    drop(l2);
+
+    // Dropping l1 cancelled nothing.
+    let d1 = poll_terminal(&alice, &t1).await;
+    assert_eq!(d1["status"], "completed", "{d1}");
+    assert_eq!(first_text(&d1["result"]), "slept 3000 ms");
+}
+
+// ---------------------------------------------------------------------------------
+// Idempotency
+// ---------------------------------------------------------------------------------
+
+async fn call_keyed(c: &Client2026, key: &str, rpc_id: Value, args: Value) -> Resp {
+    let params = json!({"name": "counter", "arguments": args});
+    let mut h = c.headers("tools/call", &params);
+    h.push(("idempotency-key", key.to_string()));
+    let body = c.body(rpc_id, "tools/call", &params);
+    raw(&c.url, "POST", &h, Bytes::from(body.to_string()))
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idempotency_key_returns_the_same_task_and_runs_once() {
+    // HTTP upstream: one demo process, so its counters see every execution.
+    let (_up, url) = start_demo_http().await;
+    let gw = start_ready(&http_body(&url, "", "")).await;
+    let alice = tasks_client(&gw, "alice", "acme");
+    let plain = plain_client(&gw, "alice", "acme", json!({}));
+
+    // Sequential duplicates → the same task; a keyed call is always a task.
+    let r1 = ok_result(&call_keyed(&alice, "k1", json!(1), json!({"key": "idem"})).await);
+    assert_eq!(
+        r1["resultType"], "task",
+        "a keyed call is always a task: {r1}"
+    );
+    let id1 = task_id(&r1);
+    let r2 = ok_result(&call_keyed(&alice, "k1", json!(2), json!({"key": "idem"})).await);
+    assert_eq!(r2["resultType"], "task", "{r2}");
+    assert_eq!(
+        task_id(&r2),
+        id1,
+        "duplicate key must return the existing task"
+    );
+    let done = poll_terminal(&alice, &id1).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(first_text(&done["result"]), "count=1", "{done}");
+    // A duplicate after completion still returns the same task.
+    let r3 = ok_result(&call_keyed(&alice, "k1", json!(3), json!({"key": "idem"})).await);
+    assert_eq!(task_id(&r3), id1);
+
+    // 8 concurrent duplicates of a fresh key → one task.
+    let mut joins = Vec::new();
+    for i in 0..8 {
+        let c = tasks_client(&gw, "alice", "acme");
+        joins.push(tokio::spawn(async move {
+            let r = call_keyed(&c, "k2", json!(100 + i), json!({"key": "idem2"})).await;
+            let res = ok_result(&r);
+            assert_eq!(res["resultType"], "task", "#{i}: {res}");
+            task_id(&res)
+        }));
+    }
+    let mut ids = HashSet::new();
+    for j in joins {
+        ids.insert(j.await.expect("keyed call panicked"));
+    }
+    assert_eq!(
+        ids.len(),
+        1,
+        "concurrent duplicates created several tasks: {ids:?}"
+    );
+    let id2 = ids.into_iter().next().unwrap();
+    let done = poll_terminal(&alice, &id2).await;
+    assert_eq!(first_text(&done["result"]), "count=1", "{done}");
+
+    // The upstream ran each keyed call exactly once.
+    let c = plain.call_tool("counter", json!({"key": "idem"})).await;
+    assert_eq!(first_text(&ok_result(&c)), "count=2");
+    let c = plain.call_tool("counter", json!({"key": "idem2"})).await;
+    assert_eq!(first_text(&ok_result(&c)), "count=2");
+
+    // Same key, different arguments → -32602.
+    let v = msg(&call_keyed(&alice, "k1", json!(9), json!({"key": "different"})).await);
+    assert_eq!(v["error"]["code"], -32602, "{v}");
+    assert_eq!(v["id"], 9);
+
+    // Keys are scoped to the principal: bob's "k1" is his own task.
+    let bob = tasks_client(&gw, "bob", "other");
+    let rb = ok_result(&call_keyed(&bob, "k1", json!(10), json!({"key": "idem"})).await);
+    assert_eq!(rb["resultType"], "task", "{rb}");
+    assert_ne!(task_id(&rb), id1, "a key must not cross principals");
+    poll_terminal(&bob, &task_id(&rb)).await;
+
+    // A key from a client without the extension → 400 -32021.
+    let r = call_keyed(&plain, "k3", json!(11), json!({"key": "idem3"})).await;
+    let v = msg(&r);
+    assert_eq!(r.status, 400, "{v}");
+    assert_eq!(v["error"]["code"], -32021, "{v}");
+    assert_eq!(
+        v["error"]["data"]["requiredCapabilities"]["extensions"][TASKS_EXT],
+        json!({}),
+        "{v}"
+    );
+    // …and nothing ran upstream.
+    let c = plain.call_tool("counter", json!({"key": "idem3"})).await;
+    assert_eq!(first_text(&ok_result(&c)), "count=1");
+}
+
+// ---------------------------------------------------------------------------------
+// Expiry
+// ---------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_task_owner_sees_expired_stranger_sees_not_found() {
+    let tools = "[upstream.tools.sleep]\npromote_after_ms = 0\n";
+    let body = stdio_body("ttl_ms = 1500\nresult_retention_ms = 1", tools);
+    let gw = start_with_store("sweep_interval_ms = 200", &body).await;
+    let alice = tasks_client(&gw, "alice", "acme");
+    let bob = tasks_client(&gw, "bob", "other");
+
+    let created = create_task(&alice, "sleep", json!({"ms": 50})).await;
+    let id = task_id(&created);
+    assert_eq!(created["ttlMs"], 1500, "{created}");
+    // Never expired early: readable right after creation.
+    let first = ok_result(&tasks_get(&alice, &id).await);
+    assert_eq!(first["taskId"], id.as_str());
+
+    // Poll until it is gone; it must complete first, and every successful read
+    // advertises at least the configured ttl.
+    let mut completed = false;
+    let err = loop {
+        let v = msg(&tasks_get(&alice, &id).await);
+        if let Some(e) = v.get("error") {
+            break e.clone();
+        }
+        let r = &v["result"];
+        assert!(r["ttlMs"].as_u64().is_some_and(|t| t >= 1500), "{r}");
+        if r["status"] == "completed" {
+            assert_eq!(first_text(&r["result"]), "slept 50 ms");
+            completed = true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        completed,
+        "the task expired before it was ever seen completed"
+    );
+    assert_eq!(err["code"], -32602, "{err}");
+    assert_eq!(err["message"], "task expired", "{err}");
+
+    // A stranger sees exactly "not found".
+    let (_, body_f, v_f) = probe(&bob, "tasks/get", &id).await;
+    let (_, body_u, _) = probe(&bob, "tasks/get", &never_issued_id()).await;
+    assert_eq!(v_f["error"]["message"], "task not found", "{v_f}");
+    assert_eq!(body_f, body_u);
+
+    // After the sweeper removed the record, the owner's tombstone still says expired.
+    assert!(
+        gw.proc
+            .wait_log("expired tasks swept", Duration::from_secs(30))
+            .await
+            .is_some(),
+        "sweeper never ran:\n{}",
+        gw.proc.log_text()
+    );
+    for method in ["tasks/get", "tasks/cancel", "tasks/update"] {
+        let (_, _, v) = probe(&alice, method, &id).await;
+        assert_eq!(v["error"]["code"], -32602, "{method}: {v}");
+        assert_eq!(v["error"]["message"], "task expired", "{method}: {v}");
+        let (_, body_f, v_f) = probe(&bob, method, &id).await;
+        let (_, body_u, _) = probe(&bob, method, &never_issued_id()).await;
+        assert_eq!(v_f["error"]["message"], "task not found", "{method}: {v_f}");
+        assert_eq!(body_f, body_u, "{method}");
+    }
+    // A listen by the owner does not acknowledge an expired task.
+    let mut l = SseStream::listen(&alice, json!("exp"), json!({"taskIds": [id.clone()]})).await;
+    let ack = l.next(Duration::from_secs(10)).await.expect("ack");
+    assert_eq!(
+        ack["params"]["notifications"]["taskIds"],
+        json!([]),
+        "{ack}"
+    );
+}
