@@ -545,6 +545,22 @@ fn check_result(st: StatusCode, body: &[u8]) -> Outcome {
     }
 }
 
+/// A `tools/call echo` answer that carries the echoed text.
+fn check_echo(st: StatusCode, body: &[u8]) -> Outcome {
+    match check_result(st, body) {
+        Outcome::Ok if !contains(body, b"hello") => Outcome::Error,
+        o => o,
+    }
+}
+
+/// A `tasks/get` answer for one of the seeded (completed) tasks.
+fn check_completed(st: StatusCode, body: &[u8]) -> Outcome {
+    match check_result(st, body) {
+        Outcome::Ok if !contains(body, b"\"status\":\"completed\"") => Outcome::Error,
+        o => o,
+    }
+}
+
 fn check_hello(st: StatusCode, _: &[u8]) -> Outcome {
     if st == StatusCode::OK {
         Outcome::Ok
@@ -868,14 +884,7 @@ fn inline(
                 ),
             )
         });
-        let d = rt.block_on(run_load(
-            c,
-            conc,
-            o.warmup,
-            o.duration,
-            direct,
-            check_result,
-        ));
+        let d = rt.block_on(run_load(c, conc, o.warmup, o.duration, direct, check_echo));
         let mut rows = vec![(
             "direct (legacy, session)".to_string(),
             Some(d.clone()),
@@ -885,7 +894,7 @@ fn inline(
         let b = bearer.clone();
         let via: MakeReq =
             Arc::new(move |n| gw_req(addr, &b, "tools/call", "echo", echo_body_2026(n)));
-        let t = rt.block_on(run_load(c, conc, o.warmup, o.duration, via, check_result));
+        let t = rt.block_on(run_load(c, conc, o.warmup, o.duration, via, check_echo));
         rows.push(("taskgate (2026-07-28 + JWT)".into(), Some(t), None));
         match (&proxy, &proxy_sid) {
             (Ok((_, paddr)), Ok(psid)) => {
@@ -900,7 +909,7 @@ fn inline(
                         ),
                     )
                 });
-                let p = rt.block_on(run_load(c, conc, o.warmup, o.duration, mk, check_result));
+                let p = rt.block_on(run_load(c, conc, o.warmup, o.duration, mk, check_echo));
                 rows.push(("mcp-proxy 0.6.0 (legacy, session)".into(), Some(p), None));
             }
             (Err(e), _) | (_, Err(e)) => {
@@ -1024,7 +1033,7 @@ fn tasks_get(
             o.warmup,
             o.duration,
             get_maker(gw.addr, n, principals),
-            check_result,
+            check_completed,
         ));
         let gcpu = (gw.proc.cpu_secs() - cpu0) * 1e6 / (g.ok + g.errors).max(1) as f64;
         if conc == 32 {
@@ -1159,7 +1168,7 @@ fn scale(
             o.warmup,
             o.duration,
             get_maker(gw.addr, n, 1000),
-            check_result,
+            check_completed,
         ));
         let rss1 = gw.proc.rss();
         rep.row(&[
