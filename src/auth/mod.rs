@@ -219,6 +219,14 @@ impl Authenticator {
         Ok(verified.principal)
     }
 
+    /// Verifies `token` (signature and claims) bypassing the verified-token cache and
+    /// the scope check. For benchmarks; the request path uses [`Self::authenticate`].
+    #[doc(hidden)]
+    pub async fn verify_uncached(&self, token: &str) -> Result<Principal, &'static str> {
+        let verifier = self.verifier.as_ref().ok_or("authentication is disabled")?;
+        verifier.verify(token).await.map(|v| v.principal)
+    }
+
     /// Extracts the bearer token from the single `Authorization` header.
     fn bearer_token<'h>(&self, headers: &'h http::HeaderMap) -> Result<&'h str, AuthFailure> {
         let mut values = headers.get_all(http::header::AUTHORIZATION).iter();

@@ -258,6 +258,9 @@ pub async fn serve_http(listener: TcpListener) -> anyhow::Result<()> {
                 continue;
             }
         };
+        // SSE answers go out in several writes: without TCP_NODELAY, Nagle plus the
+        // peer's delayed ACK stalls each tools/call by ~40 ms.
+        let _ = stream.set_nodelay(true);
         let state = state.clone();
         tokio::spawn(async move {
             let svc = service_fn(move |req| {
