@@ -252,6 +252,7 @@ impl Engine {
         }
         let (call, events) = start_call(&c.upstream, &c.principal, &c.req, &c.promotion);
         self.launch(&c, &rec, &route, call, events, Vec::new());
+        crate::metrics::promoted(c.upstream.name(), &rec.task_id);
         reply::json(
             StatusCode::OK,
             &crate::protocol::response(&c.req.id, snapshot::create_result(&rec, &c.server_info)),
@@ -308,6 +309,7 @@ impl Engine {
             tokio::select! {
                 r = &mut call => {
                     armed.disarm();
+                    crate::metrics::inline_completion(c.upstream.name());
                     return inline::final_of(&c.req, &c.upstream, &c.server_info, r).into_response();
                 }
                 ev = events.recv(), if events_open => match ev {
@@ -368,6 +370,7 @@ impl Engine {
             events,
             keys.into_iter().zip(senders).collect(),
         );
+        crate::metrics::promoted(c.upstream.name(), &rec.task_id);
         reply::json(
             StatusCode::OK,
             &crate::protocol::response(&c.req.id, snapshot::create_result(&rec, &c.server_info)),
