@@ -139,8 +139,14 @@ impl PollLimiter {
             return;
         };
         if iv <= e.interval {
-            // A smaller interval takes effect at once (the next poll may come sooner).
-            e.tat = e.tat.min(now + iv);
+            // A smaller interval takes effect at once: the last admitted poll now
+            // counts for the smaller interval, so the next may come sooner.
+            let shorter = e.interval - iv;
+            e.tat = e
+                .tat
+                .checked_sub(shorter)
+                .unwrap_or(now)
+                .max(now.min(e.tat));
             e.interval = iv;
             e.advertised_at = now;
         } else if now.saturating_duration_since(e.advertised_at) > recent.max(e.interval) {
@@ -254,6 +260,23 @@ mod tests {
         let t4 = t3 + Duration::from_millis(4000);
         l.advertise(&k, 1000, t4);
         assert!(l.check(&k, t4 + Duration::from_millis(1000)).is_ok());
+    }
+
+    #[test]
+    fn advertising_the_same_interval_keeps_the_schedule() {
+        let t0 = Instant::now();
+        let l = PollLimiter::new(1000, 30_000, 2, 100);
+        let k = key("a");
+        let mut throttled = 0;
+        for i in 0..20u32 {
+            let t = t0 + Duration::from_millis(50) * i;
+            match l.check(&k, t) {
+                Ok(()) => l.advertise(&k, 1000, t),
+                Err(_) => throttled += 1,
+            }
+        }
+        // Admitted at 0 and 50 ms (burst 2), then at 900 ms (1 s − 10 % jitter).
+        assert_eq!(throttled, 17);
     }
 
     #[test]
