@@ -179,7 +179,23 @@ async fn tenant_quota_refuses_before_the_upstream_call() {
     let globex =
         Client2026::new(&s.gw, "/mcp", Some(token("carol", "globex"))).with_caps(tasks_caps());
     let t1 = sleep_task(&acme, 60_000).await;
-    let _t2 = sleep_task(&acme, 60_000).await;
+    // The second one carries an Idempotency-Key.
+    let keyed = || async {
+        let params = json!({"name": "sleep", "arguments": {"ms": 60_000}});
+        let body = acme.body(json!("k"), "tools/call", &params);
+        let mut h = acme.headers("tools/call", &params);
+        h.push(("idempotency-key", "k2".to_string()));
+        raw(&acme.url, "POST", &h, bytes::Bytes::from(body.to_string()))
+            .await
+            .unwrap()
+    };
+    let r = keyed().await;
+    assert_eq!(r.status, 200, "{}", text(&r));
+    let t2 = r.json()["result"]["taskId"].as_str().unwrap().to_string();
+    // At the quota, a duplicate of a keyed call still gets its existing task.
+    let r = keyed().await;
+    assert_eq!(r.status, 200, "{}", text(&r));
+    assert_eq!(r.json()["result"]["taskId"], t2.as_str());
 
     // At the quota: refused, and the counter tool never ran.
     let params = json!({"name": "counter", "arguments": {"key": "quota"}});

@@ -258,14 +258,6 @@ async fn tools_call(
         );
     }
     if req.meta.caps.declares_tasks() && promotion.mode != TaskMode::Never {
-        // ---- limits: tenant quota before the upstream call starts (issue #4) ----
-        if !req.params.contains_key("requestState") {
-            let live = gw.engine.store.live_tasks(&principal.tenant).unwrap_or(0);
-            if let Err(t) = crate::limits::get().check_quota(live) {
-                return t.response(&req.id);
-            }
-        }
-        // ---- end limits ----
         let c = ToolCall {
             upstream: upstream.clone(),
             principal,

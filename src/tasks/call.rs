@@ -172,6 +172,16 @@ impl Engine {
         }
     }
 
+    /// The tenant's live-task quota (issue #4), checked before the upstream call
+    /// starts — after the idempotency lookup, so a duplicate still gets its task.
+    fn over_quota(&self, c: &ToolCall) -> Option<Response<Body>> {
+        let live = self.store.live_tasks(&c.principal.tenant).unwrap_or(0);
+        crate::limits::get()
+            .check_quota(live)
+            .err()
+            .map(|t| t.response(&c.req.id))
+    }
+
     /// Serve a `tools/call` from a client that declared the tasks extension.
     pub async fn tools_call(self: &Arc<Self>, c: ToolCall) -> Response<Body> {
         let tool = c
@@ -202,8 +212,14 @@ impl Engine {
                 Ok(None) => {}
                 Err(e) => return store_failure(&c.req, e),
             }
+            if let Some(r) = self.over_quota(&c) {
+                return r;
+            }
             let rec = self.new_record(&c, &tool, fp.clone(), idem.clone());
             return self.create_then_call(c, rec, Some(index), fp).await;
+        }
+        if let Some(r) = self.over_quota(&c) {
+            return r;
         }
         if c.promotion.promote_after.is_zero() {
             let rec = self.new_record(&c, &tool, fp.clone(), None);
