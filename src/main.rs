@@ -123,6 +123,18 @@ async fn serve(config_path: PathBuf) -> Result<()> {
 
     let store = SledStore::open(&cfg.store)
         .with_context(|| format!("opening the task store at {}", cfg.store.path.display()))?;
+    // Limits and metrics (issue #4): process-wide, installed before any request.
+    taskgate::metrics::install();
+    taskgate::limits::install(&cfg);
+    let store = taskgate::metrics::MeteredStore::wrap(store);
+    let metrics_listener = match &cfg.server.metrics_listen {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding server.metrics_listen {addr}"))?,
+        ),
+        None => None,
+    };
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("binding {listen}"))?;
@@ -166,8 +178,17 @@ async fn serve(config_path: PathBuf) -> Result<()> {
     for u in &cfg.upstreams {
         tracing::info!(upstream = %u.name, path = %u.path, "serving upstream");
     }
+    if let Some(l) = metrics_listener {
+        if let Ok(a) = l.local_addr() {
+            tracing::info!(addr = %a, "metrics on http://{a}/metrics");
+        }
+        tokio::spawn(front::serve_ops(gw.clone(), l, shutdown.clone()));
+    }
     tracing::info!(addr = %local, "taskgate listening on http://{local}");
     front::serve(gw, listener, shutdown).await;
+    // From here a promoted call ended by the upstream shutdown keeps its request
+    // route, so the next start resolves its task (policy 10).
+    taskgate::lifecycle::begin_shutdown();
     tracing::info!("draining done; stopping upstreams");
     upstreams.shutdown().await;
     if let Err(e) = store.flush().await {

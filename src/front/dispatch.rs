@@ -110,6 +110,12 @@ pub async fn dispatch(
         );
     }
 
+    // ---- limits (issue #4): capability → rate limits → params and ownership ----
+    if let Err(t) = check_limits(gw, upstream, &principal, &req) {
+        return t.response(&req.id);
+    }
+    // ---- end limits ----
+
     match req.method.as_str() {
         "server/discover" => reply::json(
             StatusCode::OK,
@@ -141,6 +147,42 @@ pub async fn dispatch(
             inline_or_resume(gw, upstream, principal, req, info.server_info).await
         }
     }
+}
+
+/// Request rate, poll rate and queue room (issue #4). A throttled poll costs no
+/// store read: the limiter runs before the task is resolved, and only for a
+/// well-formed id (a malformed one is rejected by `resolve` without a read).
+fn check_limits(
+    _gw: &Gateway,
+    upstream: &Upstream,
+    principal: &Principal,
+    req: &ValidRequest,
+) -> Result<(), crate::limits::Throttled> {
+    let limits = crate::limits::get();
+    limits.check_request(principal)?;
+    match req.method.as_str() {
+        "tasks/get" => {
+            if let Some(id) = req.params.get("taskId").and_then(Value::as_str)
+                && crate::tasks::ids::is_well_formed(id)
+            {
+                limits.check_poll(principal, id)?;
+            }
+        }
+        // An MRTR retry resumes a call that already holds its slot.
+        "tools/call"
+        | "prompts/get"
+        | "resources/read"
+        | "completion/complete"
+        | "resources/list"
+        | "resources/templates/list"
+        | "prompts/list"
+            if !req.params.contains_key("requestState") =>
+        {
+            limits.check_queue(upstream.name(), upstream.cfg.max_concurrency, principal)?;
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 async fn tasks_method(

@@ -197,6 +197,8 @@ pub async fn screen_inputs(
 /// opt in (spec A10).
 fn client_notification(req: &ValidRequest, ev: CallEvent) -> Option<Value> {
     match ev {
+        // Queue-position reports are for task status, not client progress.
+        CallEvent::Progress(p) if crate::limits::is_queue_event(&p) => None,
         CallEvent::Progress(mut p) => {
             let token = req.meta.progress_token.clone()?;
             let mut params = Map::with_capacity(p.len() + 1);

@@ -195,7 +195,8 @@ async fn relay(
                 t = task_rx.recv(), if !task_ids.is_empty() => match t {
                     Ok(id) if task_ids.contains(&id) => {
                         // A full snapshot, equal to what tasks/get returns now (spec B9).
-                        if let Ok(Some(rec)) = engine.store.get(&id) {
+                        if let Ok(Some(mut rec)) = engine.store.get(&id) {
+                            crate::limits::get().adapt_for_owner(&mut rec);
                             let n = tagged("notifications/tasks", Some(Value::Object(snapshot::detailed(&rec))), sub_id);
                             if tx.send(reply::sse_event(&n)).await.is_err() {
                                 break;

@@ -53,6 +53,7 @@ impl Gateway {
         match path.as_str() {
             "/healthz" => return reply::json(StatusCode::OK, &json!({"status": "ok"})),
             "/readyz" => return self.readyz(),
+            "/metrics" => return metrics_reply(),
             _ => {}
         }
         if let Some(rest) = path.strip_prefix(PRM_PATH) {
@@ -98,11 +99,40 @@ impl Gateway {
         resp
     }
 
-    /// POST on an upstream path, after the Origin/Host check.
+    /// POST on an upstream path, after the Origin/Host check: one log line and one
+    /// metrics sample per request (issue #4 items 6, 8). Never logs tokens.
     async fn handle_mcp(
         self: Arc<Self>,
         req: Request<Incoming>,
         upstream: Arc<crate::upstream::Upstream>,
+    ) -> Response<Body> {
+        let started = std::time::Instant::now();
+        let mut log = ReqLog::default();
+        let upstream_name = upstream.name().to_string();
+        let resp = self.handle_mcp_inner(req, upstream, &mut log).await;
+        let status = resp.status().as_u16();
+        let elapsed = started.elapsed();
+        let method = log.method.as_deref().unwrap_or("-");
+        crate::metrics::request(method, status, elapsed);
+        tracing::info!(
+            target: "taskgate::request",
+            upstream = %upstream_name,
+            method,
+            tenant = log.tenant.as_deref().unwrap_or("-"),
+            subject = log.subject.as_deref().unwrap_or("-"),
+            task = log.task_id.as_deref().unwrap_or("-"),
+            status,
+            duration_ms = elapsed.as_secs_f64() * 1000.0,
+            "request"
+        );
+        resp
+    }
+
+    async fn handle_mcp_inner(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        upstream: Arc<crate::upstream::Upstream>,
+        log: &mut ReqLog,
     ) -> Response<Body> {
         if req.method() != Method::POST {
             return method_not_allowed("POST");
@@ -113,7 +143,11 @@ impl Gateway {
             .authenticate(req.headers(), req.uri().query())
             .await
         {
-            Ok(p) => p,
+            Ok(p) => {
+                log.tenant = Some(p.tenant.clone());
+                log.subject = Some(p.subject.clone());
+                p
+            }
             Err(f) => {
                 let mut r = reply::json(f.status, &f.body());
                 if let Ok(v) = HeaderValue::from_str(&f.www_authenticate) {
@@ -186,6 +220,14 @@ impl Gateway {
             Ok(wire::Incoming::Request(r)) => r,
             Err(rej) => return reply::rpc_error(rej.status, rej.id.as_ref(), &rej.error),
         };
+        log.method = Some(valid.method.clone());
+        if valid.method.starts_with("tasks/") {
+            log.task_id = valid
+                .params
+                .get("taskId")
+                .and_then(serde_json::Value::as_str)
+                .map(|t| t.chars().take(64).collect());
+        }
         dispatch::dispatch(&self, &upstream, principal, *valid).await
     }
 
@@ -248,6 +290,60 @@ impl Gateway {
         );
         h.insert(header::VARY, HeaderValue::from_static("Origin"));
         r
+    }
+}
+
+/// What the per-request log line says about a request (filled as it is checked).
+#[derive(Default)]
+struct ReqLog {
+    method: Option<String>,
+    tenant: Option<String>,
+    subject: Option<String>,
+    task_id: Option<String>,
+}
+
+/// `GET /metrics`: Prometheus text format, no token (design.md defaults).
+fn metrics_reply() -> Response<Body> {
+    let mut r = Response::new(reply::full(crate::metrics::render()));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    r
+}
+
+/// The optional `server.metrics_listen` listener: `/metrics`, `/healthz` and
+/// `/readyz` only.
+pub async fn serve_ops(gw: Arc<Gateway>, listener: TcpListener, shutdown: CancellationToken) {
+    loop {
+        let (stream, _) = tokio::select! {
+            () = shutdown.cancelled() => break,
+            a = listener.accept() => match a {
+                Ok(a) => a,
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let gw = gw.clone();
+        let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+            let gw = gw.clone();
+            async move {
+                let r = match req.uri().path() {
+                    "/metrics" => metrics_reply(),
+                    "/healthz" => reply::json(StatusCode::OK, &json!({"status": "ok"})),
+                    "/readyz" => gw.readyz(),
+                    _ => reply::empty(StatusCode::NOT_FOUND),
+                };
+                Ok::<_, Infallible>(r)
+            }
+        });
+        tokio::spawn(async move {
+            let _ = auto::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
     }
 }
 

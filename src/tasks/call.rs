@@ -189,6 +189,16 @@ impl Engine {
         }
     }
 
+    /// The tenant's live-task quota (issue #4), checked before the upstream call
+    /// starts — after the idempotency lookup, so a duplicate still gets its task.
+    fn over_quota(&self, c: &ToolCall) -> Option<Response<Body>> {
+        let live = self.store.live_tasks(&c.principal.tenant).unwrap_or(0);
+        crate::limits::get()
+            .check_quota(live)
+            .err()
+            .map(|t| t.response(&c.req.id))
+    }
+
     /// Serve a `tools/call` from a client that declared the tasks extension.
     pub async fn tools_call(self: &Arc<Self>, c: ToolCall) -> Response<Body> {
         let (tool, args, fp) = tool_args(&c.req);
@@ -206,8 +216,14 @@ impl Engine {
                 Ok(None) => {}
                 Err(e) => return store_failure(&c.req, e),
             }
+            if let Some(r) = self.over_quota(&c) {
+                return r;
+            }
             let rec = self.new_record(&c, &tool, fp.clone(), idem.clone());
             return self.create_then_call(c, rec, Some(index), fp).await;
+        }
+        if let Some(r) = self.over_quota(&c) {
+            return r;
         }
         if c.promotion.promote_after.is_zero() {
             let rec = self.new_record(&c, &tool, fp.clone(), None);
@@ -243,6 +259,7 @@ impl Engine {
         }
         let (call, events) = start_call(&c.upstream, &c.principal, &c.req, &c.promotion);
         self.launch(&c, &rec, &route, call, events, Vec::new());
+        crate::metrics::promoted(c.upstream.name(), &rec.task_id);
         reply::json(
             StatusCode::OK,
             &crate::protocol::response(&c.req.id, snapshot::create_result(&rec, &c.server_info)),
@@ -299,6 +316,7 @@ impl Engine {
             tokio::select! {
                 r = &mut call => {
                     armed.disarm();
+                    crate::metrics::inline_completion(c.upstream.name());
                     return inline::final_of(&c.req, &c.upstream, &c.server_info, r).into_response();
                 }
                 ev = events.recv(), if events_open => match ev {
@@ -359,6 +377,7 @@ impl Engine {
             events,
             keys.into_iter().zip(senders).collect(),
         );
+        crate::metrics::promoted(c.upstream.name(), &rec.task_id);
         reply::json(
             StatusCode::OK,
             &crate::protocol::response(&c.req.id, snapshot::create_result(&rec, &c.server_info)),

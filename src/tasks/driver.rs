@@ -180,6 +180,11 @@ impl Engine {
         loop {
             tokio::select! {
                 r = &mut call => {
+                    // Stopping: keep the request route so the next start resolves
+                    // the task (issue #4 item 9).
+                    if crate::lifecycle::shutting_down() {
+                        return;
+                    }
                     if let Some(apply) = self.outcome_applier(&upstream, r) {
                         self.settle(&task_id, apply).await;
                     }
@@ -230,6 +235,9 @@ impl Engine {
     }
 
     fn on_progress(&self, task_id: &str, p: &Map<String, Value>) {
+        if !crate::limits::is_queue_event(p) {
+            crate::limits::get().progress_seen(task_id);
+        }
         let msg = progress_message(p);
         let r = self.store.update(task_id, &mut |rec| {
             if rec.status.is_terminal() {

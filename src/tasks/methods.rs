@@ -74,7 +74,9 @@ impl Engine {
         params: &Map<String, Value>,
         server_info: &Value,
     ) -> Result<Value, RpcError> {
-        let rec = self.resolve(principal, upstream, params)?;
+        let mut rec = self.resolve(principal, upstream, params)?;
+        // Adaptive pollIntervalMs, remembered as advertised (issue #4).
+        crate::limits::get().adapt(principal, &mut rec);
         Ok(snapshot::get_result(&rec, server_info))
     }
 

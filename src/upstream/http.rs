@@ -488,6 +488,9 @@ impl HttpUpstream {
                     version = session.version.as_deref().unwrap_or("-"),
                     "upstream initialized"
                 );
+                if session.generation > 1 {
+                    crate::metrics::upstream_restart(&self.name, "http_reinit");
+                }
                 tokio::spawn(listen(self.me.clone(), session.clone(), self.stop.clone()));
                 Ok(session)
             }

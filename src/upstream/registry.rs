@@ -166,9 +166,22 @@ impl Upstream {
         spec: CallSpec,
         events: mpsc::Sender<CallEvent>,
     ) -> Result<CallOutcome, UpstreamError> {
+        // ---- limits: per-upstream concurrency with fair queueing (issue #4) ----
+        let _permit = crate::limits::get()
+            .admit(self.name(), self.cfg.max_concurrency, principal, &events)
+            .await?;
+        let started = std::time::Instant::now();
+        // ---- end limits ----
         let (transport, _) = self.scoped(principal);
         transport.ensure_ready().await?;
-        transport.call(spec, events).await
+        let r = transport.call(spec, events).await;
+        let outcome = match &r {
+            Ok(CallOutcome::Result(_)) => "ok",
+            Ok(CallOutcome::Error(_)) => "rpc_error",
+            Err(_) => "failed",
+        };
+        crate::metrics::upstream_call(self.name(), outcome, started.elapsed());
+        r
     }
 
     /// `tools/list` (first page) for the principal's scope, from the session cache

@@ -676,6 +676,7 @@ async fn supervise(shared: Arc<Shared>, idx: usize) {
                 }
                 tracing::warn!(upstream = %shared.name(), pid = child.pid, slot = idx,
                     delay_ms = backoff.as_millis() as u64, "stdio child exited; restarting");
+                crate::metrics::upstream_restart(shared.name(), "stdio_restart");
             }
             Err(reason) => {
                 tracing::warn!(upstream = %shared.name(), slot = idx, %reason,

@@ -1,0 +1,307 @@
+//! Keyed rate limiters with bounded, evicted state: the GCRA poll limiter (per
+//! principal and task, issue #4 item 1) and the per-principal token bucket (item 3).
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// A map that drops entries idle longer than `idle` and never holds more than `cap`.
+struct Bounded<K, V> {
+    map: HashMap<K, (V, Instant)>,
+    idle: Duration,
+    cap: usize,
+    last_sweep: Instant,
+}
+
+impl<K: Hash + Eq + Clone, V> Bounded<K, V> {
+    fn new(idle: Duration, cap: usize, now: Instant) -> Self {
+        Self {
+            map: HashMap::new(),
+            idle,
+            cap: cap.max(1),
+            last_sweep: now,
+        }
+    }
+
+    fn sweep(&mut self, now: Instant) {
+        let idle = self.idle;
+        self.map
+            .retain(|_, (_, seen)| now.saturating_duration_since(*seen) <= idle);
+        self.last_sweep = now;
+    }
+
+    /// The entry for `k`, created with `init` when absent; marks it used now.
+    fn entry(&mut self, k: &K, now: Instant, init: impl FnOnce() -> V) -> &mut V {
+        if now.saturating_duration_since(self.last_sweep) > self.idle {
+            self.sweep(now);
+        }
+        if !self.map.contains_key(k) && self.map.len() >= self.cap {
+            self.sweep(now);
+            if self.map.len() >= self.cap {
+                // Still full of active keys: drop the least recently used one.
+                if let Some(oldest) = self
+                    .map
+                    .iter()
+                    .min_by_key(|(_, (_, seen))| *seen)
+                    .map(|(k, _)| k.clone())
+                {
+                    self.map.remove(&oldest);
+                }
+            }
+        }
+        let e = self.map.entry(k.clone()).or_insert_with(|| (init(), now));
+        e.1 = now;
+        &mut e.0
+    }
+
+    fn get_mut(&mut self, k: &K) -> Option<&mut V> {
+        self.map.get_mut(k).map(|(v, _)| v)
+    }
+
+    fn len(&self) -> usize {
+        self.map.len()
+    }
+}
+
+/// `(tenant, subject, taskId)`.
+pub type PollKey = (String, String, String);
+
+struct PollState {
+    /// GCRA theoretical arrival time.
+    tat: Instant,
+    /// The interval enforced: the smallest one advertised recently.
+    interval: Duration,
+    /// When `interval` was last advertised.
+    advertised_at: Instant,
+}
+
+/// GCRA per `(tenant, subject, taskId)`: one poll per advertised interval, with a
+/// burst of `burst` polls. A poll that respects the interval is never throttled.
+pub struct PollLimiter {
+    state: Mutex<Bounded<PollKey, PollState>>,
+    burst: u32,
+    base: Duration,
+    /// How long a larger interval must have been the only one advertised before the
+    /// limiter enforces it (the smaller one is "recent" until then).
+    recent: Duration,
+}
+
+impl PollLimiter {
+    pub fn new(base_ms: u64, max_ms: u64, burst: u32, cap: usize) -> Self {
+        let burst = burst.max(1);
+        let max = Duration::from_millis(max_ms.max(base_ms).max(1));
+        // Issue #4: drop entries idle longer than max_poll_interval × burst.
+        let idle = (max * burst).max(Duration::from_secs(1));
+        Self {
+            state: Mutex::new(Bounded::new(idle, cap, Instant::now())),
+            burst,
+            base: Duration::from_millis(base_ms.max(1)),
+            recent: max,
+        }
+    }
+
+    fn tolerance(&self, interval: Duration) -> Duration {
+        // burst − 1 polls ahead of schedule, plus 10 % (≤ 250 ms) for network jitter.
+        interval * (self.burst - 1) + (interval / 10).min(Duration::from_millis(250))
+    }
+
+    /// Admit one poll now, or say how long to wait.
+    pub fn check(&self, key: &PollKey, now: Instant) -> Result<(), Duration> {
+        let Ok(mut st) = self.state.lock() else {
+            return Ok(());
+        };
+        let base = self.base;
+        let e = st.entry(key, now, || PollState {
+            tat: now,
+            interval: base,
+            advertised_at: now,
+        });
+        let tol = self.tolerance(e.interval);
+        let allow_at = e.tat.checked_sub(tol).unwrap_or(now);
+        if allow_at > now {
+            return Err(allow_at - now);
+        }
+        e.tat = e.tat.max(now) + e.interval;
+        Ok(())
+    }
+
+    /// Record that `interval_ms` was advertised for this key.
+    pub fn advertise(&self, key: &PollKey, interval_ms: u64, now: Instant) {
+        let Ok(mut st) = self.state.lock() else {
+            return;
+        };
+        let iv = Duration::from_millis(interval_ms.max(1));
+        let recent = self.recent;
+        let Some(e) = st.get_mut(key) else {
+            // Never polled yet: the first poll is always admitted, and the entry is
+            // created with the base interval (the smallest possible).
+            return;
+        };
+        if iv <= e.interval {
+            // A smaller interval takes effect at once: the last admitted poll now
+            // counts for the smaller interval, so the next may come sooner.
+            let shorter = e.interval - iv;
+            e.tat = e
+                .tat
+                .checked_sub(shorter)
+                .unwrap_or(now)
+                .max(now.min(e.tat));
+            e.interval = iv;
+            e.advertised_at = now;
+        } else if now.saturating_duration_since(e.advertised_at) > recent.max(e.interval) {
+            // The smaller interval is no longer recent: enforce the larger one, from
+            // the last admitted poll on.
+            e.tat += iv - e.interval;
+            e.interval = iv;
+            e.advertised_at = now;
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.state.lock().map(|s| s.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Token bucket per `(tenant, subject)`: `rate` tokens per second, capacity `rate`.
+pub struct RequestLimiter {
+    state: Mutex<Bounded<(String, String), (f64, Instant)>>,
+    rate: f64,
+}
+
+impl RequestLimiter {
+    pub fn new(rate: u32, cap: usize) -> Self {
+        Self {
+            state: Mutex::new(Bounded::new(Duration::from_secs(60), cap, Instant::now())),
+            rate: f64::from(rate.max(1)),
+        }
+    }
+
+    pub fn check(&self, key: &(String, String), now: Instant) -> Result<(), Duration> {
+        let Ok(mut st) = self.state.lock() else {
+            return Ok(());
+        };
+        let rate = self.rate;
+        let (tokens, at) = st.entry(key, now, || (rate, now));
+        let elapsed = now.saturating_duration_since(*at).as_secs_f64();
+        *tokens = (*tokens + elapsed * rate).min(rate);
+        *at = now;
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(Duration::from_secs_f64((1.0 - *tokens) / rate))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(t: &str) -> PollKey {
+        ("acme".into(), "alice".into(), t.into())
+    }
+
+    #[test]
+    fn gcra_burst_then_interval() {
+        let t0 = Instant::now();
+        let l = PollLimiter::new(1000, 30_000, 3, 100);
+        let k = key("a");
+        for _ in 0..3 {
+            assert!(l.check(&k, t0).is_ok());
+        }
+        let wait = l.check(&k, t0).unwrap_err();
+        assert!(wait > Duration::from_millis(800) && wait <= Duration::from_millis(1000));
+        // A throttled poll does not push the schedule further out.
+        assert_eq!(l.check(&k, t0).unwrap_err(), wait);
+        assert!(l.check(&k, t0 + wait).is_ok());
+        // Another task of the same principal is independent.
+        assert!(l.check(&key("b"), t0).is_ok());
+    }
+
+    #[test]
+    fn polling_at_the_interval_is_never_throttled() {
+        let t0 = Instant::now();
+        let l = PollLimiter::new(1000, 30_000, 1, 100);
+        let k = key("a");
+        for i in 0..50u32 {
+            // Up to 5 % early because of jitter.
+            let t = t0 + Duration::from_millis(1000) * i
+                - Duration::from_millis(if i > 0 { 50 } else { 0 });
+            assert!(l.check(&k, t).is_ok(), "poll {i}");
+        }
+    }
+
+    #[test]
+    fn enforces_the_smallest_recent_advertisement() {
+        let t0 = Instant::now();
+        let l = PollLimiter::new(1000, 10_000, 1, 100);
+        let k = key("a");
+        assert!(l.check(&k, t0).is_ok());
+        l.advertise(&k, 1000, t0);
+        // Advertised 4 s next: the 1 s told a moment ago is still honoured.
+        let t1 = t0 + Duration::from_millis(1000);
+        assert!(l.check(&k, t1).is_ok());
+        l.advertise(&k, 4000, t1);
+        let t2 = t1 + Duration::from_millis(1000);
+        assert!(l.check(&k, t2).is_ok());
+        // Once the 1 s advertisement is old, 4 s is enforced.
+        let t3 = t0 + Duration::from_millis(12_000);
+        assert!(l.check(&k, t3).is_ok());
+        l.advertise(&k, 4000, t3);
+        assert!(l.check(&k, t3 + Duration::from_millis(1000)).is_err());
+        assert!(l.check(&k, t3 + Duration::from_millis(4000)).is_ok());
+        // Shrinking takes effect at once.
+        let t4 = t3 + Duration::from_millis(4000);
+        l.advertise(&k, 1000, t4);
+        assert!(l.check(&k, t4 + Duration::from_millis(1000)).is_ok());
+    }
+
+    #[test]
+    fn advertising_the_same_interval_keeps_the_schedule() {
+        let t0 = Instant::now();
+        let l = PollLimiter::new(1000, 30_000, 2, 100);
+        let k = key("a");
+        let mut throttled = 0;
+        for i in 0..20u32 {
+            let t = t0 + Duration::from_millis(50) * i;
+            match l.check(&k, t) {
+                Ok(()) => l.advertise(&k, 1000, t),
+                Err(_) => throttled += 1,
+            }
+        }
+        // Admitted at 0 and 50 ms (burst 2), then at 900 ms (1 s − 10 % jitter).
+        assert_eq!(throttled, 17);
+    }
+
+    #[test]
+    fn state_is_bounded_and_evicted() {
+        let t0 = Instant::now();
+        let l = PollLimiter::new(10, 20, 1, 8);
+        for i in 0..100 {
+            let _ = l.check(&key(&i.to_string()), t0);
+        }
+        assert!(l.len() <= 8);
+        // Idle entries go away.
+        let _ = l.check(&key("late"), t0 + Duration::from_secs(5));
+        assert_eq!(l.len(), 1);
+    }
+
+    #[test]
+    fn token_bucket() {
+        let t0 = Instant::now();
+        let l = RequestLimiter::new(2, 10);
+        let k = ("acme".to_string(), "alice".to_string());
+        assert!(l.check(&k, t0).is_ok());
+        assert!(l.check(&k, t0).is_ok());
+        let wait = l.check(&k, t0).unwrap_err();
+        assert!(wait <= Duration::from_millis(500));
+        assert!(l.check(&k, t0 + Duration::from_millis(500)).is_ok());
+        assert!(l.check(&("acme".into(), "bob".into()), t0).is_ok());
+    }
+}

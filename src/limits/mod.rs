@@ -1,0 +1,400 @@
+//! Flow control (design.md policy 8, issue #4): the poll limiter, the adaptive
+//! `pollIntervalMs`, the per-principal request rate, the per-tenant live-task quota
+//! and per-upstream admission with fair queueing.
+//!
+//! One process-wide [`Limits`], installed from the config at start-up
+//! ([`install`]); everything the rest of the gateway calls is a small hook:
+//! `front::dispatch` asks [`Limits::check_request`] / [`Limits::check_poll`] /
+//! [`Limits::check_quota`] / [`Limits::check_queue`], `Upstream::call` passes
+//! through [`Limits::admit`], and the engine asks [`Limits::adapt`] for the interval
+//! to advertise.
+//!
+//! Every throttle answers JSON-RPC `-32005` with `data.{retryAfterMs, reason}` and
+//! `Retry-After` (whole seconds, ≥ 1): 429 for poll rate, request rate and tenant
+//! quota, 503 for a full queue.
+
+pub mod gate;
+pub mod interval;
+pub mod keyed;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use http::{HeaderValue, Response, StatusCode, header};
+use serde_json::{Map, Value, json};
+use tokio::sync::mpsc;
+
+use crate::auth::Principal;
+use crate::config::{Config, LimitsConfig, TasksConfig, UpstreamConfig};
+use crate::front::reply::{self, Body};
+use crate::protocol::error::THROTTLED;
+use crate::protocol::{RequestId, RpcError};
+use crate::store::{TaskRecord, now_ms};
+use crate::upstream::{CallEvent, UpstreamError};
+use gate::{Entry, Gate, Permit};
+use interval::{IntervalInputs, advertised_interval};
+use keyed::{PollKey, PollLimiter, RequestLimiter};
+
+/// Most limiter entries kept (each limiter); least recently used beyond that.
+const MAX_ENTRIES: usize = 100_000;
+/// Marker key in a [`CallEvent::Progress`] that reports a queue position, not
+/// upstream progress (never forwarded to clients as `notifications/progress`).
+pub const QUEUE_EVENT: &str = "io.taskgate/queued";
+
+/// Why a request was throttled (`data.reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    PollInterval,
+    RequestRate,
+    TenantQuota,
+    QueueFull,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::PollInterval => "poll_interval",
+            Self::RequestRate => "request_rate",
+            Self::TenantQuota => "tenant_quota",
+            Self::QueueFull => "queue_full",
+        }
+    }
+
+    fn message(self) -> &'static str {
+        match self {
+            Self::PollInterval => "polling faster than pollIntervalMs",
+            Self::RequestRate => "request rate limit exceeded",
+            Self::TenantQuota => {
+                "tenant live-task quota reached (limits.max_live_tasks_per_tenant)"
+            }
+            Self::QueueFull => "upstream queue is full",
+        }
+    }
+
+    fn status(self) -> StatusCode {
+        match self {
+            Self::QueueFull => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::TOO_MANY_REQUESTS,
+        }
+    }
+}
+
+/// A throttle decision: what to tell the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Throttled {
+    pub reason: Reason,
+    pub retry_after: Duration,
+}
+
+impl Throttled {
+    pub fn rpc_error(&self) -> RpcError {
+        let ms = self.retry_after.as_millis().max(1) as u64;
+        RpcError::new(THROTTLED, self.reason.message())
+            .with_data(json!({ "retryAfterMs": ms, "reason": self.reason.as_str() }))
+    }
+
+    /// The HTTP response: 429 (503 for a full queue), `Retry-After`, `-32005`.
+    pub fn response(&self, id: &RequestId) -> Response<Body> {
+        crate::metrics::throttled(self.reason.as_str());
+        let mut r = reply::rpc_error(self.reason.status(), Some(id), &self.rpc_error());
+        let secs = self.retry_after.as_millis().div_ceil(1000).max(1);
+        if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
+            r.headers_mut().insert(header::RETRY_AFTER, v);
+        }
+        r
+    }
+}
+
+/// Progress cadence of one task.
+#[derive(Clone, Copy)]
+struct Cadence {
+    last: Instant,
+    gap_ms: Option<u64>,
+}
+
+/// Process-wide flow-control state.
+pub struct Limits {
+    base_ms: u64,
+    max_ms: u64,
+    max_live_per_tenant: u64,
+    queue_size: usize,
+    polls: PollLimiter,
+    requests: Option<RequestLimiter>,
+    gates: Mutex<HashMap<String, Arc<Gate>>>,
+    cadence: Mutex<HashMap<String, Cadence>>,
+    /// Polls admitted / throttled in the current and previous second (saturation).
+    polls_ok: AtomicU64,
+    polls_throttled: AtomicU64,
+    window: Mutex<(Instant, f64)>,
+}
+
+static LIMITS: OnceLock<Limits> = OnceLock::new();
+
+/// Install the process-wide limits from the config (once, at start-up).
+pub fn install(cfg: &Config) {
+    let _ = LIMITS.set(Limits::new(&cfg.limits, &cfg.tasks, &cfg.upstreams));
+}
+
+/// The process-wide limits (defaults if [`install`] was not called).
+pub fn get() -> &'static Limits {
+    LIMITS.get_or_init(|| Limits::new(&LimitsConfig::default(), &TasksConfig::default(), &[]))
+}
+
+/// Whether a progress event is a queue-position report (see [`QUEUE_EVENT`]).
+pub fn is_queue_event(p: &Map<String, Value>) -> bool {
+    p.contains_key(QUEUE_EVENT)
+}
+
+fn queue_event(message: String) -> CallEvent {
+    let mut m = Map::new();
+    m.insert("message".into(), Value::from(message));
+    m.insert(QUEUE_EVENT.into(), Value::Bool(true));
+    CallEvent::Progress(m)
+}
+
+impl Limits {
+    pub fn new(l: &LimitsConfig, t: &TasksConfig, upstreams: &[UpstreamConfig]) -> Self {
+        let gates = upstreams
+            .iter()
+            .map(|u| (u.name.clone(), Gate::new(u.max_concurrency, l.queue_size)))
+            .collect();
+        Self {
+            base_ms: t.poll_interval_ms,
+            max_ms: t.max_poll_interval_ms,
+            max_live_per_tenant: l.max_live_tasks_per_tenant,
+            queue_size: l.queue_size,
+            polls: PollLimiter::new(
+                t.poll_interval_ms,
+                t.max_poll_interval_ms,
+                l.poll_burst,
+                MAX_ENTRIES,
+            ),
+            requests: (l.requests_per_second > 0)
+                .then(|| RequestLimiter::new(l.requests_per_second, MAX_ENTRIES)),
+            gates: Mutex::new(gates),
+            cadence: Mutex::new(HashMap::new()),
+            polls_ok: AtomicU64::new(0),
+            polls_throttled: AtomicU64::new(0),
+            window: Mutex::new((Instant::now(), 0.0)),
+        }
+    }
+
+    /// Per-principal request rate (`limits.requests_per_second`, 0 = off).
+    pub fn check_request(&self, p: &Principal) -> Result<(), Throttled> {
+        let Some(r) = &self.requests else {
+            return Ok(());
+        };
+        r.check(&(p.tenant.clone(), p.subject.clone()), Instant::now())
+            .map_err(|retry_after| Throttled {
+                reason: Reason::RequestRate,
+                retry_after,
+            })
+    }
+
+    /// The poll limiter for `tasks/get` of a well-formed task id (checked before the
+    /// task is resolved: a throttled poll costs no store read).
+    pub fn check_poll(&self, p: &Principal, task_id: &str) -> Result<(), Throttled> {
+        let key: PollKey = (p.tenant.clone(), p.subject.clone(), task_id.to_string());
+        match self.polls.check(&key, Instant::now()) {
+            Ok(()) => {
+                self.polls_ok.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(retry_after) => {
+                self.polls_throttled.fetch_add(1, Ordering::Relaxed);
+                Err(Throttled {
+                    reason: Reason::PollInterval,
+                    retry_after,
+                })
+            }
+        }
+    }
+
+    /// Record the interval advertised to `p` for a task (`tasks/get`, notifications).
+    pub fn advertise(&self, p: &Principal, task_id: &str, interval_ms: u64) {
+        let key: PollKey = (p.tenant.clone(), p.subject.clone(), task_id.to_string());
+        self.polls.advertise(&key, interval_ms, Instant::now());
+    }
+
+    /// Per-tenant quota of live tasks, checked before a call that could become a task
+    /// starts. `live` is the tenant's current count of non-terminal tasks.
+    pub fn check_quota(&self, live: u64) -> Result<(), Throttled> {
+        if live >= self.max_live_per_tenant {
+            return Err(Throttled {
+                reason: Reason::TenantQuota,
+                retry_after: Duration::from_millis(self.base_ms.max(1000)),
+            });
+        }
+        Ok(())
+    }
+
+    fn gate(&self, upstream: &str, max_concurrency: usize) -> Arc<Gate> {
+        let Ok(mut g) = self.gates.lock() else {
+            return Gate::new(max_concurrency, self.queue_size);
+        };
+        g.entry(upstream.to_string())
+            .or_insert_with(|| Gate::new(max_concurrency, self.queue_size))
+            .clone()
+    }
+
+    /// Refuse up front when the upstream's queue has no room for this tenant.
+    pub fn check_queue(
+        &self,
+        upstream: &str,
+        max_concurrency: usize,
+        p: &Principal,
+    ) -> Result<(), Throttled> {
+        if self.gate(upstream, max_concurrency).would_refuse(&p.tenant) {
+            return Err(Throttled {
+                reason: Reason::QueueFull,
+                retry_after: Duration::from_secs(1),
+            });
+        }
+        Ok(())
+    }
+
+    /// Wait for a slot of the upstream (FIFO per tenant, round-robin across tenants),
+    /// reporting the queue position on `events` while waiting. Dropping the future
+    /// leaves the queue.
+    pub async fn admit(
+        &self,
+        upstream: &str,
+        max_concurrency: usize,
+        p: &Principal,
+        events: &mpsc::Sender<CallEvent>,
+    ) -> Result<Permit, UpstreamError> {
+        let gate = self.gate(upstream, max_concurrency);
+        let mut waiting = match gate.enter(&p.tenant) {
+            Ok(Entry::Run(permit)) => return Ok(permit),
+            Ok(Entry::Queued(w)) => w,
+            Err(gate::QueueFull) => {
+                crate::metrics::throttled(Reason::QueueFull.as_str());
+                return Err(UpstreamError::Unavailable {
+                    upstream: upstream.to_string(),
+                    reason: "queue is full".into(),
+                });
+            }
+        };
+        crate::metrics::queued(upstream);
+        let started = Instant::now();
+        let mut reported = None;
+        let mut last_report = Instant::now();
+        loop {
+            // Report on change, and every 2 s (a call promoted meanwhile picks it up).
+            if let Some(pos) = waiting.position()
+                && (reported != Some(pos) || last_report.elapsed() >= Duration::from_secs(2))
+            {
+                let _ = events.try_send(queue_event(format!("queued (position {pos})")));
+                reported = Some(pos);
+                last_report = Instant::now();
+            }
+            tokio::select! {
+                permit = waiting.wait() => {
+                    crate::metrics::queue_wait(upstream, started.elapsed());
+                    let _ = events.try_send(queue_event("working".into()));
+                    return Ok(permit);
+                }
+                () = tokio::time::sleep(Duration::from_millis(250)) => {}
+            }
+        }
+    }
+
+    /// Load in `[0, 3]` for the adaptive interval: queued calls relative to upstream
+    /// concurrency, plus the share of polls throttled over the last second.
+    pub fn pressure(&self) -> f64 {
+        let (mut cap, mut queued) = (0usize, 0usize);
+        if let Ok(g) = self.gates.lock() {
+            for gate in g.values() {
+                cap += gate.max_concurrency();
+                queued += gate.load().1;
+            }
+        }
+        let queue = queued as f64 / cap.max(1) as f64;
+        let throttle = self.throttle_ratio();
+        (queue + 2.0 * throttle).clamp(0.0, 3.0)
+    }
+
+    fn throttle_ratio(&self) -> f64 {
+        let Ok(mut w) = self.window.lock() else {
+            return 0.0;
+        };
+        if w.0.elapsed() >= Duration::from_secs(1) {
+            let ok = self.polls_ok.swap(0, Ordering::Relaxed) as f64;
+            let bad = self.polls_throttled.swap(0, Ordering::Relaxed) as f64;
+            // Only a sizeable crowd of over-eager pollers counts as saturation.
+            w.1 = if ok + bad >= 20.0 {
+                bad / (ok + bad)
+            } else {
+                0.0
+            };
+            w.0 = Instant::now();
+        }
+        w.1
+    }
+
+    /// Note an upstream progress notification for a task (its cadence).
+    pub fn progress_seen(&self, task_id: &str) {
+        let Ok(mut c) = self.cadence.lock() else {
+            return;
+        };
+        let now = Instant::now();
+        if c.len() >= MAX_ENTRIES {
+            let stale = Duration::from_millis(self.max_ms.saturating_mul(2));
+            c.retain(|_, v| v.last.elapsed() <= stale);
+        }
+        let e = c.entry(task_id.to_string()).or_insert(Cadence {
+            last: now,
+            gap_ms: None,
+        });
+        let gap = now.saturating_duration_since(e.last).as_millis() as u64;
+        if gap > 0 {
+            // Exponentially smoothed gap (α = 1/2).
+            e.gap_ms = Some(e.gap_ms.map_or(gap, |g| (g + gap) / 2));
+        }
+        e.last = now;
+    }
+
+    /// Forget per-task state (the task reached a terminal state).
+    pub fn task_done(&self, task_id: &str) {
+        if let Ok(mut c) = self.cadence.lock() {
+            c.remove(task_id);
+        }
+    }
+
+    /// The interval to advertise for a record right now.
+    pub fn interval_for(&self, rec: &TaskRecord) -> u64 {
+        let progress = self.cadence.lock().ok().and_then(|c| {
+            let e = c.get(&rec.task_id)?;
+            Some((e.gap_ms?, e.last.elapsed().as_millis() as u64))
+        });
+        advertised_interval(IntervalInputs {
+            base_ms: self.base_ms,
+            max_ms: self.max_ms,
+            age_ms: now_ms().saturating_sub(rec.created_at_ms),
+            progress,
+            pressure: self.pressure(),
+        })
+    }
+
+    /// Set `rec.poll_interval_ms` to the adaptive interval (live tasks only) and
+    /// remember it as advertised to `p`.
+    pub fn adapt(&self, p: &Principal, rec: &mut TaskRecord) {
+        if rec.status.is_terminal() {
+            return;
+        }
+        rec.poll_interval_ms = self.interval_for(rec);
+        self.advertise(p, &rec.task_id, rec.poll_interval_ms);
+    }
+
+    /// [`adapt`](Self::adapt) for the record's owner (notifications reach only the
+    /// owner's listen streams).
+    pub fn adapt_for_owner(&self, rec: &mut TaskRecord) {
+        let owner = Principal {
+            tenant: rec.tenant.clone(),
+            subject: rec.subject.clone(),
+        };
+        self.adapt(&owner, rec);
+    }
+}
