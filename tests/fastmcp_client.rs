@@ -32,7 +32,10 @@ fn require_peers() {
 
 async fn gateway() -> Gateway {
     let body = format!(
-        "{}[tasks]\npromote_after_ms = 200\npoll_interval_ms = 100\n{}",
+        // fastmcp-tasks 4.1.4 ramps its polls 20 → 40 → 80 ms before settling at
+        // pollIntervalMs, i.e. faster than advertised, and does not retry a 429; a
+        // burst of 10 admits that ramp (the limiter itself is tested in limits.rs).
+        "{}[tasks]\npromote_after_ms = 200\npoll_interval_ms = 100\n[limits]\npoll_burst = 10\n{}",
         jwt_auth(),
         demo_stdio_upstream("")
     );
