@@ -77,6 +77,13 @@ impl Final {
 /// Map an upstream transport failure to the client-facing error (design.md "Upstream
 /// unavailable").
 pub fn upstream_failure(id: &Value, upstream: &str, err: &UpstreamError) -> Final {
+    if let UpstreamError::QueueFull { .. } = err {
+        // Every throttle answers -32005 with retry data (policy 8).
+        let rpc = RpcError::new(crate::protocol::error::THROTTLED, err.to_string()).with_data(
+            json!({ "retryAfterMs": 1000, "reason": "queue_full", "upstream": upstream }),
+        );
+        return Final::error(StatusCode::SERVICE_UNAVAILABLE, id, &rpc);
+    }
     let status = match err {
         UpstreamError::Protocol { .. } => StatusCode::BAD_GATEWAY,
         _ => StatusCode::SERVICE_UNAVAILABLE,

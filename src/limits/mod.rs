@@ -271,9 +271,8 @@ impl Limits {
             Ok(Entry::Queued(w)) => w,
             Err(gate::QueueFull) => {
                 crate::metrics::throttled(Reason::QueueFull.as_str());
-                return Err(UpstreamError::Unavailable {
+                return Err(UpstreamError::QueueFull {
                     upstream: upstream.to_string(),
-                    reason: "queue is full".into(),
                 });
             }
         };

@@ -98,6 +98,9 @@ pub enum UpstreamError {
     /// The upstream violated the protocol (bad framing, oversized message, …).
     #[error("upstream {upstream} protocol error: {reason}")]
     Protocol { upstream: String, reason: String },
+    /// The upstream's admission queue had no room (design.md policy 8: 503 + `-32005`).
+    #[error("upstream {upstream} queue is full")]
+    QueueFull { upstream: String },
     /// The gateway is shutting down.
     #[error("gateway is shutting down")]
     ShuttingDown,
@@ -106,7 +109,10 @@ pub enum UpstreamError {
 impl UpstreamError {
     /// Whether a client should retry later (503 + `Retry-After`).
     pub fn is_unavailable(&self) -> bool {
-        matches!(self, Self::Unavailable { .. } | Self::ShuttingDown)
+        matches!(
+            self,
+            Self::Unavailable { .. } | Self::QueueFull { .. } | Self::ShuttingDown
+        )
     }
 }
 
