@@ -239,17 +239,22 @@ pub struct Inline {
     pub holds: Arc<Holds>,
 }
 
-/// Start the upstream call for `req` in its own task.
-pub fn start(upstream: &Arc<Upstream>, principal: &Principal, req: &ValidRequest) -> Pending {
+/// The upstream request for `req`: its params minus the MRTR fields, which are the
+/// gateway's business, never the upstream's.
+pub fn upstream_spec(req: &ValidRequest, want_progress: bool) -> CallSpec {
     let mut params = req.params.clone();
-    // MRTR fields are the gateway's business, never the upstream's.
     params.remove("inputResponses");
     params.remove("requestState");
-    let spec = CallSpec {
+    CallSpec {
         method: req.method.clone(),
         params,
-        want_progress: req.meta.progress_token.is_some(),
-    };
+        want_progress,
+    }
+}
+
+/// Start the upstream call for `req` in its own task.
+pub fn start(upstream: &Arc<Upstream>, principal: &Principal, req: &ValidRequest) -> Pending {
+    let spec = upstream_spec(req, req.meta.progress_token.is_some());
     let (ev_tx, events) = mpsc::channel::<CallEvent>(32);
     let up = upstream.clone();
     let p = principal.clone();

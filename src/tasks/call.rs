@@ -20,7 +20,7 @@ use crate::front::wire::ValidRequest;
 use crate::mrtr::{Holds, Pending};
 use crate::protocol::RpcError;
 use crate::store::{Created, RequestRoute, SCHEMA_VERSION, TaskRecord, TaskStatus, now_ms};
-use crate::upstream::{CallEvent, CallSpec, InputRequest, Upstream, UpstreamError};
+use crate::upstream::{CallEvent, InputRequest, Upstream, UpstreamError};
 
 /// One `tools/call` that may become a task.
 pub struct ToolCall {
@@ -64,14 +64,8 @@ fn start_call(
     req: &ValidRequest,
     promotion: &Promotion,
 ) -> (CallTask, mpsc::Receiver<CallEvent>) {
-    let mut params = req.params.clone();
-    params.remove("inputResponses");
-    params.remove("requestState");
-    let spec = CallSpec {
-        method: req.method.clone(),
-        params,
-        want_progress: true,
-    };
+    // Progress always: it becomes the task's statusMessage once promoted.
+    let spec = inline::upstream_spec(req, true);
     let (tx, rx) = mpsc::channel(32);
     let up = upstream.clone();
     let p = principal.clone();
