@@ -126,64 +126,22 @@ pub fn classify(msg: &Value) -> MessageKind {
     }
 }
 
-/// A JSON-RPC error object.
-#[derive(Clone, Debug, PartialEq)]
-pub struct RpcError {
-    pub code: i64,
-    pub message: String,
-    pub data: Option<Value>,
-}
-
-impl RpcError {
-    pub fn new(code: i64, message: impl Into<String>) -> Self {
-        RpcError {
-            code,
-            message: message.into(),
-            data: None,
-        }
-    }
-    pub fn invalid_params(message: impl Into<String>) -> Self {
-        Self::new(-32602, message)
-    }
-    pub fn to_json(&self) -> Value {
-        let mut e = json!({"code": self.code, "message": self.message});
-        if let (Some(data), Some(obj)) = (&self.data, e.as_object_mut()) {
-            obj.insert("data".into(), data.clone());
-        }
-        e
-    }
-}
+// The demo speaks the same JSON-RPC as the gateway: one set of wire types.
+pub use crate::protocol::{RpcError, notification};
 
 pub fn result_msg(id: Value, result: Value) -> Value {
-    json!({"jsonrpc": "2.0", "id": id, "result": result})
+    crate::protocol::response(&id, result)
 }
 
 pub fn error_msg(id: Value, err: &RpcError) -> Value {
-    json!({"jsonrpc": "2.0", "id": id, "error": err.to_json()})
-}
-
-pub fn notification(method: &str, params: Value) -> Value {
-    json!({"jsonrpc": "2.0", "method": method, "params": params})
+    crate::protocol::error_response(Some(&id), err)
 }
 
 fn id_key(id: &Value) -> String {
     id.to_string()
 }
 
-const LOG_LEVELS: [&str; 8] = [
-    "debug",
-    "info",
-    "notice",
-    "warning",
-    "error",
-    "critical",
-    "alert",
-    "emergency",
-];
-
-fn level_rank(level: &str) -> Option<usize> {
-    LOG_LEVELS.iter().position(|l| *l == level)
-}
+use crate::protocol::meta::log_level_rank as level_rank;
 
 type PendingTx = oneshot::Sender<Result<Value, Value>>;
 
