@@ -4,7 +4,8 @@
 //! on loopback, and reports requests/s and p50/p99 latency per scenario as Markdown.
 //!
 //! `cargo build --release && cargo bench --bench load -- [--quick] [--out FILE]
-//!  [--duration-ms N] [--scale 100000,1000000] [--mcp-proxy PATH]`
+//!  [--duration-ms N] [--scale 100000,1000000] [--mcp-proxy PATH]
+//!  [--only inline,get,create,scale,native]`
 //!
 //! Every load point is bounded in time (`--duration-ms`, default 3000, after a 500 ms
 //! warm-up) and in count (`MAX_REQUESTS`), and all traffic goes to 127.0.0.1.
@@ -38,6 +39,9 @@ const MAX_REQUESTS: u64 = 2_000_000;
 const LEGACY_VERSION: &str = "2025-06-18";
 const META: &str = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}"#;
 const META_TASKS: &str = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{"extensions":{"io.modelcontextprotocol/tasks":{}}}}"#;
+
+#[path = "load/native.rs"]
+mod native;
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 type MakeReq = Arc<dyn Fn(u64) -> Request<Full<Bytes>> + Send + Sync>;
@@ -818,14 +822,9 @@ fn main() {
     if want("scale") {
         scale(&rt, &o, &mut rep, &c, up, work.path(), baseline_get_p99);
     }
-    rep.section(
-        "Native reference (Python fastmcp[tasks]==4.1.4)",
-        &["scenario", "result"],
-    );
-    rep.row(&[
-        "tasks/get, creation".into(),
-        "not run: not installed by this harness (optional row; see RESULTS.md)".into(),
-    ]);
+    if want("native") {
+        native::native_reference(&rt, &o, &mut rep, &c);
+    }
     rep.note(&format!(
         "Harness wall time: {:.0} s.",
         t_all.elapsed().as_secs_f64()
