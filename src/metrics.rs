@@ -92,9 +92,23 @@ fn describe() {
         "durable store flush latency"
     );
     describe_counter!(
+        "taskgate_store_flush_rounds_total",
+        "group-commit flush rounds run by the store (each releases every waiting flush)"
+    );
+    describe_counter!(
+        "taskgate_store_flush_round_waiters_total",
+        "flush waiters released by group-commit rounds (÷ rounds = batch size)"
+    );
+    describe_counter!(
         "taskgate_upstream_restarts_total",
         "stdio child restarts and HTTP session re-initialisations, by upstream and kind"
     );
+}
+
+/// One group-commit round of the store released `waiters` flushes.
+pub fn store_flush_round(waiters: u64) {
+    counter!("taskgate_store_flush_rounds_total").increment(1);
+    counter!("taskgate_store_flush_round_waiters_total").increment(waiters);
 }
 
 /// The Prometheus text exposition (empty if no recorder is installed).

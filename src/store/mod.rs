@@ -131,10 +131,12 @@ pub enum StoreError {
 
 /// The durable store behind the tasks engine.
 pub trait TaskStore: Send + Sync + 'static {
-    /// Atomically write a new task, its request route and, if `idempotency_key` is
-    /// given, the idempotency entry — unless that key already exists, in which case
-    /// nothing is written and the existing entry is returned. Not durable until
-    /// [`flush`](Self::flush) resolves.
+    /// Write a new task, its request route and, if `idempotency_key` is given, the
+    /// idempotency entry — unless that key already names another task, in which case
+    /// nothing of this call remains and the existing entry is returned (exactly one of
+    /// concurrent creators with one key wins). Not durable until
+    /// [`flush`](Self::flush) resolves; a crash before that may leave part of it, which
+    /// the backend must tolerate (start-up recovery resolves the route).
     fn create(
         &self,
         task: &TaskRecord,
@@ -148,9 +150,10 @@ pub trait TaskStore: Send + Sync + 'static {
 
     fn get(&self, task_id: &str) -> Result<Option<TaskRecord>, StoreError>;
 
-    /// Atomic read-modify-write of one task. `f` returns `false` to leave the record
-    /// unchanged. Keeps the expiry index in step with `expires_at_ms`. Returns the
-    /// record after the call (`None` if the task does not exist).
+    /// Atomic read-modify-write of one task (no lost updates; `f` may run more than
+    /// once). `f` returns `false` to leave the record unchanged. Keeps the expiry
+    /// index in step with `expires_at_ms`. Returns the record after the call (`None`
+    /// if the task does not exist).
     fn update(
         &self,
         task_id: &str,
@@ -166,8 +169,8 @@ pub trait TaskStore: Send + Sync + 'static {
     /// Ids of tasks whose `expires_at_ms <= now_ms`, oldest first, at most `limit`.
     fn expired(&self, now_ms: u64, limit: usize) -> Result<Vec<String>, StoreError>;
 
-    /// Atomically delete an expired task (and its expiry index entry) and leave an
-    /// owner-only tombstone that lives until `tombstone_until_ms`. Returns the
+    /// Delete an expired task (and its expiry index entry), leaving an owner-only
+    /// tombstone (written first, so the owner never sees "not found") that lives until `tombstone_until_ms`. Returns the
     /// deleted record.
     fn expire(
         &self,

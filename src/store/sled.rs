@@ -38,7 +38,9 @@
 //! inside the `flush()` call) and awaits it. One background flusher task (spawned by
 //! [`SledStore::open`] on the current tokio runtime) loops:
 //!
-//! 1. wait for a registration, then take **all** pending registrations;
+//! 1. wait for a registration, yield to the scheduler once (writers that are already
+//!    runnable reach their `flush()` and join this round; with nothing else runnable
+//!    the yield returns at once), then take **all** pending registrations;
 //! 2. run `db.flush()` (+ the strict-mode fsyncs) in `tokio::task::spawn_blocking`;
 //! 3. answer exactly the waiters taken in step 1 with the result.
 //!
@@ -56,23 +58,53 @@
 //! unless a flush round is running, in which case it closes when that round ends. The
 //! flusher task then ends because its channel is closed.
 //!
-//! # Concurrency contract
+//! # Concurrency contract: ordered single-key writes, no sled transactions
 //!
-//! * All multi-tree changes run in one sled transaction. In sled 0.34.7 every
-//!   transaction holds a **process-wide** write lock (`concurrency_control::write`), so
-//!   transactions are serializable with respect to each other and to plain writes;
-//!   there are no lost updates. Consequence: concurrent `create`s with the same
-//!   idempotency key produce exactly one [`Created::New`]; all others see
-//!   [`Created::Existing`] and write nothing.
-//! * The closure passed to [`TaskStore::update`] runs inside that transaction. sled may
-//!   re-run a transaction closure on conflict, so `f` **may be called more than once**
-//!   (with a freshly read record each time); it must be free of side effects other than
-//!   mutating the record. Because it runs under sled's global lock it must be quick and
-//!   must never call back into the store (that would deadlock).
-//! * All methods are synchronous and may block briefly (page-cache misses, the global
-//!   transaction lock); they never wait for a disk flush. Only `flush()` is async.
-//! * Per-tenant live-task counters are kept inside the same transactions that change a
-//!   task between non-terminal and terminal, so [`TaskStore::live_tasks`] is one read.
+//! Every change is a sequence of single-key sled writes (`insert`, `remove`,
+//! `compare_and_swap`); no sled transaction and no `apply_batch` is used on any path.
+//! Measured reason (issue #5): in sled 0.34.7 every transaction and every batch
+//! *rolls the log buffer twice* (`PageCache::pin_log`), and every rolled buffer is
+//! written at once by a sled I/O thread with `pwrite` + a waited `sync_file_range`.
+//! With a transaction per create and per terminal state the gateway did ~2 synchronous
+//! log writes per store change, spawned hundreds of short-lived `sled-io` threads and
+//! spent ~700 µs of CPU per promoted task; plain writes only fill the log buffer, and
+//! one group-commit round writes it once (create+flush 8.3k → 25.5k durable ops/s in
+//! `tests::group_commit_throughput`, same run).
+//!
+//! * **Per record: compare-and-swap.** [`TaskStore::update`] reads the task, applies
+//!   `f` to a copy and swaps it in only if the stored bytes are still the ones it read;
+//!   otherwise it re-reads and re-applies. So `f` **may be called more than once**
+//!   (always on a fresh record) and must have no side effects other than mutating the
+//!   record. There are no lost updates (`tests::concurrent_updates_lose_nothing`).
+//! * **Idempotency: a compare-and-swap claim.** Concurrent `create`s with the same
+//!   idempotency key produce exactly one [`Created::New`]; every other one sees
+//!   [`Created::Existing`] and undoes what it wrote (its task id was never handed out).
+//!   A creator writes its task *before* it claims the key, so a key never names a task
+//!   that is not there yet.
+//! * **Across trees: a fixed write order** that makes every prefix of an operation
+//!   safe, because a crash (before the flush) can cut an operation short; sled recovers
+//!   its log as a prefix. Writes are visible as they land, so the order also keeps
+//!   concurrent readers safe:
+//!   * `create`: request route → task (compare-and-swap: an existing id is refused) →
+//!     idempotency claim → `meta/idem_of` → expiry entry → live entry. A route always
+//!     exists before its task, so start-up recovery ([`TaskStore::routes`]) finds every
+//!     task a crash may have left `working`.
+//!   * `update`: task → new expiry entry → old expiry entry removed → live entry
+//!     removed/added when the status crosses terminal.
+//!   * `expire`: tombstone → task removed (compare-and-swap) → expiry entry →
+//!     `meta/idem_of` → live entry. The owner never sees "not found" in between.
+//!   * `sweep_tombstones`: idempotency entry → tombstone.
+//! * **Repairs of what a cut-short operation leaves:** an expiry entry whose task is
+//!   gone, or whose task now expires at another time, is dropped or moved by
+//!   [`TaskStore::expired`]; an idempotency entry whose task and tombstone are both
+//!   missing is taken over by the next `create` with that key; live entries of tasks
+//!   that are gone or terminal are dropped when the store opens
+//!   (`tests::crash_leftovers_are_repaired`).
+//! * **Live-task counts** ([`TaskStore::live_tasks`], the tenant quota) come from the
+//!   `live` tree: counted once at open, then kept in memory in step with each entry
+//!   actually inserted or removed, so the count is one map lookup.
+//! * All methods are synchronous and may block briefly (page-cache misses); they never
+//!   wait for a disk flush. Only `flush()` is async.
 //!
 //! # Schema (every tree, every key)
 //!
@@ -90,9 +122,10 @@
 //! | `idempotency` | caller-scoped index key bytes (built by the engine from tenant, subject, upstream, tool, key) | `{"v", "task_id", "args_fingerprint"}` ([`IdempotencyEntry`] + `v`) |
 //! | `expiry`      | 8-byte big-endian `expires_at_ms` ++ task id     | empty; one entry per live task, so a range scan up to `now` finds expired tasks oldest first |
 //! | `tombstones`  | task id                                          | [`Tombstone`] JSON |
+//! | `live`        | 2-byte big-endian tenant length ++ tenant ++ task id | empty; one entry per non-terminal task |
 //! | `meta`        | `schema`                                         | 4-byte big-endian schema version of the store as a whole |
 //! | `meta`        | `secret/<name>`                                  | 32 raw random bytes (see [`TaskStore::secret`]) |
-//! | `meta`        | `live/<tenant>`                                  | 8-byte big-endian count of the tenant's non-terminal tasks |
+//! | `meta`        | `layout/live_index`                              | `[1]`: the `live` tree is built (stores without it are migrated at open) |
 //! | `meta`        | `idem_of/<task id>`                              | raw idempotency index key of a keyed live task; moved into the tombstone's `idempotency_index_key` on expiry |
 //!
 //! Lifetimes: a task and its `expiry` entry live until [`TaskStore::expire`]; its
@@ -103,24 +136,22 @@
 //! # Performance (measured by `tests::group_commit_throughput`)
 //!
 //! 64 concurrent tokio tasks × 200 × (`create` with idempotency key + `flush().await`),
-//! release build, 2 cores shared with other builds (load average 5–8, so the spread is
-//! wide), ext4 on virtio:
+//! release build, 2 shared cores, ext4 on virtio, 2026-11-30:
 //!
-//! | mode                     | durable ops/s | p50       | p99        |
-//! |--------------------------|---------------|-----------|------------|
-//! | normal, HighThroughput   | 5.7k – 9.5k   | 5.9–9.9 ms | 18–59 ms  |
-//! | normal, LowSpace         | 4.0k – 11.1k  | 4.9–12 ms  | 18–56 ms  |
-//! | strict, HighThroughput   | 4.7k – 10.9k  | 5.5–11 ms  | 14–39 ms  |
-//! | strict, LowSpace         | 4.4k – 10.5k  | 5.8–13 ms  | 15–43 ms  |
+//! | mode                   | durable ops/s | p50     | p99     | waiters/round | µs/round |
+//! |------------------------|---------------|---------|---------|---------------|----------|
+//! | normal, HighThroughput | 20.0k         | 3.05 ms | 6.03 ms | 49.8          | 322      |
+//! | normal, LowSpace       | 20.8k         | 2.89 ms | 6.59 ms | 49.8          | 310      |
+//! | strict, HighThroughput | 21.1k         | 2.88 ms | 5.40 ms | 49.2          | 608      |
+//! | strict, LowSpace       | 19.9k         | 3.03 ms | 6.99 ms | 47.8          | 615      |
 //!
-//! The bottleneck is `create` itself, not the flush: it is one transaction writing six
-//! keys in five trees (task, route, idempotency entry, `idem_of`, expiry entry, live
-//! counter) under sled's process-wide transaction lock, ≈ 45–60 µs each on this loaded
-//! machine (a plain single-key insert ≈ 12 µs). A group-commit round (`db.flush()`,
-//! `sync_file_range`) takes ≈ 0.7–1.3 ms and releases ≈ 10–13 waiters; a strict round
-//! (plus `fsync` of the data file and directory, ≈ 1–12 ms alone) takes ≈ 1–4 ms and
-//! releases ≈ 12–26 waiters, so strict mode costs little throughput under concurrency
-//! but each lone flush pays a full fsync. See `SLED_MODE` for the mode choice.
+//! Before (one sled transaction per create, no yield before a round; same machine,
+//! earlier the same day): 8.3k / 8.6k / 9.8k / 9.1k durable ops/s, p99 17–20 ms,
+//! 7–14 waiters per round. With transactions gone the bottleneck is the CPU cost of
+//! the single-key writes themselves (sled copies a leaf node on every write); a
+//! round's `sync_file_range` is ≈ 0.3 ms, a strict round's extra `fsync` ≈ 0.3 ms more
+//! and is shared by ~50 waiters, so strict mode costs little under concurrency (each
+//! lone flush still pays a full fsync). See `SLED_MODE` for the mode choice.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -134,9 +165,6 @@ use rand::RngCore;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
-use sled::transaction::{
-    ConflictableTransactionError, TransactionError, Transactional, TransactionalTree,
-};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
@@ -150,9 +178,9 @@ use crate::upstream::BoxFuture;
 /// create+flush, 5 alternating runs on a shared, loaded 2-core machine), durable ops/s:
 /// normal mode HighThroughput 5.7k/8.1k/9.5k/6.4k/9.4k vs LowSpace
 /// 5.1k/8.8k/11.1k/6.3k/9.8k; strict mode HighThroughput 4.8k/6.7k/10.9k/5.8k/6.3k vs
-/// LowSpace 4.8k/6.2k/8.7k/5.2k/10.5k. No consistent winner: the spread between runs
-/// (other builds sharing the cores) exceeds the difference between modes, because the
-/// create transaction, not sled's log layout, is the bottleneck. HighThroughput is kept:
+/// LowSpace 4.8k/6.2k/8.7k/5.2k/10.5k (measured when each create was a sled
+/// transaction; without them both modes give ~20k, see the module docs). No consistent
+/// winner: the spread between runs exceeds the difference between modes. HighThroughput is kept:
 /// sled's mode for write-heavy use (LowSpace trades write speed for disk space).
 const SLED_MODE: sled::Mode = sled::Mode::HighThroughput;
 
@@ -161,7 +189,10 @@ const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 const META_SCHEMA: &[u8] = b"schema";
 const META_SECRET: &str = "secret/";
+/// Counters of stores written before the live index (dropped when it is built).
 const META_LIVE: &str = "live/";
+/// Present once the `live` tree has been built for this store.
+const META_LIVE_INDEX: &[u8] = b"layout/live_index";
 const META_IDEM_OF: &str = "idem_of/";
 
 type Waiter = oneshot::Sender<Result<(), StoreError>>;
@@ -175,6 +206,10 @@ pub struct SledStore {
     expiry: sled::Tree,
     tombstones: sled::Tree,
     meta: sled::Tree,
+    live: sled::Tree,
+    /// Non-terminal tasks per tenant: the `live` tree counted at open, then kept in
+    /// step with it.
+    live_counts: Mutex<HashMap<String, i64>>,
     path: PathBuf,
     strict_fsync: bool,
     healthy: AtomicBool,
@@ -251,6 +286,7 @@ impl SledStore {
         let expiry = tree("expiry")?;
         let tombstones = tree("tombstones")?;
         let meta = tree("meta")?;
+        let live = tree("live")?;
 
         // Store-wide schema version: refuse a store written by a newer gateway.
         match meta
@@ -292,6 +328,8 @@ impl SledStore {
             expiry,
             tombstones,
             meta,
+            live,
+            live_counts: Mutex::new(HashMap::new()),
             path: path.clone(),
             strict_fsync: cfg.strict_fsync,
             healthy: AtomicBool::new(true),
@@ -301,6 +339,7 @@ impl SledStore {
             round_waiters: Default::default(),
             round_micros: Default::default(),
         });
+        store.load_live_index()?;
         runtime.spawn(run_flusher(flush_rx, Arc::downgrade(&store)));
         tracing::info!(
             path = %path.display(),
@@ -395,20 +434,6 @@ impl SledStore {
     fn read_failed(&self, what: &str, e: &sled::Error) -> StoreError {
         StoreError::Io(format!("store at {}: {what}: {e}", self.path.display()))
     }
-
-    /// Map a transaction result: aborts carry our own error, storage errors make the
-    /// store unhealthy.
-    fn tx_result<A>(
-        &self,
-        what: &str,
-        r: Result<A, TransactionError<StoreError>>,
-    ) -> Result<A, StoreError> {
-        match r {
-            Ok(a) => Ok(a),
-            Err(TransactionError::Abort(e)) => Err(e),
-            Err(TransactionError::Storage(e)) => Err(self.write_failed(what, &e)),
-        }
-    }
 }
 
 /// fsync one file or directory; a file that vanished meanwhile (sled removes old
@@ -421,11 +446,21 @@ fn sync_path(p: &Path) -> io::Result<()> {
     }
 }
 
+/// Scheduler yields before a round takes its waiters (see `run_flusher`).
+const LINGER_YIELDS: usize = 1;
+
 /// The group-commit flusher task (see the module docs).
 async fn run_flusher(mut rx: mpsc::UnboundedReceiver<Waiter>, store: Weak<SledStore>) {
     let mut round: Vec<Waiter> = Vec::new();
     while let Some(first) = rx.recv().await {
         round.push(first);
+        // Let writers that are already runnable reach their flush first, so one round
+        // covers them (fewer, larger rounds: each costs a log write, a
+        // `sync_file_range` and two thread handoffs). Free when idle: with nothing
+        // else runnable a yield returns at once.
+        for _ in 0..LINGER_YIELDS {
+            tokio::task::yield_now().await;
+        }
         while let Ok(w) = rx.try_recv() {
             round.push(w);
         }
@@ -437,6 +472,7 @@ async fn run_flusher(mut rx: mpsc::UnboundedReceiver<Waiter>, store: Weak<SledSt
                 tokio::task::spawn_blocking(move || {
                     let t0 = std::time::Instant::now();
                     let r = store.flush_blocking();
+                    crate::metrics::store_flush_round(n);
                     store.rounds.fetch_add(1, Ordering::Relaxed);
                     store.round_waiters.fetch_add(n, Ordering::Relaxed);
                     store.round_micros.fetch_add(
@@ -458,8 +494,6 @@ async fn run_flusher(mut rx: mpsc::UnboundedReceiver<Waiter>, store: Weak<SledSt
 // ---------------------------------------------------------------------------------
 // Encoding
 // ---------------------------------------------------------------------------------
-
-type TxResult<T> = Result<T, ConflictableTransactionError<StoreError>>;
 
 fn key_str(key: &[u8]) -> String {
     String::from_utf8_lossy(key).into_owned()
@@ -600,34 +634,158 @@ fn decode_idempotency(key: &[u8], bytes: &[u8]) -> Result<IdempotencyEntry, Stor
     })
 }
 
-fn abort(e: StoreError) -> ConflictableTransactionError<StoreError> {
-    ConflictableTransactionError::Abort(e)
+/// Key of a live-index entry: 2-byte big-endian tenant length ++ tenant ++ task id (the
+/// length prefix keeps any tenant string unambiguous).
+fn live_key(tenant: &str, task_id: &str) -> Vec<u8> {
+    let t = tenant.as_bytes();
+    let len = u16::try_from(t.len()).unwrap_or(u16::MAX);
+    let t = &t[..usize::from(len)];
+    let mut k = Vec::with_capacity(2 + t.len() + task_id.len());
+    k.extend_from_slice(&len.to_be_bytes());
+    k.extend_from_slice(t);
+    k.extend_from_slice(task_id.as_bytes());
+    k
 }
 
-/// Add `delta` (±1) to the live-task counter of `tenant`, inside a transaction.
-fn bump_live(meta: &TransactionalTree, tenant: &str, delta: i64) -> TxResult<()> {
-    let key = meta_key(META_LIVE, tenant.as_bytes());
-    let cur = match meta.get(&key)? {
-        None => 0,
-        Some(v) => decode_counter(&key, &v).map_err(abort)?,
-    };
-    let next = if delta >= 0 {
-        cur.saturating_add(delta.unsigned_abs())
-    } else {
-        cur.saturating_sub(delta.unsigned_abs())
-    };
-    if next == 0 {
-        meta.remove(key)?;
-    } else {
-        meta.insert(key, &next.to_be_bytes())?;
+/// Split a live-index key into (tenant, task id).
+fn split_live_key(k: &[u8]) -> Option<(&str, &str)> {
+    let len = usize::from(u16::from_be_bytes([*k.first()?, *k.get(1)?]));
+    let tenant = std::str::from_utf8(k.get(2..2 + len)?).ok()?;
+    let task = std::str::from_utf8(k.get(2 + len..)?).ok()?;
+    Some((tenant, task))
+}
+
+/// The few fields the index checks need, without decoding a whole record.
+#[derive(serde::Deserialize)]
+struct IndexProbe {
+    tenant: String,
+    status: super::TaskStatus,
+    expires_at_ms: u64,
+}
+
+fn probe(key: &[u8], bytes: &[u8]) -> Result<IndexProbe, StoreError> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| StoreError::Corrupt(format!("tasks/{}: {e}", key_str(key))))
+}
+
+type CasResult = Result<Result<(), sled::CompareAndSwapError>, sled::Error>;
+
+/// What a compare-and-swap did.
+enum Cas {
+    Done,
+    /// Somebody else changed the key first; `current` is what is there now.
+    Lost(Option<sled::IVec>),
+}
+
+impl SledStore {
+    fn cas(&self, what: &str, r: CasResult) -> Result<Cas, StoreError> {
+        match r {
+            Ok(Ok(())) => Ok(Cas::Done),
+            Ok(Err(e)) => Ok(Cas::Lost(e.current)),
+            Err(e) => Err(self.write_failed(what, &e)),
+        }
     }
-    Ok(())
-}
 
-fn decode_counter(key: &[u8], v: &[u8]) -> Result<u64, StoreError> {
-    <[u8; 8]>::try_from(v)
-        .map(u64::from_be_bytes)
-        .map_err(|_| StoreError::Corrupt(format!("meta/{}: not an 8-byte counter", key_str(key))))
+    fn put(&self, tree: &sled::Tree, what: &str, k: &[u8], v: &[u8]) -> Result<(), StoreError> {
+        tree.insert(k, v)
+            .map(|_| ())
+            .map_err(|e| self.write_failed(what, &e))
+    }
+
+    fn del(&self, tree: &sled::Tree, what: &str, k: &[u8]) -> Result<bool, StoreError> {
+        tree.remove(k)
+            .map(|old| old.is_some())
+            .map_err(|e| self.write_failed(what, &e))
+    }
+
+    /// Enter a non-terminal task into the live index; the in-memory count follows the
+    /// index (only an entry that was not there yet counts).
+    fn mark_live(&self, tenant: &str, task_id: &str) -> Result<(), StoreError> {
+        let fresh = self
+            .live
+            .insert(live_key(tenant, task_id), &[] as &[u8])
+            .map_err(|e| self.write_failed("mark task live", &e))?
+            .is_none();
+        if fresh {
+            self.count_live(tenant, 1);
+        }
+        Ok(())
+    }
+
+    fn unmark_live(&self, tenant: &str, task_id: &str) -> Result<(), StoreError> {
+        if self.del(&self.live, "unmark task live", &live_key(tenant, task_id))? {
+            self.count_live(tenant, -1);
+        }
+        Ok(())
+    }
+
+    /// Signed, so the order in which racing increments and decrements land does not
+    /// matter: the sum is exact.
+    fn count_live(&self, tenant: &str, delta: i64) {
+        let mut counts = self.live_counts.lock().unwrap_or_else(|p| p.into_inner());
+        let n = counts.entry(tenant.to_string()).or_insert(0);
+        *n += delta;
+        if *n == 0 {
+            counts.remove(tenant);
+        }
+    }
+
+    /// At open: build the live index once for a store written before it existed
+    /// (such stores kept counters under `meta/live/<tenant>`), then count it, dropping
+    /// entries a crash left behind (task gone or already terminal).
+    fn load_live_index(&self) -> Result<(), StoreError> {
+        let built = self
+            .meta
+            .get(META_LIVE_INDEX)
+            .map_err(|e| self.read_failed("get meta/layout", &e))?
+            .is_some();
+        if !built {
+            for kv in self.tasks.iter() {
+                let (k, v) = kv.map_err(|e| self.read_failed("scan tasks", &e))?;
+                let p = probe(&k, &v)?;
+                if !p.status.is_terminal() {
+                    let id = std::str::from_utf8(&k).map_err(|_| {
+                        StoreError::Corrupt(format!("tasks: key {:?} is not UTF-8", k.as_ref()))
+                    })?;
+                    self.put(
+                        &self.live,
+                        "build live index",
+                        &live_key(&p.tenant, id),
+                        &[],
+                    )?;
+                }
+            }
+            for kv in self.meta.scan_prefix(META_LIVE) {
+                let (k, _) = kv.map_err(|e| self.read_failed("scan meta/live", &e))?;
+                self.del(&self.meta, "drop old live counter", &k)?;
+            }
+            self.put(&self.meta, "write meta/layout", META_LIVE_INDEX, &[1])?;
+            self.flush_blocking()?;
+        }
+        for kv in self.live.iter() {
+            let (k, _) = kv.map_err(|e| self.read_failed("scan live index", &e))?;
+            let (tenant, id) = split_live_key(&k).ok_or_else(|| {
+                StoreError::Corrupt(format!("live: malformed key {:?}", k.as_ref()))
+            })?;
+            let live = match self
+                .tasks
+                .get(id.as_bytes())
+                .map_err(|e| self.read_failed("get task", &e))?
+            {
+                Some(v) => {
+                    let p = probe(id.as_bytes(), &v)?;
+                    !p.status.is_terminal() && p.tenant == tenant
+                }
+                None => false,
+            };
+            if live {
+                self.count_live(tenant, 1);
+            } else {
+                self.del(&self.live, "drop stale live entry", &k)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 // ---------------------------------------------------------------------------------
@@ -635,61 +793,76 @@ fn decode_counter(key: &[u8], v: &[u8]) -> Result<u64, StoreError> {
 // ---------------------------------------------------------------------------------
 
 impl TaskStore for SledStore {
+    /// Write order (see "Write order and crash recovery" in the module docs): route,
+    /// task, idempotency claim, `idem_of`, expiry entry, live entry.
     fn create(
         &self,
         task: &TaskRecord,
         route: &RequestRoute,
         idempotency_key: Option<&[u8]>,
     ) -> Result<Created, StoreError> {
-        // Encode outside the transaction: the closure may run more than once.
         let task_bytes = encode_task(task)?;
         let route_bytes = encode_route(route)?;
-        let idem_bytes = encode(
-            "idempotency",
-            &task.task_id,
-            &StoredIdempotency {
-                v: SCHEMA_VERSION,
-                task_id: task.task_id.clone(),
-                args_fingerprint: task.args_fingerprint.clone(),
-            },
-        )?;
-        let exp_key = expiry_key(task.expires_at_ms, &task.task_id);
-        let idem_of_key = meta_key(META_IDEM_OF, task.task_id.as_bytes());
-        let live = !task.status.is_terminal();
+        let id = task.task_id.as_bytes();
+        let route_id = route.route_id.as_bytes();
 
-        let r = (
-            &self.tasks,
-            &self.routes,
-            &self.idempotency,
-            &self.expiry,
-            &self.meta,
-        )
-            .transaction(|(tasks, routes, idem, expiry, meta)| {
-                if let Some(k) = idempotency_key
-                    && let Some(existing) = idem.get(k)?
-                {
-                    let entry = decode_idempotency(k, &existing).map_err(abort)?;
-                    return Ok(Created::Existing(entry));
+        self.put(&self.routes, "create: route", route_id, &route_bytes)?;
+        let r = self
+            .tasks
+            .compare_and_swap(id, None as Option<&[u8]>, Some(task_bytes));
+        if let Cas::Lost(_) = self.cas("create: task", r)? {
+            self.del(&self.routes, "create: undo route", route_id)?;
+            return Err(StoreError::Corrupt(format!(
+                "tasks/{}: a task with this id already exists",
+                task.task_id
+            )));
+        }
+        if let Some(k) = idempotency_key {
+            let ours = encode(
+                "idempotency",
+                &task.task_id,
+                &StoredIdempotency {
+                    v: SCHEMA_VERSION,
+                    task_id: task.task_id.clone(),
+                    args_fingerprint: task.args_fingerprint.clone(),
+                },
+            )?;
+            let mut expect: Option<sled::IVec> = None;
+            loop {
+                let r =
+                    self.idempotency
+                        .compare_and_swap(k, expect.as_ref(), Some(ours.as_slice()));
+                let current = match self.cas("create: idempotency entry", r)? {
+                    Cas::Done => break,
+                    Cas::Lost(current) => current,
+                };
+                match current {
+                    // Removed meanwhile (its tombstone was swept): claim it afresh.
+                    None => expect = None,
+                    Some(v) => {
+                        let entry = decode_idempotency(k, &v)?;
+                        if self.names_nothing(&entry.task_id)? {
+                            // Left by a crash between the claim and the task write of a
+                            // create that never answered: take it over.
+                            expect = Some(v);
+                            continue;
+                        }
+                        // Another call owns the key: undo ours (nobody saw its id).
+                        self.del(&self.tasks, "create: undo task", id)?;
+                        self.del(&self.routes, "create: undo route", route_id)?;
+                        return Ok(Created::Existing(entry));
+                    }
                 }
-                if tasks.get(task.task_id.as_bytes())?.is_some() {
-                    return Err(abort(StoreError::Corrupt(format!(
-                        "tasks/{}: a task with this id already exists",
-                        task.task_id
-                    ))));
-                }
-                tasks.insert(task.task_id.as_bytes(), task_bytes.as_slice())?;
-                routes.insert(route.route_id.as_bytes(), route_bytes.as_slice())?;
-                if let Some(k) = idempotency_key {
-                    idem.insert(k, idem_bytes.as_slice())?;
-                    meta.insert(idem_of_key.as_slice(), k)?;
-                }
-                expiry.insert(exp_key.as_slice(), &[] as &[u8])?;
-                if live {
-                    bump_live(meta, &task.tenant, 1)?;
-                }
-                Ok(Created::New)
-            });
-        self.tx_result("create", r)
+            }
+            let idem_of = meta_key(META_IDEM_OF, id);
+            self.put(&self.meta, "create: idem_of", &idem_of, k)?;
+        }
+        let exp = expiry_key(task.expires_at_ms, &task.task_id);
+        self.put(&self.expiry, "create: expiry entry", &exp, &[])?;
+        if !task.status.is_terminal() {
+            self.mark_live(&task.tenant, &task.task_id)?;
+        }
+        Ok(Created::New)
     }
 
     fn flush(&self) -> BoxFuture<'_, Result<(), StoreError>> {
@@ -713,62 +886,64 @@ impl TaskStore for SledStore {
         }
     }
 
-    /// The closure may run more than once (sled retries a conflicting transaction); it
-    /// runs under sled's process-wide transaction lock and must not call the store.
-    /// A changed `task_id` is ignored: the record stays under its key.
+    /// A compare-and-swap loop: `f` may run more than once (again on a freshly read
+    /// record whenever another writer changed the task in between). A changed
+    /// `task_id` is ignored: the record stays under its key.
     fn update(
         &self,
         task_id: &str,
         f: &mut dyn FnMut(&mut TaskRecord) -> bool,
     ) -> Result<Option<TaskRecord>, StoreError> {
-        let f = std::cell::RefCell::new(f);
         let key = task_id.as_bytes();
-        let r = (&self.tasks, &self.expiry, &self.meta).transaction(|(tasks, expiry, meta)| {
-            let Some(bytes) = tasks.get(key)? else {
+        loop {
+            let Some(bytes) = self
+                .tasks
+                .get(key)
+                .map_err(|e| self.read_failed("get task", &e))?
+            else {
                 return Ok(None);
             };
-            let old: TaskRecord = decode("tasks", key, &bytes, upgrade_task).map_err(abort)?;
+            let old: TaskRecord = decode("tasks", key, &bytes, upgrade_task)?;
             let mut rec = old.clone();
-            let changed = (*f.borrow_mut())(&mut rec);
-            if !changed {
+            if !f(&mut rec) {
                 return Ok(Some(old));
             }
             rec.task_id = task_id.to_string();
             rec.v = SCHEMA_VERSION;
-            let new_bytes = encode_task(&rec).map_err(abort)?;
-            tasks.insert(key, new_bytes)?;
+            let new_bytes = encode_task(&rec)?;
+            let r = self
+                .tasks
+                .compare_and_swap(key, Some(&bytes), Some(new_bytes));
+            if let Cas::Lost(_) = self.cas("update task", r)? {
+                continue;
+            }
             if rec.expires_at_ms != old.expires_at_ms {
-                expiry.remove(expiry_key(old.expires_at_ms, task_id))?;
-                expiry.insert(expiry_key(rec.expires_at_ms, task_id), &[] as &[u8])?;
+                // New entry before the old one goes: a crash in between leaves an
+                // extra entry, which `expired` repairs, never a task without one.
+                let new = expiry_key(rec.expires_at_ms, task_id);
+                self.put(&self.expiry, "update: expiry entry", &new, &[])?;
+                let gone = expiry_key(old.expires_at_ms, task_id);
+                self.del(&self.expiry, "update: old expiry entry", &gone)?;
             }
-            let was_live = !old.status.is_terminal();
-            let is_live = !rec.status.is_terminal();
-            if was_live != is_live || (was_live && old.tenant != rec.tenant) {
-                if was_live {
-                    bump_live(meta, &old.tenant, -1)?;
-                }
-                if is_live {
-                    bump_live(meta, &rec.tenant, 1)?;
-                }
+            let (was, is) = (!old.status.is_terminal(), !rec.status.is_terminal());
+            if was && (!is || old.tenant != rec.tenant) {
+                self.unmark_live(&old.tenant, task_id)?;
             }
-            Ok(Some(rec))
-        });
-        self.tx_result("update", r)
+            if is && (!was || old.tenant != rec.tenant) {
+                self.mark_live(&rec.tenant, task_id)?;
+            }
+            return Ok(Some(rec));
+        }
     }
 
     fn put_route(&self, route: &RequestRoute) -> Result<(), StoreError> {
         let bytes = encode_route(route)?;
-        self.routes
-            .insert(route.route_id.as_bytes(), bytes)
-            .map(|_| ())
-            .map_err(|e| self.write_failed("put route", &e))
+        self.put(&self.routes, "put route", route.route_id.as_bytes(), &bytes)
     }
 
     fn remove_route(&self, route_id: &str) -> Result<(), StoreError> {
-        self.routes
-            .remove(route_id.as_bytes())
+        self.del(&self.routes, "remove route", route_id.as_bytes())
             .map(|_| ())
-            .map_err(|e| self.write_failed("remove route", &e))
     }
 
     fn routes(&self) -> Result<Vec<RequestRoute>, StoreError> {
@@ -788,25 +963,54 @@ impl TaskStore for SledStore {
         }
     }
 
+    /// Also repairs the index as it goes: an entry whose task is gone, or whose task
+    /// now expires at another time (a crash between an update and its index change),
+    /// is replaced by the entry the record calls for.
     fn expired(&self, now_ms: u64, limit: usize) -> Result<Vec<String>, StoreError> {
         let iter = match now_ms.checked_add(1) {
             Some(end) => self.expiry.range(..end.to_be_bytes()),
             None => self.expiry.iter(),
         };
         let mut out = Vec::new();
-        for kv in iter.take(limit) {
+        for kv in iter {
+            if out.len() >= limit {
+                break;
+            }
             let (k, _) = kv.map_err(|e| self.read_failed("scan expiry", &e))?;
-            let id = k
-                .get(8..)
-                .and_then(|id| std::str::from_utf8(id).ok())
-                .ok_or_else(|| {
-                    StoreError::Corrupt(format!("expiry: malformed key {:?}", k.as_ref()))
-                })?;
-            out.push(id.to_string());
+            let parsed = k.get(..8).zip(k.get(8..)).and_then(|(at, id)| {
+                let at = u64::from_be_bytes(<[u8; 8]>::try_from(at).ok()?);
+                Some((at, std::str::from_utf8(id).ok()?))
+            });
+            let Some((at, id)) = parsed else {
+                return Err(StoreError::Corrupt(format!(
+                    "expiry: malformed key {:?}",
+                    k.as_ref()
+                )));
+            };
+            let actual = match self
+                .tasks
+                .get(id.as_bytes())
+                .map_err(|e| self.read_failed("get task", &e))?
+            {
+                Some(v) => Some(probe(id.as_bytes(), &v)?.expires_at_ms),
+                None => None,
+            };
+            match actual {
+                Some(t) if t == at => out.push(id.to_string()),
+                Some(t) => {
+                    let right = expiry_key(t, id);
+                    self.put(&self.expiry, "repair expiry entry", &right, &[])?;
+                    self.del(&self.expiry, "drop stale expiry entry", &k)?;
+                }
+                None => {
+                    self.del(&self.expiry, "drop stale expiry entry", &k)?;
+                }
+            }
         }
         Ok(out)
     }
 
+    /// Tombstone first, then the task: the owner never sees "not found" in between.
     fn expire(
         &self,
         task_id: &str,
@@ -814,32 +1018,43 @@ impl TaskStore for SledStore {
     ) -> Result<Option<TaskRecord>, StoreError> {
         let key = task_id.as_bytes();
         let idem_of_key = meta_key(META_IDEM_OF, key);
-        let r = (&self.tasks, &self.expiry, &self.tombstones, &self.meta).transaction(
-            |(tasks, expiry, tombstones, meta)| {
-                let Some(bytes) = tasks.get(key)? else {
-                    return Ok(None);
-                };
-                let rec: TaskRecord = decode("tasks", key, &bytes, upgrade_task).map_err(abort)?;
-                tasks.remove(key)?;
-                expiry.remove(expiry_key(rec.expires_at_ms, task_id))?;
-                let idx = meta.remove(idem_of_key.as_slice())?;
-                let tomb = Tombstone {
-                    v: SCHEMA_VERSION,
-                    task_id: task_id.to_string(),
-                    tenant: rec.tenant.clone(),
-                    subject: rec.subject.clone(),
-                    idempotency_index_key: idx.map(|i| i.to_vec()),
-                    expires_at_ms: tombstone_until_ms,
-                };
-                let tomb_bytes = encode("tombstones", task_id, &tomb).map_err(abort)?;
-                tombstones.insert(key, tomb_bytes)?;
-                if !rec.status.is_terminal() {
-                    bump_live(meta, &rec.tenant, -1)?;
-                }
-                Ok(Some(rec))
-            },
-        );
-        self.tx_result("expire", r)
+        loop {
+            let Some(bytes) = self
+                .tasks
+                .get(key)
+                .map_err(|e| self.read_failed("get task", &e))?
+            else {
+                return Ok(None);
+            };
+            let rec: TaskRecord = decode("tasks", key, &bytes, upgrade_task)?;
+            let idx = self
+                .meta
+                .get(&idem_of_key)
+                .map_err(|e| self.read_failed("get idem_of", &e))?;
+            let tomb = Tombstone {
+                v: SCHEMA_VERSION,
+                task_id: task_id.to_string(),
+                tenant: rec.tenant.clone(),
+                subject: rec.subject.clone(),
+                idempotency_index_key: idx.map(|i| i.to_vec()),
+                expires_at_ms: tombstone_until_ms,
+            };
+            let tomb_bytes = encode("tombstones", task_id, &tomb)?;
+            self.put(&self.tombstones, "expire: tombstone", key, &tomb_bytes)?;
+            let r = self
+                .tasks
+                .compare_and_swap(key, Some(&bytes), None as Option<&[u8]>);
+            if let Cas::Lost(_) = self.cas("expire: task", r)? {
+                continue;
+            }
+            let exp = expiry_key(rec.expires_at_ms, task_id);
+            self.del(&self.expiry, "expire: expiry entry", &exp)?;
+            self.del(&self.meta, "expire: idem_of", &idem_of_key)?;
+            if !rec.status.is_terminal() {
+                self.unmark_live(&rec.tenant, task_id)?;
+            }
+            return Ok(Some(rec));
+        }
     }
 
     fn tombstone(&self, task_id: &str) -> Result<Option<Tombstone>, StoreError> {
@@ -852,41 +1067,38 @@ impl TaskStore for SledStore {
         }
     }
 
+    /// Idempotency entry first, then the tombstone: a crash in between leaves a
+    /// tombstone that the next sweep removes again.
     fn sweep_tombstones(&self, now_ms: u64) -> Result<usize, StoreError> {
-        // Tombstones are few: a scan, then one small transaction per due tombstone
-        // (re-checked inside it).
         let mut due = Vec::new();
         for kv in self.tombstones.iter() {
             let (k, v) = kv.map_err(|e| self.read_failed("scan tombstones", &e))?;
             let t: Tombstone = decode("tombstones", &k, &v, upgrade_tombstone)?;
             if t.expires_at_ms <= now_ms {
-                due.push(k);
+                due.push((k, v, t));
             }
         }
         let mut swept = 0;
-        for key in due {
-            let r = (&self.tombstones, &self.idempotency).transaction(|(tombstones, idem)| {
-                let Some(bytes) = tombstones.get(&key)? else {
-                    return Ok(false);
-                };
-                let t: Tombstone =
-                    decode("tombstones", &key, &bytes, upgrade_tombstone).map_err(abort)?;
-                if t.expires_at_ms > now_ms {
-                    return Ok(false);
-                }
-                tombstones.remove(&key)?;
-                if let Some(ik) = &t.idempotency_index_key
-                    && let Some(eb) = idem.get(ik.as_slice())?
-                {
-                    // Only drop the entry if it still names this task.
-                    let entry = decode_idempotency(ik, &eb).map_err(abort)?;
-                    if entry.task_id == t.task_id {
-                        idem.remove(ik.as_slice())?;
-                    }
-                }
-                Ok(true)
-            });
-            if self.tx_result("sweep tombstone", r)? {
+        for (key, bytes, t) in due {
+            if let Some(ik) = &t.idempotency_index_key
+                && let Some(eb) = self
+                    .idempotency
+                    .get(ik.as_slice())
+                    .map_err(|e| self.read_failed("get idempotency entry", &e))?
+                // Only drop the entry if it still names this task.
+                && decode_idempotency(ik, &eb)?.task_id == t.task_id
+            {
+                let r = self.idempotency.compare_and_swap(
+                    ik.as_slice(),
+                    Some(&eb),
+                    None as Option<&[u8]>,
+                );
+                self.cas("sweep: idempotency entry", r)?;
+            }
+            let r = self
+                .tombstones
+                .compare_and_swap(&key, Some(&bytes), None as Option<&[u8]>);
+            if let Cas::Done = self.cas("sweep: tombstone", r)? {
                 swept += 1;
             }
         }
@@ -894,12 +1106,10 @@ impl TaskStore for SledStore {
     }
 
     fn live_tasks(&self, tenant: &str) -> Result<u64, StoreError> {
-        let key = meta_key(META_LIVE, tenant.as_bytes());
-        match self.meta.get(&key) {
-            Ok(None) => Ok(0),
-            Ok(Some(v)) => decode_counter(&key, &v),
-            Err(e) => Err(self.read_failed("get live counter", &e)),
-        }
+        let counts = self.live_counts.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(counts
+            .get(tenant)
+            .map_or(0, |n| u64::try_from(*n).unwrap_or(0)))
     }
 
     /// Get-or-create; creation is a compare-and-swap (concurrent first calls agree on
@@ -920,16 +1130,13 @@ impl TaskStore for SledStore {
         }
         let mut fresh = [0u8; 32];
         rand::rng().fill_bytes(&mut fresh);
-        let cas = self
+        let r = self
             .meta
-            .compare_and_swap(&key, None as Option<&[u8]>, Some(&fresh[..]))
-            .map_err(|e| self.write_failed("create secret", &e))?;
-        let secret = match cas {
-            Ok(()) => fresh,
-            Err(sled::CompareAndSwapError {
-                current: Some(v), ..
-            }) => as_secret(&v)?,
-            Err(sled::CompareAndSwapError { current: None, .. }) => {
+            .compare_and_swap(&key, None as Option<&[u8]>, Some(&fresh[..]));
+        let secret = match self.cas("create secret", r)? {
+            Cas::Done => fresh,
+            Cas::Lost(Some(v)) => as_secret(&v)?,
+            Cas::Lost(None) => {
                 return Err(StoreError::Corrupt(format!(
                     "meta/secret/{name}: compare-and-swap failed without a current value"
                 )));
@@ -944,6 +1151,23 @@ impl TaskStore for SledStore {
     }
 }
 
+impl SledStore {
+    /// Whether an idempotency entry's task is neither stored nor tombstoned: only a
+    /// crash can leave such an entry (a live create writes its task before claiming
+    /// the key; expiry writes the tombstone before removing the task).
+    fn names_nothing(&self, task_id: &str) -> Result<bool, StoreError> {
+        let k = task_id.as_bytes();
+        let task = self
+            .tasks
+            .contains_key(k)
+            .map_err(|e| self.read_failed("get task", &e))?;
+        let tomb = self
+            .tombstones
+            .contains_key(k)
+            .map_err(|e| self.read_failed("get tombstone", &e))?;
+        Ok(!task && !tomb)
+    }
+}
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1334,6 +1558,151 @@ mod tests {
         drop(store);
         let store = SledStore::open(&cfg(dir.path(), true)).unwrap();
         assert_eq!(store.get("tsk_big").unwrap(), Some(t));
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn concurrent_updates_lose_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(&cfg(dir.path(), false)).unwrap();
+        store
+            .create(&task("tsk_a", "acme", 1000), &route("ra", None), None)
+            .unwrap();
+        std::thread::scope(|s| {
+            for i in 0..8 {
+                let store = &store;
+                s.spawn(move || {
+                    for j in 0..50 {
+                        store
+                            .update("tsk_a", &mut |t| {
+                                t.issued_keys.push(format!("k{i}-{j}"));
+                                true
+                            })
+                            .unwrap();
+                    }
+                });
+            }
+        });
+        let t = store.get("tsk_a").unwrap().unwrap();
+        assert_eq!(
+            t.issued_keys.len(),
+            400,
+            "every compare-and-swap retry re-applied"
+        );
+    }
+
+    /// What a crash between two writes of one operation can leave behind (the
+    /// writes are ordered, not transactional) is repaired or ignored.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn crash_leftovers_are_repaired() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(&cfg(dir.path(), false)).unwrap();
+        store
+            .create(&task("tsk_a", "acme", 1000), &route("ra", None), None)
+            .unwrap();
+        // An update whose new expiry entry never landed: only the old entry is left.
+        let mut t = store.get("tsk_a").unwrap().unwrap();
+        t.expires_at_ms = 5000;
+        store
+            .tasks
+            .insert("tsk_a", encode_task(&t).unwrap())
+            .unwrap();
+        // An expiry entry whose task is gone.
+        store
+            .expiry
+            .insert(expiry_key(500, "tsk_gone"), &[])
+            .unwrap();
+        assert_eq!(store.expired(1000, 10).unwrap(), Vec::<String>::new());
+        assert_eq!(store.expiry.len(), 1, "stale entries dropped");
+        assert_eq!(
+            store.expired(5000, 10).unwrap(),
+            vec!["tsk_a"],
+            "entry repaired"
+        );
+
+        // An idempotency claim whose task (and tombstone) never landed is taken over.
+        let key: &[u8] = b"acme\0alice\0demo\0slow\0k";
+        let orphan = StoredIdempotency {
+            v: SCHEMA_VERSION,
+            task_id: "tsk_never".into(),
+            args_fingerprint: "fp".into(),
+        };
+        store
+            .idempotency
+            .insert(key, serde_json::to_vec(&orphan).unwrap())
+            .unwrap();
+        assert_eq!(
+            store
+                .create(&task("tsk_b", "acme", 1000), &route("rb", None), Some(key))
+                .unwrap(),
+            Created::New
+        );
+        assert_eq!(
+            store.idempotency_get(key).unwrap().unwrap().task_id,
+            "tsk_b"
+        );
+        // ...but a claim whose task expired (tombstone) still answers Existing.
+        store.expire("tsk_b", 10_000).unwrap();
+        assert!(matches!(
+            store.create(&task("tsk_c", "acme", 1000), &route("rc", None), Some(key)),
+            Ok(Created::Existing(e)) if e.task_id == "tsk_b"
+        ));
+        assert_eq!(store.get("tsk_c").unwrap(), None);
+        let mut routes: Vec<String> = store
+            .routes()
+            .unwrap()
+            .into_iter()
+            .map(|r| r.route_id)
+            .collect();
+        routes.sort();
+        assert_eq!(routes, ["ra", "rb"], "the losing create's route is undone");
+
+        // Live entries of tasks that are gone or terminal are dropped at open.
+        store
+            .create(&task("tsk_d", "acme", 1000), &route("rd", None), None)
+            .unwrap();
+        store.live.insert(live_key("acme", "tsk_x"), &[]).unwrap();
+        let mut done = store.get("tsk_a").unwrap().unwrap();
+        done.status = TaskStatus::Completed;
+        store
+            .tasks
+            .insert("tsk_a", encode_task(&done).unwrap())
+            .unwrap();
+        store.flush().await.unwrap();
+        drop(store);
+        let store = SledStore::open(&cfg(dir.path(), false)).unwrap();
+        assert_eq!(store.live_tasks("acme").unwrap(), 1, "only tsk_d is live");
+        assert_eq!(store.live.len(), 1);
+    }
+
+    /// A store written before the live index kept counters in `meta/live/`: the first
+    /// open builds the index from the tasks and drops the counters.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn live_index_is_built_for_an_older_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(&cfg(dir.path(), false)).unwrap();
+        for (id, tenant) in [("a1", "acme"), ("a2", "acme"), ("b1", "beta")] {
+            store
+                .create(&task(id, tenant, 1000), &route(id, None), None)
+                .unwrap();
+        }
+        complete(&store, "a2");
+        // Turn it into the older layout.
+        store.live.clear().unwrap();
+        store.meta.remove(META_LIVE_INDEX).unwrap();
+        store
+            .meta
+            .insert(meta_key(META_LIVE, b"acme"), &7u64.to_be_bytes())
+            .unwrap();
+        store.flush().await.unwrap();
+        drop(store);
+        let store = SledStore::open(&cfg(dir.path(), false)).unwrap();
+        assert_eq!(store.live_tasks("acme").unwrap(), 1);
+        assert_eq!(store.live_tasks("beta").unwrap(), 1);
+        assert_eq!(store.meta.scan_prefix(META_LIVE).count(), 0);
+        assert!(store.meta.get(META_LIVE_INDEX).unwrap().is_some());
+        // Keys with any tenant string round-trip.
+        let k = live_key("te\0nant", "tsk_1");
+        assert_eq!(split_live_key(&k), Some(("te\0nant", "tsk_1")));
     }
 
     #[tokio::test(flavor = "multi_thread")]

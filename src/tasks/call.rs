@@ -155,8 +155,9 @@ impl Engine {
     }
 
     /// The reply to a duplicate idempotency key: the existing task, or `-32602`
-    /// when the arguments differ.
-    fn existing(
+    /// when the arguments differ. The task may come from a concurrent create whose
+    /// flush is still running, so its id goes out only once it is durable (policy 1).
+    async fn existing(
         &self,
         c: &ToolCall,
         entry: crate::store::IdempotencyEntry,
@@ -171,6 +172,9 @@ impl Engine {
                     "Idempotency-Key was already used with different arguments",
                 ),
             );
+        }
+        if let Err(e) = self.store.flush().await {
+            return store_failure(req, e);
         }
         let mut params = serde_json::Map::new();
         params.insert("taskId".into(), Value::from(entry.task_id));
@@ -206,7 +210,7 @@ impl Engine {
             // so concurrent duplicates never reach the upstream twice (policy 9).
             let index = idempotency_index(&c.principal, c.upstream.name(), &tool, key);
             match self.store.idempotency_get(&index) {
-                Ok(Some(entry)) => return self.existing(&c, entry, &fp),
+                Ok(Some(entry)) => return self.existing(&c, entry, &fp).await,
                 Ok(None) => {}
                 Err(e) => return store_failure(&c.req, e),
             }
@@ -245,7 +249,7 @@ impl Engine {
         let route = self.new_route(&c, &rec.task_id);
         match self.store.create(&rec, &route, index.as_deref()) {
             Ok(Created::New) => {}
-            Ok(Created::Existing(entry)) => return self.existing(&c, entry, &fp),
+            Ok(Created::Existing(entry)) => return self.existing(&c, entry, &fp).await,
             Err(e) => return store_failure(&c.req, e),
         }
         if let Err(e) = self.store.flush().await {

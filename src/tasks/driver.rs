@@ -25,6 +25,12 @@ type Applier = Box<dyn Fn(&mut TaskRecord) + Send + Sync>;
 pub type InputSpec = (String, Option<Value>);
 pub type Responder = oneshot::Sender<InputAnswer>;
 
+/// How long an upstream progress message may wait before it is written as the task's
+/// `statusMessage`: a burst collapses into one store write, and progress that the
+/// answer overtakes is never written (the terminal state replaces it). Pollers see a
+/// message at most this much later.
+const PROGRESS_COALESCE: Duration = Duration::from_millis(50);
+
 /// Everything the driver needs for one task.
 pub struct Driven {
     pub task_id: String,
@@ -177,6 +183,8 @@ impl Engine {
             far
         };
         let mut events_open = true;
+        let mut progress: Option<String> = None;
+        let mut progress_at = far;
         loop {
             tokio::select! {
                 r = &mut call => {
@@ -190,19 +198,36 @@ impl Engine {
                     }
                     break;
                 }
+                () = tokio::time::sleep_until(progress_at), if progress.is_some() => {
+                    progress_at = far;
+                    if let Some(msg) = progress.take() {
+                        self.write_progress(&task_id, msg);
+                    }
+                }
                 ev = events.recv(), if events_open => match ev {
                     None => events_open = false,
                     Some(CallEvent::Log(_)) => {}
-                    Some(CallEvent::Progress(p)) => self.on_progress(&task_id, &p),
+                    Some(CallEvent::Progress(p)) => {
+                        if progress.replace(self.on_progress(&task_id, &p)).is_none() {
+                            progress_at = Instant::now() + PROGRESS_COALESCE;
+                        }
+                    }
                     Some(CallEvent::Input(first)) => {
                         let mut batch = vec![first];
                         // Surface requests that arrive close together as one set.
                         while let Ok(Some(ev)) = tokio::time::timeout(gather, events.recv()).await {
                             match ev {
                                 CallEvent::Input(ir) => batch.push(ir),
-                                CallEvent::Progress(p) => self.on_progress(&task_id, &p),
+                                CallEvent::Progress(p) => {
+                                    progress = Some(self.on_progress(&task_id, &p));
+                                }
                                 CallEvent::Log(_) => {}
                             }
+                        }
+                        // Progress reported before the input request lands first.
+                        if let Some(msg) = progress.take() {
+                            progress_at = far;
+                            self.write_progress(&task_id, msg);
                         }
                         if let Some(err) = batch.iter().find_map(|ir| missing_capability(&caps, &ir.method, ir.params.as_ref())) {
                             call.abort();
@@ -234,11 +259,16 @@ impl Engine {
         self.forget_live(&task_id);
     }
 
-    fn on_progress(&self, task_id: &str, p: &Map<String, Value>) {
+    /// Note upstream progress (the adaptive poll interval sees it at once) and return
+    /// the status message it becomes; the caller coalesces the store write.
+    fn on_progress(&self, task_id: &str, p: &Map<String, Value>) -> String {
         if !crate::limits::is_queue_event(p) {
             crate::limits::get().progress_seen(task_id);
         }
-        let msg = progress_message(p);
+        progress_message(p)
+    }
+
+    fn write_progress(&self, task_id: &str, msg: String) {
         let r = self.store.update(task_id, &mut |rec| {
             if rec.status.is_terminal() {
                 return false;

@@ -17,6 +17,7 @@ use super::{
 };
 use crate::auth::Principal;
 use crate::config::{Isolation, UpstreamConfig, UpstreamTarget};
+use crate::protocol::RpcError;
 
 /// Scope key for upstream state isolation: "" (shared), tenant, or tenant + subject.
 fn scope_key(isolation: Isolation, principal: &Principal) -> String {
@@ -27,11 +28,14 @@ fn scope_key(isolation: Isolation, principal: &Principal) -> String {
     }
 }
 
+/// A scope's cached `tools/list` result (None until fetched or after list_changed).
+type ToolsCache = Arc<Mutex<Option<Arc<Value>>>>;
+
 struct Scoped {
     transport: Arc<dyn LegacyTransport>,
     last_used: Instant,
     /// Cached `tools/list` result (first page) of this upstream session.
-    tools: Arc<Mutex<Option<Value>>>,
+    tools: ToolsCache,
 }
 
 /// One configured upstream.
@@ -39,7 +43,7 @@ pub struct Upstream {
     pub cfg: UpstreamConfig,
     /// Started eagerly at boot; serves the shared scope and `server/discover`.
     boot: Arc<dyn LegacyTransport>,
-    boot_tools: Arc<Mutex<Option<Value>>>,
+    boot_tools: ToolsCache,
     scopes: Mutex<HashMap<String, Scoped>>,
     pid_dir: PathBuf,
 }
@@ -74,7 +78,7 @@ impl Upstream {
 
     /// Watch a transport's session notifications and drop the cached `tools/list`
     /// when the upstream says the list changed.
-    fn watch_tools(transport: &Arc<dyn LegacyTransport>, cache: Arc<Mutex<Option<Value>>>) {
+    fn watch_tools(transport: &Arc<dyn LegacyTransport>, cache: ToolsCache) {
         let mut rx = transport.notifications();
         tokio::spawn(async move {
             loop {
@@ -114,10 +118,7 @@ impl Upstream {
     }
 
     /// The transport (and its tools cache) serving a principal's scope.
-    fn scoped(
-        &self,
-        principal: &Principal,
-    ) -> (Arc<dyn LegacyTransport>, Arc<Mutex<Option<Value>>>) {
+    fn scoped(&self, principal: &Principal) -> (Arc<dyn LegacyTransport>, ToolsCache) {
         let key = scope_key(self.cfg.isolation, principal);
         if key.is_empty() {
             return (self.boot.clone(), self.boot_tools.clone());
@@ -187,9 +188,21 @@ impl Upstream {
     /// `tools/list` (first page) for the principal's scope, from the session cache
     /// when it is fresh.
     pub async fn tools_list(&self, principal: &Principal) -> Result<CallOutcome, UpstreamError> {
+        self.cached_tools(principal)
+            .await
+            .map(|r| r.map_or_else(CallOutcome::Error, |v| CallOutcome::Result((*v).clone())))
+    }
+
+    /// The cached list, shared rather than copied: `tools/call` consults it on every
+    /// call (`tool_task_support`), and the list can be large. `Err` holds an upstream
+    /// JSON-RPC error, which is not cached.
+    async fn cached_tools(
+        &self,
+        principal: &Principal,
+    ) -> Result<Result<Arc<Value>, RpcError>, UpstreamError> {
         let (transport, cache) = self.scoped(principal);
         if let Some(v) = cache.lock().ok().and_then(|c| c.clone()) {
-            return Ok(CallOutcome::Result(v));
+            return Ok(Ok(v));
         }
         transport.ensure_ready().await?;
         let (tx, _rx) = mpsc::channel(1);
@@ -203,19 +216,21 @@ impl Upstream {
                 tx,
             )
             .await?;
-        if let CallOutcome::Result(v) = &out
-            && let Ok(mut c) = cache.lock()
-        {
-            *c = Some(v.clone());
-        }
-        Ok(out)
+        Ok(match out {
+            CallOutcome::Result(v) => {
+                let v = Arc::new(v);
+                if let Ok(mut c) = cache.lock() {
+                    *c = Some(v.clone());
+                }
+                Ok(v)
+            }
+            CallOutcome::Error(e) => Err(e),
+        })
     }
 
     /// The upstream's `execution.taskSupport` for a tool, from the cached tools list.
     pub async fn tool_task_support(&self, principal: &Principal, tool: &str) -> Option<String> {
-        let CallOutcome::Result(list) = self.tools_list(principal).await.ok()? else {
-            return None;
-        };
+        let list = self.cached_tools(principal).await.ok()?.ok()?;
         list.get("tools")?
             .as_array()?
             .iter()
