@@ -21,6 +21,10 @@ if [ ! -x "$MCP_PROXY" ]; then
         || echo "   mcp-proxy install failed (see .peers/mcp-proxy-install.log); its rows will say so"
 fi
 
+echo "== peers for the native reference rows (.peers/venv-fastmcp; idempotent)"
+bash scripts/install-peers.sh "$PWD" >"$PEERS/install-peers.log" 2>&1 \
+    || echo "   install-peers failed (see .peers/install-peers.log); the native rows will say so"
+
 echo "== build (release)"
 cargo build --release --all-targets --locked 2>&1 | tail -n 1
 

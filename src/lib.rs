@@ -7,6 +7,7 @@ pub mod demo;
 pub mod front;
 pub mod lifecycle;
 pub mod limits;
+pub mod logsink;
 pub mod metrics;
 pub mod mrtr;
 pub mod protocol;

@@ -64,7 +64,8 @@ fn init_tracing(json: bool) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(taskgate::logsink::Sink);
+    taskgate::logsink::flush_on_panic();
     if json {
         builder.json().init();
     } else {
@@ -73,6 +74,13 @@ fn init_tracing(json: bool) {
 }
 
 fn main() -> Result<()> {
+    let r = run();
+    // Log lines are written by a background thread; write out the last ones.
+    taskgate::logsink::flush();
+    r
+}
+
+fn run() -> Result<()> {
     let cli = Cli::parse();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -229,6 +229,7 @@ pub(crate) async fn call(ctx: &CallCtx, name: &str, args: &Value) -> ToolOutcome
         "crash" => match ctx.session.transport() {
             Transport::Stdio => {
                 tracing::warn!("demo: crash tool called, exiting with code 3");
+                crate::logsink::flush();
                 std::process::exit(3)
             }
             Transport::Http => {

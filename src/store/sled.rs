@@ -528,15 +528,49 @@ struct StoredIdempotency {
     args_fingerprint: String,
 }
 
-/// Decode a versioned JSON record of `tree` at `key`. Current-version records take the
-/// direct path; older ones are upgraded via `upgrade` (fills defaults); newer ones are
-/// `Corrupt`.
-fn decode<T: DeserializeOwned>(
+/// A stored record type: it carries its schema version in `v`.
+trait Record: DeserializeOwned {
+    fn version(&self) -> u32;
+}
+
+impl Record for TaskRecord {
+    fn version(&self) -> u32 {
+        self.v
+    }
+}
+
+impl Record for RequestRoute {
+    fn version(&self) -> u32 {
+        self.v
+    }
+}
+
+impl Record for Tombstone {
+    fn version(&self) -> u32 {
+        self.v
+    }
+}
+
+impl Record for StoredIdempotency {
+    fn version(&self) -> u32 {
+        self.v
+    }
+}
+
+/// Decode a versioned JSON record of `tree` at `key`. A current-version record is
+/// parsed once (every `tasks/get` reads one); older ones are upgraded via `upgrade`
+/// (fills defaults); newer ones are `Corrupt`.
+fn decode<T: Record>(
     tree: &str,
     key: &[u8],
     bytes: &[u8],
     upgrade: fn(&mut Map<String, Value>),
 ) -> Result<T, StoreError> {
+    if let Ok(rec) = serde_json::from_slice::<T>(bytes)
+        && rec.version() == SCHEMA_VERSION
+    {
+        return Ok(rec);
+    }
     let corrupt = |why: String| StoreError::Corrupt(format!("{tree}/{}: {why}", key_str(key)));
     let probe: VersionProbe =
         serde_json::from_slice(bytes).map_err(|e| corrupt(format!("not a JSON record: {e}")))?;
