@@ -151,8 +151,8 @@ pub trait TaskStore: Send + Sync + 'static {
     fn get(&self, task_id: &str) -> Result<Option<TaskRecord>, StoreError>;
 
     /// Atomic read-modify-write of one task (no lost updates; `f` may run more than
-    /// once). `f` returns `false` to leave the record unchanged. Keeps the expiry
-    /// index in step with `expires_at_ms`. Returns the record after the call (`None`
+    /// once). `f` returns `false` to leave the record unchanged. [`expired`](Self::expired)
+    /// finds the task once its (new) `expires_at_ms` has passed. Returns the record after the call (`None`
     /// if the task does not exist).
     fn update(
         &self,

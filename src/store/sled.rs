@@ -89,8 +89,9 @@
 //!     idempotency claim → `meta/idem_of` → expiry entry → live entry. A route always
 //!     exists before its task, so start-up recovery ([`TaskStore::routes`]) finds every
 //!     task a crash may have left `working`.
-//!   * `update`: task → new expiry entry → old expiry entry removed → live entry
-//!     removed/added when the status crosses terminal.
+//!   * `update`: task → (only when the expiry got earlier) new expiry entry → old
+//!     expiry entry removed → live entry removed/added when the status crosses
+//!     terminal.
 //!   * `expire`: tombstone → task removed (compare-and-swap) → expiry entry →
 //!     `meta/idem_of` → live entry. The owner never sees "not found" in between.
 //!   * `sweep_tombstones`: idempotency entry → tombstone.
@@ -120,7 +121,7 @@
 //! | `tasks`       | task id (UTF-8)                                  | [`TaskRecord`] JSON |
 //! | `routes`      | route id (UTF-8)                                 | [`RequestRoute`] JSON |
 //! | `idempotency` | caller-scoped index key bytes (built by the engine from tenant, subject, upstream, tool, key) | `{"v", "task_id", "args_fingerprint"}` ([`IdempotencyEntry`] + `v`) |
-//! | `expiry`      | 8-byte big-endian `expires_at_ms` ++ task id     | empty; one entry per live task, so a range scan up to `now` finds expired tasks oldest first |
+//! | `expiry`      | 8-byte big-endian time ++ task id                | empty; one entry per task, at or *before* its `expires_at_ms` (a later expiry is applied lazily: [`TaskStore::expired`] moves an entry that comes due early), so a range scan up to `now` finds every expired task |
 //! | `tombstones`  | task id                                          | [`Tombstone`] JSON |
 //! | `live`        | 2-byte big-endian tenant length ++ tenant ++ task id | empty; one entry per non-terminal task |
 //! | `meta`        | `schema`                                         | 4-byte big-endian schema version of the store as a whole |
@@ -951,9 +952,12 @@ impl TaskStore for SledStore {
             if let Cas::Lost(_) = self.cas("update task", r)? {
                 continue;
             }
-            if rec.expires_at_ms != old.expires_at_ms {
-                // New entry before the old one goes: a crash in between leaves an
-                // extra entry, which `expired` repairs, never a task without one.
+            if rec.expires_at_ms < old.expires_at_ms {
+                // Earlier: the index must say so now. (Later needs no write: the old,
+                // earlier entry comes due first and `expired` moves it then — every
+                // completed task moves its expiry by the retention time.) New entry
+                // before the old one goes: a crash in between leaves an extra entry,
+                // which `expired` repairs, never a task without one.
                 let new = expiry_key(rec.expires_at_ms, task_id);
                 self.put(&self.expiry, "update: expiry entry", &new, &[])?;
                 let gone = expiry_key(old.expires_at_ms, task_id);
@@ -1410,6 +1414,15 @@ mod tests {
         assert_eq!(store.expired(5000, 1).unwrap(), vec!["tsk_b"]);
         assert_eq!(store.expired(u64::MAX, 10).unwrap().len(), 2);
         assert_eq!(store.expiry.len(), 2, "old index entry removed");
+        // An earlier expiry moves the entry at once.
+        store
+            .update("tsk_a", &mut |t| {
+                t.expires_at_ms = 2000;
+                true
+            })
+            .unwrap();
+        assert_eq!(store.expired(2000, 10).unwrap(), vec!["tsk_a"]);
+        assert_eq!(store.expiry.len(), 2);
     }
 
     #[tokio::test(flavor = "multi_thread")]
