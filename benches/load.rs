@@ -631,6 +631,12 @@ impl Stats {
     }
 }
 
+/// CPU µs per answered request: the process's user+sys CPU since `cpu0` over the
+/// requests of `s` (any outcome).
+fn cpu_us_per(proc: &Proc, cpu0: f64, s: &Stats) -> f64 {
+    (proc.cpu_secs() - cpu0) * 1e6 / (s.ok + s.errors + s.refused).max(1) as f64
+}
+
 /// Runs of each contested point (tasks/get, creation): the machine is shared and
 /// noisy, so a row is the median run (by requests/s) of this many.
 const RUNS: usize = 3;
@@ -1061,7 +1067,7 @@ fn tasks_get(
                 hello.clone(),
                 check_hello,
             ));
-            let cpu = (hello_p.cpu_secs() - cpu0) * 1e6 / (h.ok + h.errors).max(1) as f64;
+            let cpu = cpu_us_per(&hello_p, cpu0, &h);
             (h, cpu)
         });
         let (g, gcpu) = median_run(|| {
@@ -1074,7 +1080,7 @@ fn tasks_get(
                 get_maker(gw.addr, n, principals),
                 check_completed,
             ));
-            let cpu = (gw.proc.cpu_secs() - cpu0) * 1e6 / (g.ok + g.errors).max(1) as f64;
+            let cpu = cpu_us_per(&gw.proc, cpu0, &g);
             (g, cpu)
         });
         if conc == 32 {
@@ -1152,13 +1158,10 @@ fn durable_create(
             ));
             // The background calls (100 ms each) finish; their cost belongs to the point.
             std::thread::sleep(Duration::from_millis(1500));
-            let per = |d: f64| {
-                format!(
-                    "{:.0}",
-                    d * 1e6 / (s.ok + s.errors + s.refused).max(1) as f64
-                )
-            };
-            let cpu = (per(gw.proc.cpu_secs() - g0), per(demo.cpu_secs() - d0));
+            let cpu = (
+                format!("{:.0}", cpu_us_per(&gw.proc, g0, &s)),
+                format!("{:.0}", cpu_us_per(demo, d0, &s)),
+            );
             (s, cpu)
         });
         rep.row(&[

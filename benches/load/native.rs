@@ -25,7 +25,7 @@ use http_body_util::{BodyExt, Full};
 
 use super::{
     HttpClient, META_TASKS, MakeReq, Opts, Proc, Report, addr_after, check_completed,
-    check_task_created, err_note, ms, post, root, run_load,
+    check_task_created, cpu_us_per, err_note, ms, post, root, run_load,
 };
 
 const TITLE: &str = "Native reference (Python fastmcp[tasks]==4.1.4)";
@@ -285,7 +285,7 @@ pub(super) fn native_reference(
             check_task_created,
         ));
         let waited = drain(&n);
-        let cpu = (n.proc.cpu_secs() - cpu0) * 1e6 / (s.ok + s.errors + s.refused).max(1) as f64;
+        let cpu = cpu_us_per(&n.proc, cpu0, &s);
         rep.row(&[
             conc.to_string(),
             format!("{:.0}", s.rps()),
@@ -327,7 +327,7 @@ pub(super) fn native_reference(
         });
         let cpu0 = n.proc.cpu_secs();
         let s = rt.block_on(run_load(c, conc, o.warmup, o.duration, mk, check_completed));
-        let cpu = (n.proc.cpu_secs() - cpu0) * 1e6 / (s.ok + s.errors + s.refused).max(1) as f64;
+        let cpu = cpu_us_per(&n.proc, cpu0, &s);
         rep.row(&[
             conc.to_string(),
             format!("{:.0}", s.rps()),

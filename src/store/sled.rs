@@ -534,29 +534,16 @@ trait Record: DeserializeOwned {
     fn version(&self) -> u32;
 }
 
-impl Record for TaskRecord {
-    fn version(&self) -> u32 {
-        self.v
-    }
+macro_rules! records {
+    ($($t:ty),*) => {
+        $(impl Record for $t {
+            fn version(&self) -> u32 {
+                self.v
+            }
+        })*
+    };
 }
-
-impl Record for RequestRoute {
-    fn version(&self) -> u32 {
-        self.v
-    }
-}
-
-impl Record for Tombstone {
-    fn version(&self) -> u32 {
-        self.v
-    }
-}
-
-impl Record for StoredIdempotency {
-    fn version(&self) -> u32 {
-        self.v
-    }
-}
+records!(TaskRecord, RequestRoute, Tombstone, StoredIdempotency);
 
 /// Decode a versioned JSON record of `tree` at `key`. A current-version record is
 /// parsed once (every `tasks/get` reads one); older ones are upgraded via `upgrade`
@@ -914,11 +901,7 @@ impl TaskStore for SledStore {
     }
 
     fn get(&self, task_id: &str) -> Result<Option<TaskRecord>, StoreError> {
-        match self.tasks.get(task_id.as_bytes()) {
-            Ok(None) => Ok(None),
-            Ok(Some(b)) => decode("tasks", task_id.as_bytes(), &b, upgrade_task).map(Some),
-            Err(e) => Err(self.read_failed("get task", &e)),
-        }
+        Ok(self.read_task(task_id.as_bytes())?.map(|(_, rec)| rec))
     }
 
     /// A compare-and-swap loop: `f` may run more than once (again on a freshly read
@@ -931,14 +914,9 @@ impl TaskStore for SledStore {
     ) -> Result<Option<TaskRecord>, StoreError> {
         let key = task_id.as_bytes();
         loop {
-            let Some(bytes) = self
-                .tasks
-                .get(key)
-                .map_err(|e| self.read_failed("get task", &e))?
-            else {
+            let Some((bytes, old)) = self.read_task(key)? else {
                 return Ok(None);
             };
-            let old: TaskRecord = decode("tasks", key, &bytes, upgrade_task)?;
             let mut rec = old.clone();
             if !f(&mut rec) {
                 return Ok(Some(old));
@@ -1057,14 +1035,9 @@ impl TaskStore for SledStore {
         let key = task_id.as_bytes();
         let idem_of_key = meta_key(META_IDEM_OF, key);
         loop {
-            let Some(bytes) = self
-                .tasks
-                .get(key)
-                .map_err(|e| self.read_failed("get task", &e))?
-            else {
+            let Some((bytes, rec)) = self.read_task(key)? else {
                 return Ok(None);
             };
-            let rec: TaskRecord = decode("tasks", key, &bytes, upgrade_task)?;
             let idx = self
                 .meta
                 .get(&idem_of_key)
@@ -1190,6 +1163,18 @@ impl TaskStore for SledStore {
 }
 
 impl SledStore {
+    /// A task's stored bytes (for a compare-and-swap against them) and its record.
+    fn read_task(&self, key: &[u8]) -> Result<Option<(sled::IVec, TaskRecord)>, StoreError> {
+        match self.tasks.get(key) {
+            Ok(None) => Ok(None),
+            Ok(Some(b)) => {
+                let rec = decode("tasks", key, &b, upgrade_task)?;
+                Ok(Some((b, rec)))
+            }
+            Err(e) => Err(self.read_failed("get task", &e)),
+        }
+    }
+
     /// Whether an idempotency entry's task is neither stored nor tombstoned: only a
     /// crash can leave such an entry (a live create writes its task before claiming
     /// the key; expiry writes the tombstone before removing the task).
