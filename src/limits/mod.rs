@@ -35,7 +35,7 @@ use crate::store::{TaskRecord, now_ms};
 use crate::upstream::{CallEvent, UpstreamError};
 use gate::{Entry, Gate, Permit};
 use interval::{IntervalInputs, advertised_interval};
-use keyed::{PollKey, PollLimiter, RequestLimiter};
+use keyed::{PollKeys, PollLimiter, RequestLimiter};
 
 /// Most limiter entries kept (each limiter); least recently used beyond that.
 const MAX_ENTRIES: usize = 100_000;
@@ -121,6 +121,7 @@ pub struct Limits {
     max_live_per_tenant: u64,
     queue_size: usize,
     polls: PollLimiter,
+    poll_keys: PollKeys,
     requests: Option<RequestLimiter>,
     gates: Mutex<HashMap<String, Arc<Gate>>>,
     cadence: Mutex<HashMap<String, Cadence>>,
@@ -165,6 +166,7 @@ impl Limits {
             max_ms: t.max_poll_interval_ms,
             max_live_per_tenant: l.max_live_tasks_per_tenant,
             queue_size: l.queue_size,
+            poll_keys: PollKeys::default(),
             polls: PollLimiter::new(
                 t.poll_interval_ms,
                 t.max_poll_interval_ms,
@@ -196,7 +198,7 @@ impl Limits {
     /// The poll limiter for `tasks/get` of a well-formed task id (checked before the
     /// task is resolved: a throttled poll costs no store read).
     pub fn check_poll(&self, p: &Principal, task_id: &str) -> Result<(), Throttled> {
-        let key: PollKey = (p.tenant.clone(), p.subject.clone(), task_id.to_string());
+        let key = self.poll_keys.key(&p.tenant, &p.subject, task_id);
         match self.polls.check(&key, Instant::now()) {
             Ok(()) => {
                 self.polls_ok.fetch_add(1, Ordering::Relaxed);
@@ -214,7 +216,7 @@ impl Limits {
 
     /// Record the interval advertised to `p` for a task (`tasks/get`, notifications).
     pub fn advertise(&self, p: &Principal, task_id: &str, interval_ms: u64) {
-        let key: PollKey = (p.tenant.clone(), p.subject.clone(), task_id.to_string());
+        let key = self.poll_keys.key(&p.tenant, &p.subject, task_id);
         self.polls.advertise(&key, interval_ms, Instant::now());
     }
 

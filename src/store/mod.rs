@@ -166,6 +166,10 @@ pub trait TaskStore: Send + Sync + 'static {
 
     fn idempotency_get(&self, key: &[u8]) -> Result<Option<IdempotencyEntry>, StoreError>;
 
+    /// How many tasks the store holds, by status (one pass over the records; for
+    /// seeding the `taskgate_tasks` gauge in the background, not for a request path).
+    fn count_by_status(&self) -> Result<Vec<(TaskStatus, u64)>, StoreError>;
+
     /// Ids of tasks whose `expires_at_ms <= now_ms`, oldest first, at most `limit`.
     fn expired(&self, now_ms: u64, limit: usize) -> Result<Vec<String>, StoreError>;
 

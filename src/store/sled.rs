@@ -979,6 +979,19 @@ impl TaskStore for SledStore {
         }
     }
 
+    fn count_by_status(&self) -> Result<Vec<(super::TaskStatus, u64)>, StoreError> {
+        let mut counts: Vec<(super::TaskStatus, u64)> = Vec::new();
+        for kv in self.tasks.iter() {
+            let (k, v) = kv.map_err(|e| self.read_failed("scan tasks", &e))?;
+            let status = probe(&k, &v)?.status;
+            match counts.iter_mut().find(|(s, _)| *s == status) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((status, 1)),
+            }
+        }
+        Ok(counts)
+    }
+
     /// Also repairs the index as it goes: an entry whose task is gone, or whose task
     /// now expires at another time (a crash between an update and its index change),
     /// is replaced by the entry the record calls for.
