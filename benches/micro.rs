@@ -1,5 +1,5 @@
-//! Micro-benchmarks (divan): wire validation, JWT verification, durable store creation
-//! and the `tasks/get` snapshot.
+//! Micro-benchmarks (divan): wire validation, JWT verification, durable store creation,
+//! the `tasks/get` snapshot and the poll-limiter decision.
 //!
 //! `cargo bench --bench micro` (all), `cargo bench --bench micro -- jwt` (a filter).
 //! Side-by-side rows matter more than absolute times: the machine is shared.
@@ -371,5 +371,49 @@ mod snapshot_get {
         );
         rec.issued_keys.push("elicitation-1".into());
         run(b, rec);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Poll-limiter decision (`tasks/get`, before the store read).
+
+#[divan::bench_group]
+mod poll_limiter {
+    use super::*;
+    use taskgate::auth::Principal;
+    use taskgate::config::{LimitsConfig, TasksConfig};
+    use taskgate::limits::Limits;
+
+    fn limits() -> (Limits, Principal) {
+        let l = Limits::new(&LimitsConfig::default(), &TasksConfig::default(), &[]);
+        let p = Principal {
+            tenant: "acme".into(),
+            subject: "alice".into(),
+        };
+        (l, p)
+    }
+
+    /// The same task polled again at once: refused (after the burst).
+    #[divan::bench]
+    fn same_task_throttled(b: Bencher) {
+        let (l, p) = limits();
+        b.bench_local(|| l.check_poll(&p, "tsk_AAAAAAAAAAAAAAAAAAAAAA").is_err());
+    }
+
+    /// A new task id on every poll: allowed, and the bounded state keeps evicting
+    /// (1M distinct ids against a 100k-entry cap).
+    #[divan::bench]
+    fn new_task_each_poll(b: Bencher) {
+        let (l, p) = limits();
+        let ids: Vec<String> = (0..1_000_000u64).map(|i| format!("tsk_{i:022}")).collect();
+        // Fill the state past its cap first, so every measured poll meets a full map.
+        for id in &ids[..200_000] {
+            let _ = l.check_poll(&p, id);
+        }
+        let n = AtomicU64::new(200_000);
+        b.bench_local(|| {
+            let i = n.fetch_add(1, Ordering::Relaxed) as usize % ids.len();
+            l.check_poll(&p, &ids[i]).is_ok()
+        });
     }
 }
