@@ -64,7 +64,9 @@ fn init_tracing(json: bool) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(taskgate::logsink::Sink);
+        .with_writer(taskgate::logsink::Sink)
+        // Colour codes only for a terminal, not in files and pipes.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     taskgate::logsink::flush_on_panic();
     if json {
         builder.json().init();

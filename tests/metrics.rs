@@ -125,6 +125,10 @@ async fn metrics_move_with_traffic() {
     );
     assert!(get(&after, "taskgate_throttled_total{reason=\"poll_interval\"}") >= 1.0);
     assert!(get(&after, "taskgate_promotions_total{upstream=\"demo\"}") >= 1.0);
+    // Every durable creation waited on a group-commit round.
+    let rounds = get(&after, "taskgate_store_flush_rounds_total");
+    assert!(rounds >= 1.0, "{after:?}");
+    assert!(get(&after, "taskgate_store_flush_round_waiters_total") >= rounds);
     assert_eq!(
         get(&after, "taskgate_tasks{status=\"completed\"}"),
         1.0,
