@@ -296,9 +296,10 @@ impl TaskStore for MeteredStore {
     fn expire(
         &self,
         task_id: &str,
+        now_ms: u64,
         tombstone_until_ms: u64,
     ) -> Result<Option<TaskRecord>, StoreError> {
-        let r = self.inner.expire(task_id, tombstone_until_ms)?;
+        let r = self.inner.expire(task_id, now_ms, tombstone_until_ms)?;
         if let Some(rec) = &r {
             task_gauge(rec.status, -1.0);
             crate::limits::get().task_done(task_id);

@@ -186,11 +186,20 @@ impl Gateway {
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<usize>().ok());
-        if declared_len.is_some_and(|n| n > max) {
+        let body_timeout = Duration::from_millis(self.cfg.server.body_timeout_ms);
+        if let Some(n) = declared_len
+            && n > max
+        {
+            // Read what the client is sending before refusing it: hyper closes the
+            // connection after the reply, and closing a socket with unread data resets
+            // it, so the client may see the reset instead of the 413 (nginx's
+            // "lingering close"). Bounded in bytes and time.
+            if n <= REFUSED_BODY_DRAIN_BYTES {
+                drain_body(req.into_body(), body_timeout.min(REFUSED_BODY_DRAIN_TIME)).await;
+            }
             return too_large();
         }
         let (parts, body) = req.into_parts();
-        let body_timeout = Duration::from_millis(self.cfg.server.body_timeout_ms);
         let bytes: Bytes =
             match tokio::time::timeout(body_timeout, Limited::new(body, max).collect()).await {
                 Err(_) => {
@@ -409,4 +418,17 @@ pub async fn serve(gw: Arc<Gateway>, listener: TcpListener, shutdown: Cancellati
     {
         tracing::warn!("drain grace period elapsed with connections still open");
     }
+}
+
+/// Bodies refused for their declared size are still read up to this size (see
+/// `drain_body`), and for at most this long.
+const REFUSED_BODY_DRAIN_BYTES: usize = 8 * 1024 * 1024;
+const REFUSED_BODY_DRAIN_TIME: Duration = Duration::from_secs(2);
+
+/// Read and discard a request body, for at most `within`.
+async fn drain_body(mut body: hyper::body::Incoming, within: Duration) {
+    let _ = tokio::time::timeout(within, async move {
+        while let Some(Ok(_)) = body.frame().await {}
+    })
+    .await;
 }

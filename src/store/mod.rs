@@ -173,12 +173,15 @@ pub trait TaskStore: Send + Sync + 'static {
     /// Ids of tasks whose `expires_at_ms <= now_ms`, oldest first, at most `limit`.
     fn expired(&self, now_ms: u64, limit: usize) -> Result<Vec<String>, StoreError>;
 
-    /// Delete an expired task (and its expiry index entry), leaving an owner-only
-    /// tombstone (written first, so the owner never sees "not found") that lives until `tombstone_until_ms`. Returns the
-    /// deleted record.
+    /// Delete a task whose `expires_at_ms <= now_ms` (and its expiry index entry),
+    /// leaving an owner-only tombstone (written first, so the owner never sees "not
+    /// found") that lives until `tombstone_until_ms`. Returns the deleted record;
+    /// `None` if the task is gone or — re-checked on the record itself, since an update
+    /// may have extended it after [`expired`](Self::expired) listed it — not due.
     fn expire(
         &self,
         task_id: &str,
+        now_ms: u64,
         tombstone_until_ms: u64,
     ) -> Result<Option<TaskRecord>, StoreError>;
 

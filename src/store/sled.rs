@@ -86,20 +86,22 @@
 //!   its log as a contiguous prefix (0.34.7 `LogIter::next` stops at the first torn
 //!   message; `check_contiguity_in_unstable_tail` cuts the tail at the first gap).
 //!   Writes are visible as they land, so the order also keeps concurrent readers safe:
-//!   * `create`: request route → task (compare-and-swap: an existing id is refused) →
-//!     idempotency claim → `meta/idem_of` → expiry entry → live entry. A route always
+//!   * `create`: request route → expiry entry → live entry → task (compare-and-swap:
+//!     an existing id is refused) → `meta/idem_of` → idempotency claim. A route always
 //!     exists before its task, so start-up recovery ([`TaskStore::routes`]) finds every
-//!     task a crash may have left `working`.
-//!   * `update`: task → (only when the expiry got earlier) new expiry entry → old
+//!     task a crash may have left `working`; its expiry entry exists too, so it expires.
+//!     A losing claim undoes in reverse order, task first.
+//!   * `update`: (only when the expiry got earlier) new expiry entry → task → old
 //!     expiry entry removed → live entry removed/added when the status crosses
 //!     terminal.
-//!   * `expire`: tombstone → task removed (compare-and-swap) → expiry entry →
-//!     `meta/idem_of` → live entry. The owner never sees "not found" in between.
+//!   * `expire`: tombstone → task removed (compare-and-swap) → `meta/idem_of` →
+//!     expiry entry → live entry. The owner never sees "not found" in between.
 //!   * `sweep_tombstones`: idempotency entry → tombstone.
 //! * **Repairs of what a cut-short operation leaves:** an expiry entry whose task is
 //!   gone, or whose task now expires at another time, is dropped or moved by
-//!   [`TaskStore::expired`]; an idempotency entry whose task and tombstone are both
-//!   missing is taken over by the next `create` with that key; live entries of tasks
+//!   [`TaskStore::expired`] (with a gone task's `idem_of`); an idempotency entry whose
+//!   task and tombstone are both missing reads as absent and is taken over by the next
+//!   `create` with that key; live entries of tasks
 //!   that are gone or terminal are dropped when the store opens
 //!   (`tests::crash_leftovers_are_repaired`).
 //! * **Live-task counts** ([`TaskStore::live_tasks`], the tenant quota) come from the
@@ -124,7 +126,7 @@
 //! | `idempotency` | caller-scoped index key bytes (built by the engine from tenant, subject, upstream, tool, key) | `{"v", "task_id", "args_fingerprint"}` ([`IdempotencyEntry`] + `v`) |
 //! | `expiry`      | 8-byte big-endian time ++ task id                | empty; one entry per task, at or *before* its `expires_at_ms` (a later expiry is applied lazily: [`TaskStore::expired`] moves an entry that comes due early), so a range scan up to `now` finds every expired task |
 //! | `tombstones`  | task id                                          | [`Tombstone`] JSON |
-//! | `live`        | 2-byte big-endian tenant length ++ tenant ++ task id | empty; one entry per non-terminal task |
+//! | `live`        | 4-byte big-endian tenant length ++ tenant ++ task id | empty; one entry per non-terminal task |
 //! | `meta`        | `schema`                                         | 4-byte big-endian schema version of the store as a whole |
 //! | `meta`        | `secret/<name>`                                  | 32 raw random bytes (see [`TaskStore::secret`]) |
 //! | `meta`        | `layout/live_index`                              | `[1]`: the `live` tree is built (stores without it are migrated at open) |
@@ -657,13 +659,13 @@ fn decode_idempotency(key: &[u8], bytes: &[u8]) -> Result<IdempotencyEntry, Stor
     })
 }
 
-/// Key of a live-index entry: 2-byte big-endian tenant length ++ tenant ++ task id (the
+/// Key of a live-index entry: 4-byte big-endian tenant length ++ tenant ++ task id (the
 /// length prefix keeps any tenant string unambiguous).
 fn live_key(tenant: &str, task_id: &str) -> Vec<u8> {
     let t = tenant.as_bytes();
-    let len = u16::try_from(t.len()).unwrap_or(u16::MAX);
-    let t = &t[..usize::from(len)];
-    let mut k = Vec::with_capacity(2 + t.len() + task_id.len());
+    // A tenant claim of 4 GiB cannot pass the request size limit.
+    let len = u32::try_from(t.len()).unwrap_or(u32::MAX);
+    let mut k = Vec::with_capacity(4 + t.len() + task_id.len());
     k.extend_from_slice(&len.to_be_bytes());
     k.extend_from_slice(t);
     k.extend_from_slice(task_id.as_bytes());
@@ -672,9 +674,9 @@ fn live_key(tenant: &str, task_id: &str) -> Vec<u8> {
 
 /// Split a live-index key into (tenant, task id).
 fn split_live_key(k: &[u8]) -> Option<(&str, &str)> {
-    let len = usize::from(u16::from_be_bytes([*k.first()?, *k.get(1)?]));
-    let tenant = std::str::from_utf8(k.get(2..2 + len)?).ok()?;
-    let task = std::str::from_utf8(k.get(2 + len..)?).ok()?;
+    let len = usize::try_from(u32::from_be_bytes(k.get(..4)?.try_into().ok()?)).ok()?;
+    let tenant = std::str::from_utf8(k.get(4..4usize.checked_add(len)?)?).ok()?;
+    let task = std::str::from_utf8(k.get(4 + len..)?).ok()?;
     Some((tenant, task))
 }
 
@@ -816,8 +818,8 @@ impl SledStore {
 // ---------------------------------------------------------------------------------
 
 impl TaskStore for SledStore {
-    /// Write order (see "Write order and crash recovery" in the module docs): route,
-    /// task, idempotency claim, `idem_of`, expiry entry, live entry.
+    /// Write order (module docs, "Concurrency contract"): route, expiry entry, live
+    /// entry, task, `idem_of`, idempotency claim.
     fn create(
         &self,
         task: &TaskRecord,
@@ -828,17 +830,38 @@ impl TaskStore for SledStore {
         let route_bytes = encode_route(route)?;
         let id = task.task_id.as_bytes();
         let route_id = route.route_id.as_bytes();
+        let duplicate = || {
+            StoreError::Corrupt(format!(
+                "tasks/{}: a task with this id already exists",
+                task.task_id
+            ))
+        };
+        // Refused before anything is written, so no undo can touch the other task's
+        // index entries (the compare-and-swap below still guards a same-id race).
+        if self
+            .tasks
+            .contains_key(id)
+            .map_err(|e| self.read_failed("get task", &e))?
+        {
+            return Err(duplicate());
+        }
 
         self.put(&self.routes, "create: route", route_id, &route_bytes)?;
+        // Index entries before the task: a task that a crash cuts short still expires,
+        // and a task that turns terminal at once (a duplicate's cancel) is never
+        // counted live after the fact. Entries without a task are dropped lazily.
+        let exp = expiry_key(task.expires_at_ms, &task.task_id);
+        self.put(&self.expiry, "create: expiry entry", &exp, &[])?;
+        let live = !task.status.is_terminal();
+        if live {
+            self.mark_live(&task.tenant, &task.task_id)?;
+        }
         let r = self
             .tasks
             .compare_and_swap(id, None as Option<&[u8]>, Some(task_bytes));
         if let Cas::Lost(_) = self.cas("create: task", r)? {
             self.del(&self.routes, "create: undo route", route_id)?;
-            return Err(StoreError::Corrupt(format!(
-                "tasks/{}: a task with this id already exists",
-                task.task_id
-            )));
+            return Err(duplicate());
         }
         if let Some(k) = idempotency_key {
             let ours = encode(
@@ -850,6 +873,10 @@ impl TaskStore for SledStore {
                     args_fingerprint: task.args_fingerprint.clone(),
                 },
             )?;
+            // Before the claim: expiry moves it into the tombstone, so the claim is
+            // swept with it; a crash never leaves a claim its tombstone would not name.
+            let idem_of = meta_key(META_IDEM_OF, id);
+            self.put(&self.meta, "create: idem_of", &idem_of, k)?;
             let mut expect: Option<sled::IVec> = None;
             loop {
                 let r =
@@ -865,25 +892,22 @@ impl TaskStore for SledStore {
                     Some(v) => {
                         let entry = decode_idempotency(k, &v)?;
                         if self.names_nothing(&entry.task_id)? {
-                            // Left by a crash between the claim and the task write of a
-                            // create that never answered: take it over.
                             expect = Some(v);
                             continue;
                         }
-                        // Another call owns the key: undo ours (nobody saw its id).
+                        // Another call owns the key: undo ours (nobody saw its id),
+                        // task first so nothing names a half-removed task.
                         self.del(&self.tasks, "create: undo task", id)?;
+                        self.del(&self.meta, "create: undo idem_of", &idem_of)?;
+                        if live {
+                            self.unmark_live(&task.tenant, &task.task_id)?;
+                        }
+                        self.del(&self.expiry, "create: undo expiry entry", &exp)?;
                         self.del(&self.routes, "create: undo route", route_id)?;
                         return Ok(Created::Existing(entry));
                     }
                 }
             }
-            let idem_of = meta_key(META_IDEM_OF, id);
-            self.put(&self.meta, "create: idem_of", &idem_of, k)?;
-        }
-        let exp = expiry_key(task.expires_at_ms, &task.task_id);
-        self.put(&self.expiry, "create: expiry entry", &exp, &[])?;
-        if !task.status.is_terminal() {
-            self.mark_live(&task.tenant, &task.task_id)?;
         }
         Ok(Created::New)
     }
@@ -925,20 +949,23 @@ impl TaskStore for SledStore {
             rec.task_id = task_id.to_string();
             rec.v = SCHEMA_VERSION;
             let new_bytes = encode_task(&rec)?;
+            // An earlier expiry needs its entry before the record says so (a crash
+            // must not leave the entry late; a spare earlier entry is repaired by
+            // `expired`). A later one needs no write: the old, earlier entry comes due
+            // first and `expired` moves it then — every completed task moves its
+            // expiry by the retention time.
+            let earlier = rec.expires_at_ms < old.expires_at_ms;
+            if earlier {
+                let new = expiry_key(rec.expires_at_ms, task_id);
+                self.put(&self.expiry, "update: expiry entry", &new, &[])?;
+            }
             let r = self
                 .tasks
                 .compare_and_swap(key, Some(&bytes), Some(new_bytes));
             if let Cas::Lost(_) = self.cas("update task", r)? {
                 continue;
             }
-            if rec.expires_at_ms < old.expires_at_ms {
-                // Earlier: the index must say so now. (Later needs no write: the old,
-                // earlier entry comes due first and `expired` moves it then — every
-                // completed task moves its expiry by the retention time.) New entry
-                // before the old one goes: a crash in between leaves an extra entry,
-                // which `expired` repairs, never a task without one.
-                let new = expiry_key(rec.expires_at_ms, task_id);
-                self.put(&self.expiry, "update: expiry entry", &new, &[])?;
+            if earlier {
                 let gone = expiry_key(old.expires_at_ms, task_id);
                 self.del(&self.expiry, "update: old expiry entry", &gone)?;
             }
@@ -972,12 +999,19 @@ impl TaskStore for SledStore {
         Ok(out)
     }
 
+    /// A claim whose task and tombstone are both gone counts as absent (the next
+    /// `create` with the key takes it over): only writes lost out of order can leave
+    /// one, and it must not refuse its key forever.
     fn idempotency_get(&self, key: &[u8]) -> Result<Option<IdempotencyEntry>, StoreError> {
-        match self.idempotency.get(key) {
-            Ok(None) => Ok(None),
-            Ok(Some(b)) => decode_idempotency(key, &b).map(Some),
-            Err(e) => Err(self.read_failed("get idempotency entry", &e)),
+        let entry = match self.idempotency.get(key) {
+            Ok(None) => return Ok(None),
+            Ok(Some(b)) => decode_idempotency(key, &b)?,
+            Err(e) => return Err(self.read_failed("get idempotency entry", &e)),
+        };
+        if self.names_nothing(&entry.task_id)? {
+            return Ok(None);
         }
+        Ok(Some(entry))
     }
 
     fn count_by_status(&self) -> Result<Vec<(super::TaskStatus, u64)>, StoreError> {
@@ -1031,9 +1065,22 @@ impl TaskStore for SledStore {
                     let right = expiry_key(t, id);
                     self.put(&self.expiry, "repair expiry entry", &right, &[])?;
                     self.del(&self.expiry, "drop stale expiry entry", &k)?;
+                    // An update may have moved the expiry to exactly `at` meanwhile
+                    // (its entry is the one just dropped): put it back then.
+                    if let Some(v) = self
+                        .tasks
+                        .get(id.as_bytes())
+                        .map_err(|e| self.read_failed("get task", &e))?
+                        && probe(id.as_bytes(), &v)?.expires_at_ms == at
+                    {
+                        self.put(&self.expiry, "repair expiry entry", &k, &[])?;
+                    }
                 }
                 None => {
+                    // The task is gone: so are the leftovers of its indexes.
                     self.del(&self.expiry, "drop stale expiry entry", &k)?;
+                    let idem_of = meta_key(META_IDEM_OF, id.as_bytes());
+                    self.del(&self.meta, "drop stale idem_of", &idem_of)?;
                 }
             }
         }
@@ -1044,6 +1091,7 @@ impl TaskStore for SledStore {
     fn expire(
         &self,
         task_id: &str,
+        now_ms: u64,
         tombstone_until_ms: u64,
     ) -> Result<Option<TaskRecord>, StoreError> {
         let key = task_id.as_bytes();
@@ -1052,6 +1100,9 @@ impl TaskStore for SledStore {
             let Some((bytes, rec)) = self.read_task(key)? else {
                 return Ok(None);
             };
+            if rec.expires_at_ms > now_ms {
+                return Ok(None);
+            }
             let idx = self
                 .meta
                 .get(&idem_of_key)
@@ -1072,9 +1123,9 @@ impl TaskStore for SledStore {
             if let Cas::Lost(_) = self.cas("expire: task", r)? {
                 continue;
             }
+            self.del(&self.meta, "expire: idem_of", &idem_of_key)?;
             let exp = expiry_key(rec.expires_at_ms, task_id);
             self.del(&self.expiry, "expire: expiry entry", &exp)?;
-            self.del(&self.meta, "expire: idem_of", &idem_of_key)?;
             if !rec.status.is_terminal() {
                 self.unmark_live(&rec.tenant, task_id)?;
             }
@@ -1432,11 +1483,15 @@ mod tests {
         store
             .create(&task("tsk_a", "acme", 1000), &route("ra", None), Some(key))
             .unwrap();
-        let gone = store.expire("tsk_a", 10_000).unwrap().unwrap();
+        // Not due yet (re-checked on the record): nothing happens.
+        assert_eq!(store.expire("tsk_a", 999, 10_000).unwrap(), None);
+        assert!(store.get("tsk_a").unwrap().is_some());
+        assert_eq!(store.tombstone("tsk_a").unwrap(), None);
+        let gone = store.expire("tsk_a", 1000, 10_000).unwrap().unwrap();
         assert_eq!(gone.task_id, "tsk_a");
         assert_eq!(store.get("tsk_a").unwrap(), None);
         assert_eq!(store.expired(u64::MAX, 10).unwrap(), Vec::<String>::new());
-        assert_eq!(store.expire("tsk_a", 10_000).unwrap(), None);
+        assert_eq!(store.expire("tsk_a", u64::MAX, 10_000).unwrap(), None);
         let tomb = store.tombstone("tsk_a").unwrap().unwrap();
         assert_eq!(
             tomb,
@@ -1521,12 +1576,12 @@ mod tests {
             .unwrap();
         assert_eq!(store.live_tasks("acme").unwrap(), 2);
         // Expiring a live task decrements, a terminal one does not.
-        store.expire("a2", 10).unwrap();
+        store.expire("a2", u64::MAX, 10).unwrap();
         assert_eq!(store.live_tasks("acme").unwrap(), 1);
-        store.expire("a1", 10).unwrap();
-        store.expire("a4", 10).unwrap();
+        store.expire("a1", u64::MAX, 10).unwrap();
+        store.expire("a4", u64::MAX, 10).unwrap();
         assert_eq!(store.live_tasks("acme").unwrap(), 1);
-        store.expire("a3", 10).unwrap();
+        store.expire("a3", u64::MAX, 10).unwrap();
         assert_eq!(store.live_tasks("acme").unwrap(), 0);
         assert_eq!(store.live_tasks("beta").unwrap(), 1);
 
@@ -1676,6 +1731,7 @@ mod tests {
             .idempotency
             .insert(key, serde_json::to_vec(&orphan).unwrap())
             .unwrap();
+        assert_eq!(store.idempotency_get(key).unwrap(), None, "reads as absent");
         assert_eq!(
             store
                 .create(&task("tsk_b", "acme", 1000), &route("rb", None), Some(key))
@@ -1687,7 +1743,7 @@ mod tests {
             "tsk_b"
         );
         // ...but a claim whose task expired (tombstone) still answers Existing.
-        store.expire("tsk_b", 10_000).unwrap();
+        store.expire("tsk_b", u64::MAX, 10_000).unwrap();
         assert!(matches!(
             store.create(&task("tsk_c", "acme", 1000), &route("rc", None), Some(key)),
             Ok(Created::Existing(e)) if e.task_id == "tsk_b"
@@ -1918,10 +1974,19 @@ mod tests {
             .into_iter()
             .map(|r| r.route_id)
             .collect();
+        let indexed: std::collections::HashSet<String> = store
+            .expiry
+            .iter()
+            .map(|kv| String::from_utf8(kv.unwrap().0[8..].to_vec()).unwrap())
+            .collect();
         for kv in store.tasks.iter() {
             let (k, _) = kv.unwrap();
             let id = String::from_utf8(k.to_vec()).unwrap();
             assert!(routes.contains(&id), "task {id} survived without its route");
+            assert!(
+                indexed.contains(&id),
+                "task {id} survived without an expiry entry"
+            );
         }
         let live = store.live_tasks("acme").unwrap() as usize;
         assert!(live >= CRASH_N && live <= store.tasks.len(), "{live}");

@@ -286,6 +286,8 @@ impl Engine {
         let (requests, responders) = split_inputs(batch);
         let mut keys = Vec::new();
         let r = self.store.update(task_id, &mut |rec| {
+            // `update` may run this more than once: only the last run's keys count.
+            keys.clear();
             if rec.status.is_terminal() {
                 return false;
             }

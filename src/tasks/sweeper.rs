@@ -51,10 +51,13 @@ impl Engine {
                 break;
             }
             for id in &ids {
-                self.abort_live(id);
-                self.store.expire(id, tomb_until)?;
-                self.changed(id);
-                n += 1;
+                // Only a task still due is expired (an update may have extended it
+                // since it was listed); its call, if any, stops then.
+                if self.store.expire(id, now, tomb_until)?.is_some() {
+                    self.abort_live(id);
+                    self.changed(id);
+                    n += 1;
+                }
             }
             if ids.len() < 512 {
                 break;
