@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ClientCapabilities,
-    ClientConfig, GetTaskParams, Implementation, InputResponses, ProtocolVersion, TaskPayload,
-    TaskStatus, UpdateTaskParams,
+    ClientConfig, CreateTaskResult, GetTaskParams, Implementation, InputResponses, ProtocolVersion,
+    TaskPayload, TaskStatus, UpdateTaskParams,
 };
 use rmcp::service::{ClientLifecycleMode, ClientServiceExt, RoleClient, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
@@ -60,6 +60,23 @@ async fn client(gw: &Gateway, elicitation: bool) -> RunningService<RoleClient, C
 
 fn args(v: Value) -> rmcp::model::JsonObject {
     serde_json::from_value(v).unwrap()
+}
+
+/// Call `tool` and expect a task handle (the call was promoted).
+async fn start_task(
+    c: &RunningService<RoleClient, ClientConfig>,
+    gw: &Gateway,
+    tool: &'static str,
+    arguments: Value,
+) -> CreateTaskResult {
+    let r = c
+        .call_tool_once(CallToolRequestParams::new(tool).with_arguments(args(arguments)))
+        .await
+        .unwrap_or_else(|e| panic!("{tool}: {e:?}\n{}", gw.proc.log_text()));
+    match r {
+        CallToolResponse::Task(t) => t,
+        other => panic!("expected a task, got {other:?}"),
+    }
 }
 
 /// `tasks/get` through rmcp until the status is `until` or terminal.
@@ -122,16 +139,7 @@ async fn rmcp_discover_list_and_inline_call() {
 async fn rmcp_task_create_poll_result() {
     let gw = gateway().await;
     let c = client(&gw, false).await;
-    let r = c
-        .call_tool_once(
-            CallToolRequestParams::new("sleep").with_arguments(args(json!({"ms": 1500}))),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("sleep: {e:?}\n{}", gw.proc.log_text()));
-    let created = match r {
-        CallToolResponse::Task(t) => t,
-        other => panic!("expected a task, got {other:?}"),
-    };
+    let created = start_task(&c, &gw, "sleep", json!({"ms": 1500})).await;
     let id = created.task.task_id.clone();
     assert!(id.starts_with("tsk_"), "{id}");
     assert!(
@@ -156,17 +164,7 @@ async fn rmcp_task_create_poll_result() {
 async fn rmcp_task_input_required_update_completes() {
     let gw = gateway().await;
     let c = client(&gw, true).await;
-    let r = c
-        .call_tool_once(
-            CallToolRequestParams::new("elicit")
-                .with_arguments(args(json!({"message": "Favourite colour?"}))),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("elicit: {e:?}\n{}", gw.proc.log_text()));
-    let created = match r {
-        CallToolResponse::Task(t) => t,
-        other => panic!("expected a task, got {other:?}"),
-    };
+    let created = start_task(&c, &gw, "elicit", json!({"message": "Favourite colour?"})).await;
     let id = created.task.task_id.clone();
 
     let t = poll(&c, &id, TaskStatus::InputRequired, &gw).await;
@@ -206,16 +204,7 @@ async fn rmcp_task_input_required_update_completes() {
 async fn rmcp_task_cancel() {
     let gw = gateway().await;
     let c = client(&gw, false).await;
-    let r = c
-        .call_tool_once(
-            CallToolRequestParams::new("sleep").with_arguments(args(json!({"ms": 20000}))),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("sleep: {e:?}\n{}", gw.proc.log_text()));
-    let created = match r {
-        CallToolResponse::Task(t) => t,
-        other => panic!("expected a task, got {other:?}"),
-    };
+    let created = start_task(&c, &gw, "sleep", json!({"ms": 20000})).await;
     let id = created.task.task_id.clone();
     c.peer()
         .cancel_task(CancelTaskParams::new(id.clone()))
