@@ -437,3 +437,151 @@ async fn connection_cap_holds_extra_connections() {
     let text = String::from_utf8_lossy(&buf[..n]);
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
 }
+
+/// Send `head` (request line and headers, no blank line) plus `body` on a fresh
+/// connection and read until the gateway closes it or 10 s pass.
+async fn exchange(s: &DemoSetup, head: &str, body: &[u8]) -> (String, bool) {
+    let mut conn = TcpStream::connect(s.gw.addr).await.unwrap();
+    let mut req = format!("{head}\r\n\r\n").into_bytes();
+    req.extend_from_slice(body);
+    conn.write_all(&req).await.unwrap();
+    match read_until_closed(&mut conn, Duration::from_secs(10)).await {
+        Ok(b) => (String::from_utf8_lossy(&b).into_owned(), true),
+        Err(b) => (String::from_utf8_lossy(&b).into_owned(), false),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_single_valued_headers_are_refused() {
+    let s = http_gateway("").await;
+    let port = s.gw.addr.port();
+    let local = format!("127.0.0.1:{port}");
+    // (header, values, expected status): a repeat is never "first value wins".
+    let cases: Vec<(&'static str, Vec<String>, u16)> = vec![
+        ("host", vec![local.clone(), "evil.example".into()], 400),
+        ("host", vec![local.clone(), local.clone()], 400),
+        (
+            "origin",
+            vec!["http://localhost".into(), "http://evil.example".into()],
+            403,
+        ),
+        (
+            "origin",
+            vec!["http://localhost".into(), "http://localhost".into()],
+            403,
+        ),
+        (
+            "content-type",
+            vec!["application/json".into(), "application/json".into()],
+            415,
+        ),
+        (
+            "authorization",
+            vec![format!("Bearer {}", token("alice", "acme")); 2],
+            401,
+        ),
+    ];
+    for (name, values, status) in cases {
+        let mut extra: Vec<(&'static str, String)> = Vec::new();
+        for v in values {
+            extra.push((name, v));
+        }
+        let r = discover_with_headers(&s, &extra).await;
+        assert_eq!(r.status, status, "{name}: {}", body_text(&r));
+        assert!(r.json().get("result").is_none(), "{name}");
+    }
+    // A repeated MCP header is a header/body mismatch (-32020) with the id echoed,
+    // even when one of the copies matches the body.
+    let c = s.client();
+    for (name, second) in [
+        ("mcp-method", "tools/list"),
+        ("mcp-protocol-version", "2025-06-18"),
+        ("mcp-name", "other"),
+        ("idempotency-key", "k2"),
+        ("mcp-param-region", "eu"),
+    ] {
+        let params = json!({"name": "echo", "arguments": {"text": "x"}});
+        let mut h = c.headers("tools/call", &params);
+        let first = h
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| "k1".to_string());
+        if !h.iter().any(|(k, _)| *k == name) {
+            h.push((name, first));
+        }
+        h.push((name, second.to_string()));
+        let body = c.body(json!("rep-1"), "tools/call", &params);
+        let r = raw(&c.url, "POST", &h, Bytes::from(body.to_string()))
+            .await
+            .unwrap();
+        assert_eq!(r.status, 400, "{name}: {}", body_text(&r));
+        let v = r.json();
+        assert_eq!(v["error"]["code"], -32020, "{name}: {v}");
+        assert_eq!(v["id"], "rep-1", "{name}: {v}");
+    }
+    // Accept is a list and may repeat.
+    let mut h = c.headers("server/discover", &json!({}));
+    h.retain(|(k, _)| *k != "accept");
+    h.push(("accept", "application/json".into()));
+    h.push(("accept", "text/event-stream".into()));
+    let body = c.body(json!(1), "server/discover", &json!({}));
+    let r = raw(&c.url, "POST", &h, Bytes::from(body.to_string()))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", body_text(&r));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http11_request_without_host_is_400() {
+    let s = http_gateway("").await;
+    let c = s.client();
+    let params = json!({});
+    let body = c.body(json!(1), "server/discover", &params).to_string();
+    let mut head = "POST /mcp HTTP/1.1".to_string();
+    for (k, v) in c.headers("server/discover", &params) {
+        head.push_str(&format!("\r\n{k}: {v}"));
+    }
+    head.push_str(&format!("\r\ncontent-length: {}", body.len()));
+    let (reply, _) = exchange(&s, &head, body.as_bytes()).await;
+    assert!(reply.starts_with("HTTP/1.1 400"), "{reply}");
+    // The same request with its Host is served.
+    let with_host = head.replacen("HTTP/1.1", &format!("HTTP/1.1\r\nhost: {}", s.gw.addr), 1);
+    let (reply, _) = exchange(
+        &s,
+        &format!("{with_host}\r\nconnection: close"),
+        body.as_bytes(),
+    )
+    .await;
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+}
+
+/// hyper's own framing rules, pinned: they are what keeps request smuggling out, and a
+/// hyper upgrade must not silently change them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conflicting_body_framing_is_refused_or_read_as_chunked() {
+    let s = http_gateway("").await;
+    let c = s.client();
+    let params = json!({});
+    let body = c.body(json!(1), "server/discover", &params).to_string();
+    let mut head = format!("POST /mcp HTTP/1.1\r\nhost: {}", s.gw.addr);
+    for (k, v) in c.headers("server/discover", &params) {
+        head.push_str(&format!("\r\n{k}: {v}"));
+    }
+    // Two different Content-Length values → 400.
+    let two = format!(
+        "{head}\r\ncontent-length: {}\r\ncontent-length: {}",
+        body.len(),
+        body.len() + 1
+    );
+    let (reply, _) = exchange(&s, &two, body.as_bytes()).await;
+    assert!(reply.starts_with("HTTP/1.1 400"), "{reply}");
+    // Content-Length + Transfer-Encoding: the body is read as chunked (the length is
+    // ignored), the request is served, and the connection is closed afterwards.
+    let chunked = format!("{:x}\r\n{body}\r\n0\r\n\r\n", body.len());
+    let both = format!("{head}\r\ncontent-length: 5\r\ntransfer-encoding: chunked");
+    let (reply, closed) = exchange(&s, &both, chunked.as_bytes()).await;
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(reply.contains("supportedVersions"), "{reply}");
+    assert!(closed, "connection kept open after CL + TE: {reply}");
+}

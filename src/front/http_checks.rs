@@ -1,7 +1,7 @@
 //! Transport-level checks before the body is read (policy 12): Origin/Host against
 //! DNS rebinding, Content-Type, Accept.
 
-use http::{HeaderMap, header};
+use http::{HeaderMap, HeaderValue, StatusCode, Uri, Version, header};
 
 use crate::config::ServerConfig;
 
@@ -26,31 +26,112 @@ fn origin_authority(origin: &str) -> Option<&str> {
     Some(rest.trim_end_matches('/'))
 }
 
-/// `Err(reason)` when Origin or Host is not allowed (→ 403).
-pub fn check_origin_host(headers: &HeaderMap, cfg: &ServerConfig) -> Result<(), String> {
-    if let Some(origin) = headers.get(header::ORIGIN) {
-        let origin = origin.to_str().map_err(|_| "invalid Origin header")?;
+/// Why Origin/Host refused a request: a malformed request (400) or one the DNS
+/// rebinding rules do not admit (403).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostReject {
+    pub status: StatusCode,
+    pub reason: String,
+}
+
+impl HostReject {
+    fn bad(reason: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            reason: reason.into(),
+        }
+    }
+    fn forbidden(reason: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::FORBIDDEN,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// A header that must appear at most once appeared more than once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Repeated;
+
+/// The one value of a header that must not repeat: `Ok(None)` when absent,
+/// `Err(Repeated)` when it appears more than once (a proxy and the gateway could each
+/// read a different copy, so a repeat is never resolved by picking one).
+pub fn single(
+    headers: &HeaderMap,
+    name: impl http::header::AsHeaderName,
+) -> Result<Option<&HeaderValue>, Repeated> {
+    let mut all = headers.get_all(name).iter();
+    let first = all.next();
+    if all.next().is_some() {
+        return Err(Repeated);
+    }
+    Ok(first)
+}
+
+/// The authority the request names: `Host` on HTTP/1.x, which must appear exactly once
+/// (RFC 9112 §3.2), or `:authority` on HTTP/2 (RFC 9113 §8.3.1), where a `Host`
+/// header, if also sent, must agree with it.
+fn request_authority(
+    version: Version,
+    uri: &Uri,
+    headers: &HeaderMap,
+) -> Result<String, HostReject> {
+    let host = single(headers, header::HOST)
+        .map_err(|Repeated| HostReject::bad("repeated Host header"))?
+        .map(|h| {
+            h.to_str()
+                .map(str::to_string)
+                .map_err(|_| HostReject::bad("invalid Host header"))
+        })
+        .transpose()?;
+    if version == Version::HTTP_2
+        && let Some(authority) = uri.authority()
+    {
+        if let Some(h) = &host
+            && !h.eq_ignore_ascii_case(authority.as_str())
+        {
+            return Err(HostReject::bad("Host header does not match :authority"));
+        }
+        return Ok(authority.as_str().to_string());
+    }
+    host.ok_or_else(|| HostReject::bad("missing Host header"))
+}
+
+/// Origin and Host against DNS rebinding (policy 12): a missing or repeated `Host` is a
+/// malformed request (400); a disallowed `Host`, a disallowed `Origin` or a repeated
+/// `Origin` is refused (403).
+pub fn check_origin_host(
+    version: Version,
+    uri: &Uri,
+    headers: &HeaderMap,
+    cfg: &ServerConfig,
+) -> Result<(), HostReject> {
+    let host = request_authority(version, uri, headers)?;
+    let origin = single(headers, header::ORIGIN)
+        .map_err(|Repeated| HostReject::forbidden("repeated Origin header"))?;
+    if let Some(origin) = origin {
+        let origin = origin
+            .to_str()
+            .map_err(|_| HostReject::forbidden("invalid Origin header"))?;
         let allowed = cfg.allowed_origins.iter().any(|o| o == origin || o == "*")
             || origin_authority(origin).is_some_and(is_loopback_host);
         if !allowed {
-            return Err(format!("origin {origin:?} is not allowed"));
+            return Err(HostReject::forbidden(format!(
+                "origin {origin:?} is not allowed"
+            )));
         }
     }
-    let host = headers
-        .get(header::HOST)
-        .map(|h| h.to_str().map_err(|_| "invalid Host header".to_string()))
-        .transpose()?;
-    if let Some(host) = host {
-        let allowed = is_loopback_host(host)
-            || cfg.allowed_hosts.iter().any(|h| {
-                h.eq_ignore_ascii_case(host)
-                    || host
-                        .rsplit_once(':')
-                        .is_some_and(|(name, _)| h.eq_ignore_ascii_case(name))
-            });
-        if !allowed {
-            return Err(format!("host {host:?} is not allowed"));
-        }
+    let allowed = is_loopback_host(&host)
+        || cfg.allowed_hosts.iter().any(|h| {
+            h.eq_ignore_ascii_case(&host)
+                || host
+                    .rsplit_once(':')
+                    .is_some_and(|(name, _)| h.eq_ignore_ascii_case(name))
+        });
+    if !allowed {
+        return Err(HostReject::forbidden(format!(
+            "host {host:?} is not allowed"
+        )));
     }
     Ok(())
 }
@@ -63,9 +144,12 @@ fn media_type(v: &str) -> String {
         .to_ascii_lowercase()
 }
 
+/// Exactly one `Content-Type`, and it is JSON (a repeated one is refused like a wrong
+/// one: 415).
 pub fn content_type_is_json(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
+    single(headers, header::CONTENT_TYPE)
+        .ok()
+        .flatten()
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| media_type(v) == "application/json")
 }
@@ -103,30 +187,76 @@ mod tests {
         m
     }
 
+    fn check(pairs: &[(&str, &str)]) -> Result<(), u16> {
+        let uri = Uri::from_static("/mcp");
+        check_origin_host(Version::HTTP_11, &uri, &h(pairs), &ServerConfig::default())
+            .map_err(|r| r.status.as_u16())
+    }
+
     #[test]
     fn loopback_hosts() {
-        let cfg = ServerConfig::default();
         for host in ["localhost:8080", "127.0.0.1:9", "[::1]:80", "localhost"] {
-            assert!(
-                check_origin_host(&h(&[("host", host)]), &cfg).is_ok(),
-                "{host}"
-            );
+            assert_eq!(check(&[("host", host)]), Ok(()), "{host}");
         }
-        assert!(check_origin_host(&h(&[("host", "evil.example.com")]), &cfg).is_err());
-        assert!(
-            check_origin_host(
-                &h(&[("host", "localhost"), ("origin", "http://evil.example.com")]),
-                &cfg
-            )
-            .is_err()
+        assert_eq!(check(&[("host", "evil.example.com")]), Err(403));
+        assert_eq!(
+            check(&[("host", "localhost"), ("origin", "http://evil.example.com")]),
+            Err(403)
         );
-        assert!(
-            check_origin_host(
-                &h(&[("host", "localhost"), ("origin", "http://localhost:3000")]),
-                &cfg
-            )
-            .is_ok()
+        assert_eq!(
+            check(&[("host", "localhost"), ("origin", "http://localhost:3000")]),
+            Ok(())
         );
+    }
+
+    #[test]
+    fn repeated_or_missing_host_and_repeated_origin() {
+        assert_eq!(check(&[]), Err(400));
+        assert_eq!(
+            check(&[("host", "127.0.0.1"), ("host", "evil.example")]),
+            Err(400)
+        );
+        assert_eq!(
+            check(&[("host", "127.0.0.1"), ("host", "127.0.0.1")]),
+            Err(400)
+        );
+        assert_eq!(
+            check(&[
+                ("host", "127.0.0.1"),
+                ("origin", "http://localhost"),
+                ("origin", "http://evil.example")
+            ]),
+            Err(403)
+        );
+    }
+
+    #[test]
+    fn h2_authority_stands_for_host() {
+        let cfg = ServerConfig::default();
+        let uri = Uri::from_static("http://127.0.0.1:8080/mcp");
+        assert!(check_origin_host(Version::HTTP_2, &uri, &HeaderMap::new(), &cfg).is_ok());
+        let evil = Uri::from_static("http://evil.example/mcp");
+        let r = check_origin_host(Version::HTTP_2, &evil, &HeaderMap::new(), &cfg);
+        assert_eq!(r.map_err(|r| r.status.as_u16()), Err(403));
+        let r = check_origin_host(
+            Version::HTTP_2,
+            &Uri::from_static("/mcp"),
+            &HeaderMap::new(),
+            &cfg,
+        );
+        assert_eq!(r.map_err(|r| r.status.as_u16()), Err(400));
+    }
+
+    #[test]
+    fn repeated_content_type_is_refused() {
+        assert!(content_type_is_json(&h(&[(
+            "content-type",
+            "application/json"
+        )])));
+        assert!(!content_type_is_json(&h(&[
+            ("content-type", "application/json"),
+            ("content-type", "application/json")
+        ])));
     }
 
     #[test]

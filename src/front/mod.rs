@@ -74,11 +74,18 @@ impl Gateway {
         };
 
         // Origin/Host before anything else that reveals behaviour (DNS rebinding).
-        if let Err(reason) = http_checks::check_origin_host(req.headers(), &self.cfg.server) {
-            return reply::json(
-                StatusCode::FORBIDDEN,
-                &json!({"error": "forbidden", "reason": reason}),
-            );
+        if let Err(rej) = http_checks::check_origin_host(
+            req.version(),
+            req.uri(),
+            req.headers(),
+            &self.cfg.server,
+        ) {
+            let error = if rej.status == StatusCode::FORBIDDEN {
+                "forbidden"
+            } else {
+                "bad request"
+            };
+            return reply::json(rej.status, &json!({"error": error, "reason": rej.reason}));
         }
         if req.method() == Method::OPTIONS {
             return self.preflight(&req);
