@@ -252,3 +252,77 @@ async fn discover_and_session_headers() {
         "taskgate-demo"
     );
 }
+
+/// Headers for a raw `tools/call` of `tool` (the body is written by hand, so that its
+/// numbers and nesting are exactly what the test says).
+fn call_headers(c: &Client2026, tool: &str) -> Vec<(&'static str, String)> {
+    c.headers("tools/call", &json!({"name": tool}))
+}
+
+fn raw_call(tool: &str, id: &str, arguments: &str) -> String {
+    format!(
+        r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"{tool}","arguments":{arguments},"_meta":{}}}}}"#,
+        meta(json!({}))
+    )
+}
+
+#[tokio::test]
+async fn extreme_numbers_reach_the_upstream_unchanged() {
+    let gw = gateway().await;
+    let c = client(&gw);
+    let args = r#"{"huge":1e999,"negzero":-0,"long":123456789012345678901234567890,"exact":1.10,"tiny":-1E-400}"#;
+    let r = post_raw(
+        &gw,
+        call_headers(&c, "echo_arguments"),
+        &raw_call("echo_arguments", "5", args),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let v = r.json();
+    assert_eq!(v["id"], 5, "{v}");
+    // The demo upstream echoes the arguments it received as JSON text: every digit,
+    // sign and trailing zero arrived; exponents are spelled one way (`e+`/`e-`), the
+    // same JSON numbers.
+    let expected = r#"{"huge":1e+999,"negzero":-0,"long":123456789012345678901234567890,"exact":1.10,"tiny":-1e-400}"#;
+    assert_eq!(first_text(&v["result"]), expected, "{v}");
+}
+
+#[tokio::test]
+async fn negative_zero_id_is_echoed_as_zero() {
+    let gw = gateway().await;
+    let c = client(&gw);
+    let r = post_raw(
+        &gw,
+        call_headers(&c, "echo"),
+        &raw_call("echo", "-0", r#"{"text":"z"}"#),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let text = String::from_utf8_lossy(&r.body);
+    assert!(text.contains(r#""id":0,"#), "{text}");
+    assert_eq!(first_text(&r.json()["result"]), "z");
+}
+
+#[tokio::test]
+async fn nesting_past_the_parser_limit_is_invalid_request_with_id() {
+    let gw = gateway().await;
+    let c = client(&gw);
+    let deep = format!("{}{}", "[".repeat(129), "]".repeat(129));
+    let r = post_raw(
+        &gw,
+        call_headers(&c, "echo_arguments"),
+        &raw_call("echo_arguments", r#""deep""#, &format!(r#"{{"x":{deep}}}"#)),
+    )
+    .await;
+    assert_rpc_error(&r, 400, -32600, Some(json!("deep")));
+    // Nested within the limit, the same call is served.
+    let ok = format!("{}{}", "[".repeat(100), "]".repeat(100));
+    let args = format!(r#"{{"x":{ok}}}"#);
+    let r = post_raw(
+        &gw,
+        call_headers(&c, "echo_arguments"),
+        &raw_call("echo_arguments", "2", &args),
+    )
+    .await;
+    assert_eq!(first_text(&r.json()["result"]), args);
+}

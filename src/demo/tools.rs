@@ -45,6 +45,11 @@ pub(crate) fn list() -> Vec<Value> {
             schema(json!({"text": {"type": "string"}}), &["text"]),
         ),
         tool(
+            "echo_arguments",
+            "Echoes its arguments back as JSON text, exactly as received",
+            json!({"type": "object"}),
+        ),
+        tool(
             "sleep",
             "Sleeps, reporting progress",
             schema(sleep_props, &["ms"]),
@@ -153,6 +158,7 @@ pub(crate) async fn call(ctx: &CallCtx, name: &str, args: &Value) -> ToolOutcome
             Some(t) => ok(t),
             None => ToolOutcome::Error(RpcError::invalid_params("echo: missing string 'text'")),
         },
+        "echo_arguments" => ok(args.to_string()),
         "sleep" | "slow_required" => sleep(ctx, args).await,
         "elicit" => {
             if !ctx.session.caps().elicitation {

@@ -96,11 +96,54 @@ fn is_known_method(method: &str) -> bool {
     SERVED_METHODS.contains(&method)
 }
 
-fn header_str(headers: &HeaderMap, name: &str) -> Result<Option<String>, ()> {
-    match headers.get(name) {
-        None => Ok(None),
-        Some(v) => decode_header_value(v.as_bytes()).map(Some).ok_or(()),
+/// Why an MCP header could not be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HeaderFault {
+    /// Not visible ASCII and not a valid `=?base64?…?=` value.
+    Invalid,
+    /// Sent more than once: which copy an intermediary acted on is unknowable, so a
+    /// repeat counts as a mismatch with the body, never "first value wins".
+    Repeated,
+}
+
+fn header_str(headers: &HeaderMap, name: &str) -> Result<Option<String>, HeaderFault> {
+    match super::http_checks::single(headers, name) {
+        Err(super::http_checks::Repeated) => Err(HeaderFault::Repeated),
+        Ok(None) => Ok(None),
+        Ok(Some(v)) => decode_header_value(v.as_bytes())
+            .map(Some)
+            .ok_or(HeaderFault::Invalid),
     }
+}
+
+/// What a header fault says in the `-32020` message.
+fn fault_message(fault: HeaderFault, header: &str) -> String {
+    match fault {
+        HeaderFault::Invalid => format!("invalid {header} header"),
+        HeaderFault::Repeated => format!("repeated {header} header"),
+    }
+}
+
+/// The first `Mcp-Param-*` header sent more than once, if any.
+fn repeated_param_header(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .keys()
+        .map(http::HeaderName::as_str)
+        .filter(|k| k.starts_with("mcp-param-"))
+        .find(|k| headers.get_all(*k).iter().nth(1).is_some())
+}
+
+/// Serde's nesting limit (128 levels) stops a parse; the envelope's own members are
+/// read without it so the rejection can still echo the id.
+const NESTING_LIMIT_MESSAGE: &str = "recursion limit exceeded";
+
+/// The id of a body too deeply nested to parse, read from the top-level members only
+/// (skipping a value does not recurse, so nesting does not stop it).
+fn shallow_id(body: &[u8]) -> Option<RequestId> {
+    let members: std::collections::HashMap<&str, &serde_json::value::RawValue> =
+        serde_json::from_slice(body).ok()?;
+    let id: Value = serde_json::from_str(members.get("id")?.get()).ok()?;
+    protocol::canonical_id(id)
 }
 
 /// Validate a POST body against the headers. The caller has already checked path,
@@ -115,9 +158,19 @@ pub fn validate(body: &[u8], headers: &HeaderMap) -> Result<Incoming, Box<Reject
 fn validate_inner(body: &[u8], headers: &HeaderMap) -> Result<Incoming, Reject> {
     let bad = |id: Option<RequestId>, e: RpcError| Reject::new(StatusCode::BAD_REQUEST, id, e);
 
-    // 1. JSON parse.
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| bad(None, RpcError::parse_error(format!("parse error: {e}"))))?;
+    // 1. JSON parse. Numbers keep their text (`arbitrary_precision`), so valid JSON is
+    // never refused for a number; only nesting past the parser's limit is, and that is
+    // an invalid request, not a parse error.
+    let value: Value = serde_json::from_slice(body).map_err(|e| {
+        if e.to_string().starts_with(NESTING_LIMIT_MESSAGE) {
+            bad(
+                shallow_id(body),
+                RpcError::invalid_request("the message is nested more than 128 levels deep"),
+            )
+        } else {
+            bad(None, RpcError::parse_error(format!("parse error: {e}")))
+        }
+    })?;
 
     // 2. Envelope.
     let Value::Object(mut msg) = value else {
@@ -130,13 +183,15 @@ fn validate_inner(body: &[u8], headers: &HeaderMap) -> Result<Incoming, Reject> 
     };
     let id = match msg.remove("id") {
         None => None,
-        Some(id) if protocol::is_valid_id(&id) => Some(id),
-        Some(_) => {
-            return Err(bad(
-                None,
-                RpcError::invalid_request("id must be a string or an integer"),
-            ));
-        }
+        Some(id) => match protocol::canonical_id(id) {
+            Some(id) => Some(id),
+            None => {
+                return Err(bad(
+                    None,
+                    RpcError::invalid_request("id must be a string or an integer"),
+                ));
+            }
+        },
     };
     if msg.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
         return Err(bad(
@@ -198,7 +253,7 @@ fn validate_inner(body: &[u8], headers: &HeaderMap) -> Result<Incoming, Reject> 
         .and_then(|m| m.get(protocol::META_PROTOCOL_VERSION))
         .and_then(Value::as_str);
     match header_str(headers, "mcp-protocol-version") {
-        Err(()) => return Err(mismatch("invalid MCP-Protocol-Version header".into())),
+        Err(f) => return Err(mismatch(fault_message(f, "MCP-Protocol-Version"))),
         Ok(None) => return Err(mismatch("missing MCP-Protocol-Version header".into())),
         Ok(Some(h)) => {
             if let Some(b) = body_version
@@ -211,7 +266,7 @@ fn validate_inner(body: &[u8], headers: &HeaderMap) -> Result<Incoming, Reject> 
         }
     }
     match header_str(headers, "mcp-method") {
-        Err(()) => return Err(mismatch("invalid Mcp-Method header".into())),
+        Err(f) => return Err(mismatch(fault_message(f, "Mcp-Method"))),
         Ok(None) => return Err(mismatch("missing Mcp-Method header".into())),
         Ok(Some(h)) if h != method => {
             return Err(mismatch(format!(
@@ -222,8 +277,8 @@ fn validate_inner(body: &[u8], headers: &HeaderMap) -> Result<Incoming, Reject> 
     }
     if let Some(field) = name_field(&method) {
         let body_name = params.as_ref().and_then(|p| p.get(field));
-        let header = header_str(headers, "mcp-name")
-            .map_err(|()| mismatch("invalid Mcp-Name header".into()))?;
+        let header =
+            header_str(headers, "mcp-name").map_err(|f| mismatch(fault_message(f, "Mcp-Name")))?;
         match (header, body_name) {
             (None, Some(_)) => return Err(mismatch("missing Mcp-Name header".into())),
             (Some(h), Some(Value::String(b))) if &h != b => {
@@ -236,6 +291,24 @@ fn validate_inner(body: &[u8], headers: &HeaderMap) -> Result<Incoming, Reject> 
             }
             _ => {}
         }
+    }
+
+    if name_field(&method).is_none()
+        && matches!(header_str(headers, "mcp-name"), Err(HeaderFault::Repeated))
+    {
+        return Err(mismatch(fault_message(HeaderFault::Repeated, "Mcp-Name")));
+    }
+    if let Some(name) = repeated_param_header(headers) {
+        return Err(mismatch(format!("repeated {name} header")));
+    }
+    // A repeated key is a header fault like the others; an unreadable one is a bad
+    // parameter, answered after the method checks below.
+    let idempotency_key = header_str(headers, "idempotency-key");
+    if idempotency_key == Err(HeaderFault::Repeated) {
+        return Err(mismatch(fault_message(
+            HeaderFault::Repeated,
+            "Idempotency-Key",
+        )));
     }
 
     // 4. `_meta`.
@@ -258,15 +331,13 @@ fn validate_inner(body: &[u8], headers: &HeaderMap) -> Result<Incoming, Reject> 
         ));
     }
 
-    let idempotency_key = match header_str(headers, "idempotency-key") {
-        Ok(k) => k.filter(|k| !k.is_empty()),
-        Err(()) => {
-            return Err(bad(
-                Some(id),
-                RpcError::invalid_params("invalid Idempotency-Key header"),
-            ));
-        }
+    let Ok(idempotency_key) = idempotency_key else {
+        return Err(bad(
+            Some(id),
+            RpcError::invalid_params("invalid Idempotency-Key header"),
+        ));
     };
+    let idempotency_key = idempotency_key.filter(|k| !k.is_empty());
     let mut params = params.unwrap_or_default();
     params.remove("_meta");
     Ok(Incoming::Request(Box::new(ValidRequest {
@@ -394,5 +465,90 @@ mod tests {
             validate(body.to_string().as_bytes(), &HeaderMap::new()).unwrap(),
             Incoming::Notification
         ));
+    }
+
+    fn call_body(args: &str, id: &str) -> String {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"echo","arguments":{args},"_meta":{}}}}}"#,
+            meta()
+        )
+    }
+
+    fn call_headers() -> HeaderMap {
+        let mut h = ok_headers("tools/call");
+        h.insert("mcp-name", "echo".parse().unwrap());
+        h
+    }
+
+    #[test]
+    fn numbers_in_arguments_keep_their_text() {
+        let body = call_body(
+            r#"{"big":1e999,"neg":-0,"long":123456789012345678901234567890,"f":1.10}"#,
+            "7",
+        );
+        let Incoming::Request(r) = validate(body.as_bytes(), &call_headers()).unwrap() else {
+            panic!("not a request")
+        };
+        // Digits, sign and trailing zeros are kept; only the exponent is spelled the
+        // parser's one way (`e+`), which is the same JSON number.
+        assert_eq!(
+            serde_json::to_string(&r.params["arguments"]).unwrap(),
+            r#"{"big":1e+999,"neg":-0,"long":123456789012345678901234567890,"f":1.10}"#
+        );
+    }
+
+    #[test]
+    fn negative_zero_id_is_the_integer_zero() {
+        let body = call_body("{}", "-0");
+        let Incoming::Request(r) = validate(body.as_bytes(), &call_headers()).unwrap() else {
+            panic!("not a request")
+        };
+        assert_eq!(serde_json::to_string(&r.id).unwrap(), "0");
+        for bad_id in ["1.5", "1e2", "null", "[1]", "true"] {
+            let r = *validate(call_body("{}", bad_id).as_bytes(), &call_headers()).unwrap_err();
+            assert_eq!(r.error.code, -32600, "{bad_id}");
+        }
+    }
+
+    #[test]
+    fn nesting_past_the_limit_is_invalid_request_with_id() {
+        let deep = format!("{}{}", "[".repeat(129), "]".repeat(129));
+        let body = call_body(&format!(r#"{{"x":{deep}}}"#), r#""deep-1""#);
+        let r = *validate(body.as_bytes(), &call_headers()).unwrap_err();
+        assert_eq!((r.status.as_u16(), r.error.code), (400, -32600));
+        assert_eq!(r.id, Some(json!("deep-1")));
+        // Within the limit it is an ordinary request.
+        let ok = format!("{}{}", "[".repeat(100), "]".repeat(100));
+        assert!(
+            validate(
+                call_body(&format!(r#"{{"x":{ok}}}"#), "1").as_bytes(),
+                &call_headers()
+            )
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn repeated_mcp_headers_are_a_mismatch() {
+        let body = call_body("{}", "9");
+        for name in [
+            "mcp-protocol-version",
+            "mcp-method",
+            "mcp-name",
+            "idempotency-key",
+            "mcp-param-x",
+        ] {
+            let mut h = call_headers();
+            let v = h.get(name).cloned().unwrap_or_else(|| "v".parse().unwrap());
+            h.append(name, v.clone());
+            h.append(name, v);
+            let r = *validate(body.as_bytes(), &h).unwrap_err();
+            assert_eq!((r.status.as_u16(), r.error.code), (400, -32020), "{name}");
+            assert_eq!(r.id, Some(json!(9)), "{name}");
+        }
+        // Accept may repeat (it is a list), and a single Mcp-Param-* is fine.
+        let mut h = call_headers();
+        h.append("mcp-param-x", "v".parse().unwrap());
+        assert!(validate(body.as_bytes(), &h).is_ok());
     }
 }

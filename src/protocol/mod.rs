@@ -60,11 +60,18 @@ pub fn notification(method: &str, params: Value) -> Value {
     Value::Object(m)
 }
 
-/// Whether a JSON value is a valid 2026 request id (string or integer).
-pub fn is_valid_id(v: &Value) -> bool {
+/// The request id a JSON value stands for: a string, or an integer in canonical form
+/// (`-0` is the integer 0 and is echoed as `0`; `1.0` and `1e2` are not integers).
+/// `None` when the value is not a valid 2026 request id.
+pub fn canonical_id(v: Value) -> Option<RequestId> {
     match v {
-        Value::String(_) => true,
-        Value::Number(n) => n.is_i64() || n.is_u64(),
-        _ => false,
+        Value::String(_) => Some(v),
+        // With `arbitrary_precision` a number keeps its text; rebuild it from the
+        // integer so the echo is the canonical spelling.
+        Value::Number(n) => n
+            .as_i64()
+            .map(Value::from)
+            .or_else(|| n.as_u64().map(Value::from)),
+        _ => None,
     }
 }
