@@ -31,6 +31,74 @@ fn invalid(key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
     }
 }
 
+/// The shipped `config/taskgate.toml`, compiled in so the file and the binary's
+/// default cannot drift apart.
+pub const SHIPPED_DEFAULT: &str = include_str!("../config/taskgate.toml");
+
+/// Where `taskgate` looks for its configuration when `--config` is not given.
+pub const DEFAULT_CONFIG_PATH: &str = "config/taskgate.toml";
+
+/// Where a configuration comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigSource {
+    File(PathBuf),
+    /// [`SHIPPED_DEFAULT`]: no `--config` and no `./config/taskgate.toml`.
+    Embedded,
+}
+
+impl ConfigSource {
+    /// `--config` when given; else `./config/taskgate.toml` when it exists; else the
+    /// embedded default, so the binary works outside the repository.
+    pub fn resolve(explicit: Option<PathBuf>) -> Self {
+        match explicit {
+            Some(path) => Self::File(path),
+            None if Path::new(DEFAULT_CONFIG_PATH).exists() => {
+                Self::File(PathBuf::from(DEFAULT_CONFIG_PATH))
+            }
+            None => Self::Embedded,
+        }
+    }
+
+    /// What the start-up log says about the source.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::File(p) => p.display().to_string(),
+            Self::Embedded => {
+                "the built-in default (no --config, no ./config/taskgate.toml)".into()
+            }
+        }
+    }
+}
+
+/// The part of a configuration `taskgate token` needs: `[auth]` alone, so a config
+/// file holding only that table (or one whose other tables are for another setup)
+/// mints tokens.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct AuthOnly {
+    #[serde(default)]
+    pub auth: AuthConfig,
+}
+
+impl AuthOnly {
+    pub fn from_source(source: &ConfigSource) -> Result<AuthConfig, ConfigError> {
+        let (path, text) = match source {
+            ConfigSource::File(path) => (
+                path.clone(),
+                std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                    path: path.clone(),
+                    source,
+                })?,
+            ),
+            ConfigSource::Embedded => (PathBuf::new(), SHIPPED_DEFAULT.to_string()),
+        };
+        let only: AuthOnly = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path,
+            message: e.to_string(),
+        })?;
+        Ok(only.auth)
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
@@ -403,6 +471,19 @@ impl Config {
             },
             other => other,
         })
+    }
+
+    /// Load the configuration `source` names.
+    pub fn from_source(source: &ConfigSource) -> Result<Self, ConfigError> {
+        match source {
+            ConfigSource::File(path) => Self::load(path),
+            ConfigSource::Embedded => Self::parse(SHIPPED_DEFAULT),
+        }
+    }
+
+    /// Check the configuration again after a command-line override changed it.
+    pub fn revalidate(&self) -> Result<(), ConfigError> {
+        self.validate()
     }
 
     pub fn parse(text: &str) -> Result<Self, ConfigError> {

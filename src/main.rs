@@ -10,15 +10,13 @@ use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
 use taskgate::auth::{self, Authenticator};
-use taskgate::config::Config;
+use taskgate::config::{AuthOnly, Config, ConfigSource};
 use taskgate::front::{self, Gateway};
 use taskgate::mrtr::Holds;
 use taskgate::store::TaskStore;
 use taskgate::store::sled::SledStore;
 use taskgate::tasks::Engine;
 use taskgate::upstream::{UpstreamSet, stdio};
-
-const DEFAULT_CONFIG: &str = "config/taskgate.toml";
 
 #[derive(Parser)]
 #[command(
@@ -27,9 +25,13 @@ const DEFAULT_CONFIG: &str = "config/taskgate.toml";
     about = "MCP 2026-07-28 + Tasks gateway for legacy MCP servers"
 )]
 struct Cli {
-    /// Configuration file (TOML).
-    #[arg(long, global = true, default_value = DEFAULT_CONFIG)]
-    config: PathBuf,
+    /// Configuration file (TOML). Default: ./config/taskgate.toml if it exists, else
+    /// the built-in default (the shipped config/taskgate.toml).
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+    /// Listen address, overriding `server.listen` (e.g. 127.0.0.1:0 for any port).
+    #[arg(long, global = true)]
+    listen: Option<String>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -89,16 +91,16 @@ fn run() -> Result<()> {
         .build()
         .context("starting the tokio runtime")?;
     match cli.command.unwrap_or(Command::Serve) {
-        Command::Serve => runtime.block_on(serve(cli.config)),
+        Command::Serve => runtime.block_on(serve(ConfigSource::resolve(cli.config), cli.listen)),
         Command::Token {
             sub,
             tenant,
             scope,
             ttl,
         } => {
-            let cfg = Config::load(&cli.config)?;
+            let auth_cfg = AuthOnly::from_source(&ConfigSource::resolve(cli.config))?;
             let ttl = auth::parse_ttl(&ttl).map_err(|e| anyhow::anyhow!("--ttl: {e}"))?;
-            let token = auth::mint_token(&cfg.auth, &sub, &tenant, &scope, ttl)?;
+            let token = auth::mint_token(&auth_cfg, &sub, &tenant, &scope, ttl)?;
             println!("{token}");
             Ok(())
         }
@@ -114,9 +116,14 @@ fn run() -> Result<()> {
     }
 }
 
-async fn serve(config_path: PathBuf) -> Result<()> {
-    let cfg = Config::load(&config_path)?;
+async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<()> {
+    let mut cfg = Config::from_source(&source)?;
+    if let Some(listen) = listen_override {
+        cfg.server.listen = listen;
+        cfg.revalidate()?;
+    }
     init_tracing(cfg.server.log_format == "json");
+    tracing::info!(config = %source.describe(), "configuration loaded");
     let listen = cfg.listen_addr()?;
 
     std::fs::create_dir_all(&cfg.store.path)
