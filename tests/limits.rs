@@ -290,3 +290,80 @@ async fn wait_completed(c: &Client2026, t: &str) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Six concurrent slow task calls against `max_concurrency = 2`: the four that wait
+/// say "queued (position N)" in their CreateTaskResult and first `tasks/get`, and the
+/// position moves as calls ahead finish.
+async fn queued_tasks_say_so_from_the_start(upstream_extra: &str) {
+    let s = setup(
+        "[tasks]\npoll_interval_ms = 100\n[limits]\npoll_burst = 1000\n",
+        &format!("max_concurrency = 2\n{upstream_extra}"),
+    )
+    .await;
+    let c = s.client().with_caps(tasks_caps());
+    // Two calls take the slots first, so the queue order is known.
+    let mut created = Vec::new();
+    for _ in 0..2 {
+        let r = c.call_tool("sleep", json!({"ms": 4_000})).await;
+        created.push(r.json()["result"].clone());
+    }
+    let rest =
+        futures_util::future::join_all((0..4).map(|_| c.call_tool("sleep", json!({"ms": 1_500}))))
+            .await;
+    created.extend(rest.iter().map(|r| r.json()["result"].clone()));
+    let queued: Vec<&Value> = created
+        .iter()
+        .filter(|r| {
+            r["statusMessage"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("queued (position "))
+        })
+        .collect();
+    assert_eq!(queued.len(), 4, "CreateTaskResults: {created:#?}");
+    for r in &created {
+        assert_eq!(r["resultType"], "task", "{r}");
+    }
+    let last = queued
+        .iter()
+        .max_by_key(|r| r["statusMessage"].as_str().map(str::to_string))
+        .unwrap()["taskId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (st, first_msg) = task_status(&c, &last).await;
+    assert_eq!(st, "working");
+    assert!(first_msg.starts_with("queued (position "), "{first_msg}");
+    // The position moves as calls ahead finish, then the call runs and completes.
+    let start = std::time::Instant::now();
+    let mut seen = vec![first_msg.clone()];
+    loop {
+        let (st, msg) = task_status(&c, &last).await;
+        if seen.last() != Some(&msg) {
+            seen.push(msg.clone());
+        }
+        if st == "completed" {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "never completed: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        seen.len() >= 3,
+        "status never moved through the queue: {seen:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_task_reports_position_from_creation_after_the_deadline() {
+    // The default path: each call races promote_after_ms, then becomes a task.
+    queued_tasks_say_so_from_the_start("promote_after_ms = 300\n").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_task_reports_position_from_creation_when_created_first() {
+    // promote_after_ms = 0: the task is created before its call enters the queue.
+    queued_tasks_say_so_from_the_start("[upstream.tools.sleep]\npromote_after_ms = 0\n").await;
+}

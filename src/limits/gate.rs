@@ -54,6 +54,26 @@ impl Inner {
         Some(idx * waiting_tenants + ahead + 1)
     }
 
+    /// The position a call of `tenant` entering now would be given, `None` when it
+    /// would run at once. Same estimate as [`Self::position`].
+    fn position_of_next(&self, tenant: &str, max: usize) -> Option<usize> {
+        if self.in_flight < max && self.queued == 0 {
+            return None;
+        }
+        let me = self.tenants.get(tenant);
+        let idx = me.map_or(0, |t| t.waiting.len());
+        let key = me.map_or((0, 0), |t| (t.running, t.last_served));
+        let mut ahead = 0;
+        let mut waiting_tenants = usize::from(idx == 0);
+        for t in self.tenants.values().filter(|t| !t.waiting.is_empty()) {
+            waiting_tenants += 1;
+            if (t.running, t.last_served) < key {
+                ahead += 1;
+            }
+        }
+        Some(idx * waiting_tenants + ahead + 1)
+    }
+
     fn remove(&mut self, tenant: &str, id: u64) -> bool {
         let Some(t) = self.tenants.get_mut(tenant) else {
             return false;
@@ -240,6 +260,13 @@ impl Gate {
         i.in_flight = i.in_flight.saturating_sub(1);
     }
 
+    /// The queue position a call of `tenant` would get if it entered now (`None`: it
+    /// would run at once). Lets a task created before its call starts say "queued"
+    /// from its first snapshot on.
+    pub fn position_if_entered(&self, tenant: &str) -> Option<usize> {
+        self.inner.lock().ok()?.position_of_next(tenant, self.max)
+    }
+
     /// `(running, queued)`.
     pub fn load(&self) -> (usize, usize) {
         self.inner
@@ -329,5 +356,18 @@ mod tests {
         drop(w2);
         assert_eq!(g.load(), (0, 0));
         let _p = run(g.enter("c"));
+    }
+
+    #[test]
+    fn position_if_entered_predicts_the_next_waiter() {
+        let g = Gate::new(1, 10);
+        assert_eq!(g.position_if_entered("a"), None);
+        let _run = g.enter("a");
+        assert_eq!(g.position_if_entered("a"), Some(1));
+        let w1 = queued(g.enter("a"));
+        assert_eq!(w1.position(), Some(1));
+        assert_eq!(g.position_if_entered("a"), Some(2));
+        let w2 = queued(g.enter("a"));
+        assert_eq!(w2.position(), Some(2));
     }
 }

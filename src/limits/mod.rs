@@ -148,6 +148,10 @@ pub fn is_queue_event(p: &Map<String, Value>) -> bool {
     p.contains_key(QUEUE_EVENT)
 }
 
+fn queue_message(position: usize) -> String {
+    format!("queued (position {position})")
+}
+
 fn queue_event(message: String) -> CallEvent {
     let mut m = Map::new();
     m.insert("message".into(), Value::from(message));
@@ -287,7 +291,7 @@ impl Limits {
             if let Some(pos) = waiting.position()
                 && (reported != Some(pos) || last_report.elapsed() >= Duration::from_secs(2))
             {
-                let _ = events.try_send(queue_event(format!("queued (position {pos})")));
+                let _ = events.try_send(queue_event(queue_message(pos)));
                 reported = Some(pos);
                 last_report = Instant::now();
             }
@@ -300,6 +304,20 @@ impl Limits {
                 () = tokio::time::sleep(Duration::from_millis(250)) => {}
             }
         }
+    }
+
+    /// The status message of a call of `p` to `upstream` that has not entered the
+    /// queue yet: "queued (position N)" when it would wait, else `None`.
+    pub fn queue_status_if_entered(
+        &self,
+        upstream: &str,
+        max_concurrency: usize,
+        p: &Principal,
+    ) -> Option<String> {
+        let pos = self
+            .gate(upstream, max_concurrency)
+            .position_if_entered(&p.tenant)?;
+        Some(queue_message(pos))
     }
 
     /// Load in `[0, 3]` for the adaptive interval: queued calls relative to upstream

@@ -242,10 +242,19 @@ impl Engine {
     async fn create_then_call(
         self: &Arc<Self>,
         c: ToolCall,
-        rec: TaskRecord,
+        mut rec: TaskRecord,
         index: Option<Vec<u8>>,
         fp: String,
     ) -> Response<Body> {
+        // A call that will wait for an upstream slot says so from the first snapshot
+        // on (an estimate: the driver writes the position the queue reports).
+        if let Some(msg) = crate::limits::get().queue_status_if_entered(
+            c.upstream.name(),
+            c.upstream.cfg.max_concurrency,
+            &c.principal,
+        ) {
+            rec.status_message = Some(msg);
+        }
         let route = self.new_route(&c, &rec.task_id);
         match self.store.create(&rec, &route, index.as_deref()) {
             Ok(Created::New) => {}
@@ -310,6 +319,9 @@ impl Engine {
         tokio::pin!(deadline);
         let mut events_open = true;
         let mut inputs: Vec<InputRequest> = Vec::new();
+        // The latest progress or queue position: the task starts with it, so a queued
+        // call says so from its CreateTaskResult on.
+        let mut status_message: Option<String> = None;
         loop {
             tokio::select! {
                 r = &mut call => {
@@ -346,13 +358,19 @@ impl Engine {
                             InputVerdict::Refused => {}
                         }
                     }
-                    Some(_) => {}
+                    Some(CallEvent::Progress(p)) => {
+                        status_message = Some(super::driver::progress_message(&p));
+                    }
+                    Some(CallEvent::Log(_)) => {}
                 },
                 () = &mut deadline => break,
             }
         }
 
         let mut rec = self.new_record(&c, &tool, fp, None);
+        if let Some(msg) = status_message {
+            rec.status_message = Some(msg);
+        }
         let (requests, senders) = split_inputs(inputs);
         let keys = if requests.is_empty() {
             Vec::new()
