@@ -484,13 +484,16 @@ async fn cancel_mid_call_reaches_the_upstream() {
     let plain = plain_client(&gw, "alice", "acme", json!({}));
 
     let before = task_demo_stats(&plain).await["cancelled"].as_u64().unwrap();
-    let id = task_id(&create_task(&c, "sleep", json!({"ms": 20000})).await);
-    // Wait until the upstream call is really running (the demo counts calls).
-    let running = poll_until(&c, &id, Duration::from_secs(10), |r| {
-        r["status"] == "working"
+    let id = task_id(&create_task(&c, "sleep", json!({"ms": 20000, "steps": 40})).await);
+    // Wait until the upstream call is really running: its first progress report has
+    // become the status message. ("working" alone is also true of a task whose call
+    // has not reached the upstream yet; a cancel then has nothing to reach.)
+    let running = poll_until(&c, &id, Duration::from_secs(20), |r| {
+        r["status"] == "working" && r["statusMessage"] != "working"
     })
     .await;
-    assert_eq!(running["status"], "working");
+    assert_eq!(running["status"], "working", "{running}");
+    assert_ne!(running["statusMessage"], "working", "{running}");
 
     let ack = ok_result(&tasks_cancel(&c, &id).await);
     assert_eq!(ack["resultType"], "complete", "{ack}");
