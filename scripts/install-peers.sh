@@ -8,8 +8,10 @@
 #
 #   .peers/node22/          Node 22 from the npm registry (package `node`), pinned by
 #                           scripts/peers/node22/package-lock.json
-#   .peers/npm/             @modelcontextprotocol/conformance + server-everything,
-#                           pinned by scripts/peers/npm/package-lock.json
+#   .peers/npm/             @modelcontextprotocol/conformance + server-everything, and
+#                           the TypeScript SDK client + ext-tasks (the 2026-07-28 +
+#                           tasks client of tests/peers/ts_client.mjs), pinned by
+#                           scripts/peers/npm/package-lock.json
 #   .peers/venv-mcp130/     python venv with mcp==1.30.0 (+ pinned deps) for the
 #                           legacy fixture upstream tests/fixtures/conformance_upstream.py
 #   .peers/venv-fastmcp/    python venv with fastmcp[tasks]==4.1.4 (+ pinned deps): the
@@ -83,7 +85,7 @@ fi
 log "node22: $("$NODE22" --version)"
 echo "node $("$NODE22" --version)"
 
-# 2. npm peers (conformance suite, server-everything) ----------------------------------
+# 2. npm peers (conformance suite, server-everything, TypeScript SDK client) -----------
 # Installed with the Node 22 toolchain first on PATH (some dependencies declare
 # engines node >= 22; npm itself is the machine's).
 PATH="$PEERS/node22/node_modules/.bin:$PATH" npm_project "$SRC/npm" "$PEERS/npm"
@@ -92,6 +94,10 @@ for bin in conformance; do
 done
 [[ -f "$PEERS/npm/node_modules/@modelcontextprotocol/server-everything/dist/index.js" ]] \
   || { log "npm: server-everything dist/index.js missing"; exit 1; }
+for pkg in client ext-tasks; do
+  [[ -f "$PEERS/npm/node_modules/@modelcontextprotocol/$pkg/package.json" ]] \
+    || { log "npm: @modelcontextprotocol/$pkg missing"; exit 1; }
+done
 
 # 3. Python venvs ----------------------------------------------------------------------
 # venv NAME REQUIREMENTS_FILE

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a clean clone: installs the test peers (Node 22, the MCP
-# conformance suite, server-everything, pinned Python SDKs) into .peers/, builds once in
-# release mode, checks formatting and lints, then runs every test against the real binary.
+# conformance suite, server-everything, the TypeScript SDK client, pinned Python SDKs)
+# into .peers/, builds once in release mode, checks formatting and lints, then runs every
+# test against the real binary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -186,8 +186,8 @@ async fn owner_listen_streams_snapshots_and_drop_cancels_nothing() {
     let last = snapshots.last().unwrap();
     assert_eq!(last["status"], "completed", "{last}");
     assert_eq!(
-        last["result"],
-        json!({"content": [{"type": "text", "text": "slept 3000 ms"}]}),
+        last["result"]["content"],
+        json!([{"type": "text", "text": "slept 3000 ms"}]),
         "{last}"
     );
     // The snapshot equals what tasks/get returns (minus resultType and _meta).

@@ -89,8 +89,18 @@ async fn fast_call_inline_slow_call_flat_task_with_progress() {
     )
     .await;
     assert_eq!(done["status"], "completed", "{done}");
+    // The upstream CallToolResult unchanged, rendered as a 2026 result (see
+    // `completed_task_result_is_a_complete_result_with_server_info`).
+    let mut upstream_part = done["result"].clone();
+    let rendered = upstream_part.as_object_mut().unwrap();
     assert_eq!(
-        done["result"],
+        rendered.remove("resultType"),
+        Some(json!("complete")),
+        "{done}"
+    );
+    assert!(rendered.remove("_meta").is_some(), "{done}");
+    assert_eq!(
+        upstream_part,
         json!({"content": [{"type": "text", "text": "slept 1500 ms"}]}),
         "result must be exactly the upstream CallToolResult: {done}"
     );
@@ -100,6 +110,67 @@ async fn fast_call_inline_slow_call_flat_task_with_progress() {
         !progress_seen.is_empty(),
         "upstream progress never showed up as statusMessage"
     );
+}
+
+/// A completed task's `result` is the original request's result type: a 2026
+/// `CallToolResult` with its own `resultType: "complete"` and the upstream's identity
+/// in `_meta` (design.md, "Payload fidelity"), in `tasks/get` and in the
+/// `notifications/tasks` snapshot of a `subscriptions/listen` stream alike. Strict
+/// clients (the TypeScript SDK's ext-tasks codec) reject it otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completed_task_result_is_a_complete_result_with_server_info() {
+    let tools = "[upstream.tools.sleep]\npromote_after_ms = 0\n";
+    let gw = start_ready(&stdio_body("", tools)).await;
+    let c = tasks_client(&gw, "alice", "acme");
+    let id = task_id(&create_task(&c, "sleep", json!({"ms": 1500})).await);
+    let mut listen = SseStream::listen(&c, json!("sub"), json!({"taskIds": [id.clone()]})).await;
+    assert_eq!(listen.status, 200);
+
+    let check = |where_: &str, result: &serde_json::Value| {
+        assert_eq!(result["resultType"], "complete", "{where_}: {result}");
+        assert_eq!(
+            result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"], "taskgate-demo",
+            "{where_}: {result}"
+        );
+        assert!(
+            result["_meta"]
+                .get("io.modelcontextprotocol/related-task")
+                .is_none(),
+            "{where_}: {result}"
+        );
+        assert_eq!(
+            result["content"],
+            json!([{"type": "text", "text": "slept 1500 ms"}]),
+            "{where_}: {result}"
+        );
+    };
+
+    let done = poll_terminal(&c, &id).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    check("tasks/get", &done["result"]);
+    // The same identity as the tasks/get result itself.
+    assert_eq!(
+        done["result"]["_meta"]["io.modelcontextprotocol/serverInfo"],
+        done["_meta"]["io.modelcontextprotocol/serverInfo"],
+        "{done}"
+    );
+
+    // The listen stream's terminal snapshot carries the same rendered result.
+    let snapshot = loop {
+        let n = listen
+            .next(Duration::from_secs(30))
+            .await
+            .expect("listen stream ended before the completed snapshot");
+        if n["method"] == "notifications/tasks"
+            && is_terminal(n["params"]["status"].as_str().unwrap_or_default())
+        {
+            break n["params"].clone();
+        }
+    };
+    assert_eq!(snapshot["status"], "completed", "{snapshot}");
+    assert!(snapshot.get("resultType").is_none(), "{snapshot}");
+    check("notifications/tasks", &snapshot["result"]);
+    assert_eq!(snapshot["result"], done["result"], "{snapshot}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

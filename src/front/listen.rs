@@ -96,6 +96,7 @@ pub fn open(
         })
         .unwrap_or_default();
     let sub_id = req.id.clone();
+    let opened_with = info.server_info.clone();
     let mut rx = upstream.session_notifications(principal);
     let up = upstream.clone();
     let who = principal.clone();
@@ -129,6 +130,8 @@ pub fn open(
                 &mut rx,
                 &mut task_rx,
                 &engine,
+                &up,
+                &opened_with,
                 &honoured,
                 &uris,
                 &task_ids,
@@ -167,6 +170,8 @@ async fn relay(
     rx: &mut broadcast::Receiver<crate::upstream::SessionNotification>,
     task_rx: &mut broadcast::Receiver<String>,
     engine: &Arc<crate::tasks::Engine>,
+    up: &Arc<Upstream>,
+    opened_with: &Value,
     honoured: &Map<String, Value>,
     uris: &[String],
     task_ids: &[String],
@@ -194,10 +199,14 @@ async fn relay(
                 },
                 t = task_rx.recv(), if !task_ids.is_empty() => match t {
                     Ok(id) if task_ids.contains(&id) => {
-                        // A full snapshot, equal to what tasks/get returns now (spec B9).
+                        // A full snapshot, equal to what tasks/get returns now (spec B9),
+                        // so a completed result carries the upstream's current identity
+                        // (the one this stream opened with if none is known now).
                         if let Ok(Some(mut rec)) = engine.store.get(&id) {
                             crate::limits::get().adapt_for_owner(&mut rec);
-                            let n = tagged("notifications/tasks", Some(Value::Object(snapshot::detailed(&rec))), sub_id);
+                            let si = up.known_info().map(|i| i.server_info);
+                            let detailed = snapshot::detailed(&rec, si.as_ref().unwrap_or(opened_with));
+                            let n = tagged("notifications/tasks", Some(Value::Object(detailed)), sub_id);
                             if tx.send(reply::sse_event(&n)).await.is_err() {
                                 break;
                             }

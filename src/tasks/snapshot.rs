@@ -4,7 +4,7 @@
 use serde_json::{Map, Value};
 
 use super::clock::iso8601;
-use crate::front::results::add_server_info;
+use crate::front::results::{self, add_server_info};
 use crate::store::{TaskRecord, TaskStatus};
 
 /// The `Task` fields every shape shares.
@@ -29,7 +29,14 @@ fn base(rec: &TaskRecord) -> Map<String, Value> {
 }
 
 /// `DetailedTask`: status-specific fields only for their status (spec B3).
-pub fn detailed(rec: &TaskRecord) -> Map<String, Value> {
+///
+/// A completed task's `result` is what the original `tools/call` would have
+/// returned, so it is rendered here as a 2026 result — its own `resultType` and the
+/// upstream's identity in `_meta` (design.md, "Payload fidelity"). The store keeps
+/// the upstream `CallToolResult` as received; rendering at serve time means records
+/// written by any earlier version get the same shape, and `server_info` is the
+/// identity known now rather than at completion.
+pub fn detailed(rec: &TaskRecord, server_info: &Value) -> Map<String, Value> {
     let mut m = base(rec);
     match rec.status {
         TaskStatus::InputRequired => {
@@ -39,11 +46,15 @@ pub fn detailed(rec: &TaskRecord) -> Map<String, Value> {
             );
         }
         TaskStatus::Completed => {
+            let stored = rec
+                .result
+                .clone()
+                .unwrap_or_else(|| Value::Object(Map::new()));
+            // `complete` keeps the upstream's other `_meta` keys and drops a legacy
+            // `related-task` one (spec B3), as for an inline result.
             m.insert(
                 "result".into(),
-                rec.result
-                    .clone()
-                    .unwrap_or_else(|| Value::Object(Map::new())),
+                results::complete("tools/call", stored, server_info),
             );
         }
         TaskStatus::Failed => {
@@ -61,7 +72,7 @@ pub fn detailed(rec: &TaskRecord) -> Map<String, Value> {
 
 /// The `tasks/get` result.
 pub fn get_result(rec: &TaskRecord, server_info: &Value) -> Value {
-    let mut m = detailed(rec);
+    let mut m = detailed(rec, server_info);
     m.insert("resultType".into(), Value::from("complete"));
     add_server_info(&mut m, server_info);
     Value::Object(m)
@@ -73,4 +84,60 @@ pub fn create_result(rec: &TaskRecord, server_info: &Value) -> Value {
     m.insert("resultType".into(), Value::from("task"));
     add_server_info(&mut m, server_info);
     Value::Object(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::SCHEMA_VERSION;
+    use serde_json::json;
+
+    fn completed(result: Value) -> TaskRecord {
+        TaskRecord {
+            v: SCHEMA_VERSION,
+            task_id: "tsk_AAAAAAAAAAAAAAAAAAAAAA".into(),
+            tenant: "acme".into(),
+            subject: "alice".into(),
+            upstream: "demo".into(),
+            tool: "sleep".into(),
+            args_fingerprint: String::new(),
+            idempotency_key: None,
+            status: TaskStatus::Completed,
+            status_message: Some("completed".into()),
+            created_at_ms: 1,
+            last_updated_at_ms: 2,
+            ttl_ms: 60_000,
+            poll_interval_ms: 1000,
+            expires_at_ms: 60_001,
+            result: Some(result),
+            error: None,
+            input_requests: Map::new(),
+            issued_keys: Vec::new(),
+            cancel_requested: false,
+        }
+    }
+
+    #[test]
+    fn completed_result_is_rendered_as_a_complete_result() {
+        let si = json!({"name": "up", "version": "1"});
+        // As stored by an older build: the legacy linkage still present.
+        let rec = completed(json!({
+            "content": [{"type": "text", "text": "done"}],
+            "isError": false,
+            "_meta": {"x": 1, "io.modelcontextprotocol/related-task": {"taskId": "t"}}
+        }));
+        for shape in [get_result(&rec, &si), Value::Object(detailed(&rec, &si))] {
+            let r = &shape["result"];
+            assert_eq!(r["resultType"], "complete", "{shape}");
+            assert_eq!(r["content"][0]["text"], "done", "{shape}");
+            assert_eq!(r["isError"], false, "{shape}");
+            assert_eq!(
+                r["_meta"],
+                json!({"x": 1, "io.modelcontextprotocol/serverInfo": si}),
+                "{shape}"
+            );
+        }
+        // The stored record is untouched: rendering happens when served.
+        assert!(rec.result.as_ref().unwrap().get("resultType").is_none());
+    }
 }

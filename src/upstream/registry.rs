@@ -156,6 +156,13 @@ impl Upstream {
         self.boot.ensure_ready().await
     }
 
+    /// The identity learned at the boot transport's last initialisation, without
+    /// starting one (`None` before the first). For long-lived streams that render
+    /// results long after the request that opened them.
+    pub fn known_info(&self) -> Option<UpstreamInfo> {
+        self.boot.info()
+    }
+
     pub fn state(&self) -> TransportState {
         self.boot.state()
     }
