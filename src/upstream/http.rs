@@ -27,9 +27,13 @@
 //!   502–504 → `Unavailable`; other 5xx or a broken stream → [`UpstreamError::Broken`];
 //!   4xx, bad JSON, oversized messages → [`UpstreamError::Protocol`]. Reasons carry
 //!   the status and a snippet of the body.
-//! - **Attribution.** Progress, log messages and server→client requests are only ever
-//!   attributed to the call whose POST stream carried them. Requests arriving on the
-//!   standalone `GET` stream are answered by [`crate::upstream::unowned_request_answer`].
+//! - **Attribution.** Log messages and server→client requests are only ever attributed
+//!   to the call whose POST stream carried them. Requests arriving on the standalone
+//!   `GET` stream are answered by [`crate::upstream::unowned_request_answer`]. Progress
+//!   is attributed by its token instead, on whichever stream of the session it arrives:
+//!   the tokens are the gateway's own, minted per call and never reused by this
+//!   transport (design.md policy 14), so a token names exactly one call. Some servers
+//!   (python-sdk 1.9, see shared/peers.md) send a call's progress on the GET stream.
 //! - **Cancellation.** Dropping a [`LegacyTransport::call`] future once its request may
 //!   have reached the upstream (sending started, answer not complete) POSTs
 //!   `notifications/cancelled` (spawned, fire and forget); late answers vanish with the
@@ -39,6 +43,7 @@
 //!   the call with [`UpstreamError::Protocol`].
 //! - **No panics on upstream input.** Every upstream-controlled path returns an error.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
@@ -158,6 +163,10 @@ pub struct HttpUpstream {
     notifications: broadcast::Sender<SessionNotification>,
     next_id: AtomicU64,
     next_token: AtomicU64,
+    /// Progress token → the call that owns it, for progress arriving on a stream other
+    /// than the call's own (see the module docs). Entries live exactly as long as the
+    /// call ([`ProgressRoute`]).
+    progress_routes: Mutex<HashMap<u64, ProgressTarget>>,
     /// Wakes the supervisor when the session was lost.
     session_lost: Arc<Notify>,
     stop: CancellationToken,
@@ -213,6 +222,7 @@ impl HttpUpstream {
             notifications,
             next_id: AtomicU64::new(1),
             next_token: AtomicU64::new(1),
+            progress_routes: Mutex::new(HashMap::new()),
             session_lost: Arc::new(Notify::new()),
             stop: CancellationToken::new(),
             shutting_down: AtomicBool::new(false),
@@ -565,15 +575,21 @@ impl HttpUpstream {
         events: mpsc::Sender<CallEvent>,
     ) -> Result<CallOutcome, UpstreamError> {
         let request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let token = spec
+        let token_id = spec
             .want_progress
-            .then(|| Value::from(self.next_token.fetch_add(1, Ordering::Relaxed)));
+            .then(|| self.next_token.fetch_add(1, Ordering::Relaxed));
+        let token = token_id.map(Value::from);
         let mut params = spec.params;
         if let Some(t) = &token {
             let mut meta = Map::new();
             meta.insert("progressToken".into(), t.clone());
             params.insert("_meta".into(), Value::Object(meta));
         }
+        // Removes the token's route however this call ends (answer, error, drop).
+        let route = token_id.map(|token| ProgressRoute {
+            upstream: self,
+            token,
+        });
         let msg = session::request(request_id, &spec.method, params);
         let body = Bytes::from(serde_json::to_vec(&msg).map_err(|e| self.protocol(e.to_string()))?);
         let mut guard = CancelGuard {
@@ -584,6 +600,10 @@ impl HttpUpstream {
         };
         for attempt in 0..2 {
             let session = self.ensure_session().await?;
+            if let Some(r) = &route {
+                // Per attempt: a retry after re-initialisation runs in a new session.
+                r.register(session.generation, &events);
+            }
             // From here on the request may reach the upstream: dropping us cancels it.
             guard.session = Some(session.clone());
             let resp = match self
@@ -814,11 +834,14 @@ impl HttpUpstream {
             },
             Inbound::Notification { method, params } => match method.as_str() {
                 "notifications/progress" => {
-                    if let (Some(events), Some(token)) = (ctx.events, &ctx.token)
-                        && let Some((t, rest)) = session::split_progress(params)
-                        && &t == token
-                    {
-                        let _ = events.send(CallEvent::Progress(rest)).await;
+                    if let Some((t, rest)) = session::split_progress(params) {
+                        match (ctx.events, &ctx.token) {
+                            (Some(events), Some(token)) if &t == token => {
+                                let _ = events.send(CallEvent::Progress(rest)).await;
+                            }
+                            // Another call's token on this stream: route it by token.
+                            _ => self.route_progress(ctx.session.generation, &t, rest),
+                        }
                     }
                 }
                 "notifications/message" => {
@@ -835,6 +858,36 @@ impl HttpUpstream {
             },
         }
         None
+    }
+
+    fn progress_routes(&self) -> MutexGuard<'_, HashMap<u64, ProgressTarget>> {
+        // Critical sections are single map operations: poisoning cannot leave the map
+        // inconsistent, so it is ignored.
+        self.progress_routes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Deliver progress that arrived on a stream other than its call's own POST stream
+    /// (the standalone GET stream, or another call's stream) to the call its token
+    /// names, if that call is in flight in the session (`generation`) that carried it.
+    /// Never waits: the caller may be the GET stream reader, which serves every call
+    /// of the session; when the call's event queue is full this report is dropped,
+    /// which loses nothing a later report will not replace.
+    fn route_progress(&self, generation: u64, token: &Value, params: Map<String, Value>) {
+        let target = token.as_u64().and_then(|t| {
+            self.progress_routes()
+                .get(&t)
+                .filter(|r| r.generation == generation)
+                .and_then(|r| r.events.upgrade())
+        });
+        let Some(events) = target else {
+            tracing::debug!(upstream = %self.name, token = %token, "progress for no call in flight dropped");
+            return;
+        };
+        if events.try_send(CallEvent::Progress(params)).is_err() {
+            tracing::debug!(upstream = %self.name, token = %token, "progress dropped: the call's event queue is full or closed");
+        }
     }
 
     fn broadcast(&self, method: String, params: Option<Value>) {
@@ -870,6 +923,39 @@ impl<'a> CallCtx<'a> {
             last_event_id: None,
             retry_ms: None,
         }
+    }
+}
+
+/// Where progress for one token goes. The sender is weak so the route never keeps a
+/// finished call's event channel open (receivers see the channel close when the call
+/// ends, as with any other transport).
+struct ProgressTarget {
+    generation: u64,
+    events: mpsc::WeakSender<CallEvent>,
+}
+
+/// A call's entry in [`HttpUpstream::progress_routes`]; removed on drop, so the token
+/// stops routing as soon as the call is answered, fails or is cancelled.
+struct ProgressRoute<'a> {
+    upstream: &'a HttpUpstream,
+    token: u64,
+}
+
+impl ProgressRoute<'_> {
+    fn register(&self, generation: u64, events: &mpsc::Sender<CallEvent>) {
+        self.upstream.progress_routes().insert(
+            self.token,
+            ProgressTarget {
+                generation,
+                events: events.downgrade(),
+            },
+        );
+    }
+}
+
+impl Drop for ProgressRoute<'_> {
+    fn drop(&mut self) {
+        self.upstream.progress_routes().remove(&self.token);
     }
 }
 
@@ -1030,8 +1116,9 @@ async fn supervise(me: Weak<HttpUpstream>, lost: Arc<Notify>, stop: Cancellation
     }
 }
 
-/// The standalone GET stream of one session: unsolicited notifications and requests
-/// no call owns. Reconnects with backoff while that session is current; stops on 405.
+/// The standalone GET stream of one session: unsolicited notifications, requests no
+/// call owns, and progress that some servers send here for a call (routed by token).
+/// Reconnects with backoff while that session is current; stops on 405.
 async fn listen(me: Weak<HttpUpstream>, session: Session, stop: CancellationToken) {
     let mut backoff = INITIAL_BACKOFF;
     let mut last_id: Option<String> = None;
@@ -1113,9 +1200,13 @@ async fn listen(me: Weak<HttpUpstream>, session: Session, stop: CancellationToke
                                 up.spawn_answer(session.clone(), id, std::future::ready(answer));
                             }
                             Ok(Inbound::Notification { method, params }) => match method.as_str() {
-                                "notifications/progress"
-                                | "notifications/message"
-                                | "notifications/cancelled" => {
+                                // Progress names its call by our token (module docs).
+                                "notifications/progress" => {
+                                    if let Some((t, rest)) = session::split_progress(params) {
+                                        up.route_progress(session.generation, &t, rest);
+                                    }
+                                }
+                                "notifications/message" | "notifications/cancelled" => {
                                     tracing::debug!(upstream = %up.name, %method, "unattributed notification dropped");
                                 }
                                 _ => up.broadcast(method, params),
@@ -1292,6 +1383,10 @@ mod tests {
         get_stream: bool,
         /// Answer an unknown session id with 400 (python-sdk ≤ 1.9) instead of 404.
         unknown_session_400: bool,
+        /// The open standalone GET stream, for tools that talk on it.
+        get_tx: Mutex<Option<mpsc::Sender<Bytes>>>,
+        /// Lets the `get_progress` tool answer.
+        release: Notify,
     }
 
     impl MockState {
@@ -1402,6 +1497,7 @@ mod tests {
                 return reply(405);
             }
             let (tx, body) = channel_body();
+            *st.get_tx.lock().unwrap() = Some(tx.clone());
             tokio::spawn(async move {
                 let _ = tx
                     .send(event(
@@ -1522,6 +1618,24 @@ mod tests {
                 Ok(sse_headers(Response::builder())
                     .body(Full::new(event(None, &note)).boxed_unsync())
                     .unwrap())
+            }
+            "get_progress" => {
+                // python-sdk 1.9: the call's progress goes out on the GET stream (after
+                // a report for a token nobody holds); the answer waits for `release`.
+                let token = body["params"]["_meta"]["progressToken"].clone();
+                let get = st.get_tx.lock().unwrap().clone().unwrap();
+                for t in [json!("someone-else"), json!(987_654), token] {
+                    let p = json!({"jsonrpc":"2.0","method":"notifications/progress",
+                        "params":{"progressToken":t,"progress":1,"message":"on GET"}});
+                    let _ = get.send(event(None, &p)).await;
+                }
+                let (tx, out) = channel_body();
+                tokio::spawn(async move {
+                    st.release.notified().await;
+                    let res = result(&id, json!({"content":[{"type":"text","text":"released"}]}));
+                    let _ = tx.send(event(None, &res)).await;
+                });
+                Ok(sse_headers(Response::builder()).body(out).unwrap())
             }
             "hang" => {
                 let (tx, out) = channel_body();
@@ -1915,6 +2029,47 @@ mod tests {
             })
         })
         .await;
+    }
+
+    #[tokio::test]
+    async fn progress_on_get_stream_reaches_the_call_by_token() {
+        let (addr, st) = mock(MockState {
+            get_stream: true,
+            ..MockState::default()
+        })
+        .await;
+        let up = HttpUpstream::start(opts(format!("http://{addr}/mcp")));
+        up.ensure_ready().await.unwrap();
+        eventually("GET stream", || st.get_tx.lock().unwrap().is_some()).await;
+        let (tx, mut rx) = mpsc::channel(8);
+        let caller = up.clone();
+        let call = tokio::spawn(async move { caller.call(spec("get_progress", true), tx).await });
+        let ev = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("progress from the GET stream");
+        // Reports for tokens no call holds were dropped, not delivered in its place.
+        match ev {
+            Some(CallEvent::Progress(p)) => {
+                assert_eq!(
+                    p,
+                    json!({"progress":1,"message":"on GET"})
+                        .as_object()
+                        .cloned()
+                        .unwrap()
+                );
+            }
+            other => panic!("expected progress, got {other:?}"),
+        }
+        st.release.notify_one();
+        let v = ok_result(call.await.unwrap());
+        assert_eq!(v["content"][0]["text"], "released");
+        // The route held no sender: the channel closes with the call, nothing else came.
+        let rest = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await;
+        assert!(matches!(rest, Ok(None)), "{rest:?}");
+        assert!(
+            up.progress_routes().is_empty(),
+            "route removed with the call"
+        );
     }
 
     #[tokio::test]
