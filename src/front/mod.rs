@@ -5,6 +5,7 @@
 //! The first failure answers.
 
 pub mod dispatch;
+pub mod failure;
 pub mod http_checks;
 pub mod inline;
 pub mod listen;
