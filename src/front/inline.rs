@@ -8,7 +8,10 @@
 //! guard travels with whatever currently represents the client (the handler future,
 //! then the SSE body), so a client that goes away cancels the upstream call.
 //!
-//! How a call that produced no answer is reported is decided in [`super::failure`].
+//! `sync_timeout_ms` counts from the request's arrival and is raced in both phases:
+//! while headers are still held it answers HTTP 400 `-32021`, once the SSE stream is
+//! open `-32021` is the final event; either way the upstream call is cancelled. How
+//! a call that produced no answer is reported is decided in [`super::failure`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -228,6 +231,8 @@ pub struct Inline {
     pub server_info: Value,
     pub timing: InlineTiming,
     pub holds: Arc<Holds>,
+    /// When the HTTP request arrived: `sync_timeout_ms` counts from here (policy 2).
+    pub received: Instant,
 }
 
 /// The upstream request for `req`: its params minus the MRTR fields, which are the
@@ -294,18 +299,29 @@ pub async fn serve(c: Inline, pending: Pending) -> Response<Body> {
         events: mut ev_rx,
     } = pending;
     let guard = CallGuard::new(call.abort_handle());
-    let sync_deadline = Instant::now() + c.timing.sync_timeout;
+    // Armed from the request's start and raced in both phases below: while headers are
+    // held (then it is a 400) and once the SSE stream is open (then it is the final
+    // event). Only arming it in the SSE phase made a `sync_timeout_ms` shorter than
+    // `keepalive_ms` fire after the hold window instead.
+    let sync_deadline = c.received + c.timing.sync_timeout;
     let gather = c.timing.input_gather;
 
     let wants_stream = c.req.meta.progress_token.is_some() || c.req.meta.log_level.is_some();
     if !wants_stream {
         let hold = tokio::time::sleep(c.timing.keepalive);
         tokio::pin!(hold);
+        let sync_timer = tokio::time::sleep_until(sync_deadline);
+        tokio::pin!(sync_timer);
         let mut events_open = true;
         loop {
             tokio::select! {
                 r = &mut call => {
                     return final_of(&c.req, &c.upstream, &c.server_info, r).into_response();
+                }
+                () = &mut sync_timer => {
+                    // Cancels the upstream call (the guard would too, when dropped).
+                    call.abort();
+                    return sync_timeout(&c).into_response();
                 }
                 ev = ev_rx.recv(), if events_open => match ev {
                     Some(CallEvent::Input(ir)) => {
