@@ -5,6 +5,7 @@
 //! The first failure answers.
 
 pub mod dispatch;
+pub mod failure;
 pub mod http_checks;
 pub mod inline;
 pub mod listen;
@@ -116,7 +117,9 @@ impl Gateway {
         let started = std::time::Instant::now();
         let mut log = ReqLog::default();
         let upstream_name = upstream.name().to_string();
-        let resp = self.handle_mcp_inner(req, upstream, &mut log).await;
+        let resp = self
+            .handle_mcp_inner(req, upstream, &mut log, started.into())
+            .await;
         let status = resp.status().as_u16();
         let elapsed = started.elapsed();
         let method = log.method.as_deref().unwrap_or("-");
@@ -140,6 +143,7 @@ impl Gateway {
         req: Request<Incoming>,
         upstream: Arc<crate::upstream::Upstream>,
         log: &mut ReqLog,
+        received: tokio::time::Instant,
     ) -> Response<Body> {
         if req.method() != Method::POST {
             return method_not_allowed("POST");
@@ -244,7 +248,7 @@ impl Gateway {
                 .and_then(serde_json::Value::as_str)
                 .map(|t| t.chars().take(64).collect());
         }
-        dispatch::dispatch(&self, &upstream, principal, *valid).await
+        dispatch::dispatch(&self, &upstream, principal, *valid, received).await
     }
 
     fn readyz(&self) -> Response<Body> {

@@ -22,11 +22,17 @@
 //!   `initialize` without one and retries *that* request once (it never reached a live
 //!   session, so repeating it cannot execute it twice). A 400 whose body mentions the
 //!   session counts as expiry too (python-sdk ≤ 1.9 answers unknown sessions that way).
-//! - **Errors.** Connection refused / connect failure → [`UpstreamError::Unavailable`]
-//!   (the session is dropped and the supervisor re-initialises with backoff); HTTP
-//!   502–504 → `Unavailable`; other 5xx or a broken stream → [`UpstreamError::Broken`];
-//!   4xx, bad JSON, oversized messages → [`UpstreamError::Protocol`]. Reasons carry
-//!   the status and a snippet of the body.
+//! - **Errors** follow whether the request may have reached the upstream (design.md
+//!   "HTTP status of upstream failures follows retry safety"). Never sent →
+//!   [`UpstreamError::Unavailable`]: connection refused / connect failure before the
+//!   request was written (the session is dropped and the supervisor re-initialises
+//!   with backoff), no session could be initialised, or the session was refused (404)
+//!   again right after re-initialising. Sent, then failed: any HTTP 5xx answered to
+//!   the written request — 502/503/504 included, since a proxy or the server may have
+//!   started it — or a broken stream → [`UpstreamError::Broken`]; 4xx, bad JSON,
+//!   oversized messages → [`UpstreamError::Protocol`]. Any other send error (the
+//!   connection broke while or after writing) counts as sent. Reasons carry the
+//!   status and a snippet of the body.
 //! - **Attribution.** Log messages and server→client requests are only ever attributed
 //!   to the call whose POST stream carried them. Requests arriving on the standalone
 //!   `GET` stream are answered by [`crate::upstream::unowned_request_answer`]. Progress
@@ -382,16 +388,18 @@ impl HttpUpstream {
         Err(SendError::Failed(format!("{url}: too many redirects")))
     }
 
-    /// An HTTP error status as a transport error with a snippet of the body.
+    /// An HTTP error status answered to a written request, as a transport error with a
+    /// snippet of the body. Never `Unavailable`: even a 502/503/504 comes after the
+    /// request was written, and a proxy (or the server) may have started it, so the
+    /// client must not be told that a retry is safe.
     async fn status_error(&self, what: &str, resp: Response<Incoming>) -> UpstreamError {
         let status = resp.status();
         let snippet = body_snippet(resp.into_body()).await;
         let reason = format!("{what}: HTTP {status}: {snippet}");
-        match status.as_u16() {
-            // The upstream (or a proxy in front of it) says "later": retryable.
-            502..=504 => self.unavailable(reason),
-            500..=599 => self.broken(reason),
-            _ => self.protocol(reason),
+        if status.is_server_error() {
+            self.broken(reason)
+        } else {
+            self.protocol(reason)
         }
     }
 
@@ -639,13 +647,17 @@ impl HttpUpstream {
                     }
                     _ => return Err(self.status_error(&spec.method, resp).await),
                 };
-                if expired && session.id.is_some() && attempt == 0 {
-                    // The session expired: the request never reached a live session,
-                    // so sending it once more in a fresh one is safe.
-                    tracing::info!(upstream = %self.name, %status, "session expired, re-initializing");
-                    self.initialize_shared(Trigger::Expired(session.generation))
-                        .await?;
-                    continue;
+                if expired && session.id.is_some() {
+                    if attempt == 0 {
+                        // The session expired: the request never reached a live session,
+                        // so sending it once more in a fresh one is safe.
+                        tracing::info!(upstream = %self.name, %status, "session expired, re-initializing");
+                        self.initialize_shared(Trigger::Expired(session.generation))
+                            .await?;
+                        continue;
+                    }
+                    // A session issued moments ago refused it too: it never ran.
+                    break;
                 }
                 return Err(self.protocol(format!("{}: HTTP {status}: {detail}", spec.method)));
             }
@@ -655,7 +667,10 @@ impl HttpUpstream {
             return Ok(outcome);
         }
         guard.session = None;
-        Err(self.broken("session expired again right after re-initialization"))
+        // Both sessions refused the request as unknown before running it: never sent.
+        Err(self.unavailable(
+            "session expired again right after re-initialization; the request was not accepted",
+        ))
     }
 
     /// Read the answer to one request: a JSON body or an SSE stream (with resumption).
@@ -1336,7 +1351,7 @@ mod tests {
     //! Against a small real legacy Streamable HTTP server (hyper, 127.0.0.1:0).
 
     use super::*;
-    use crate::upstream::LegacyTransport;
+    use crate::upstream::{Delivery, LegacyTransport};
     use futures_util::StreamExt;
     use http_body_util::StreamBody;
     use http_body_util::combinators::UnsyncBoxBody;
@@ -1387,6 +1402,8 @@ mod tests {
         get_tx: Mutex<Option<mpsc::Sender<Bytes>>>,
         /// Lets the `get_progress` tool answer.
         release: Notify,
+        /// Answer every `tools/call` with 404, as if its session had just expired.
+        forget_sessions: AtomicBool,
     }
 
     impl MockState {
@@ -1484,6 +1501,9 @@ mod tests {
                 return reply(404);
             }
             if let Some(last) = headers.get(LAST_EVENT_ID) {
+                if last == "busy-1" {
+                    return reply(503);
+                }
                 let Some(resp) = st.parked.lock().unwrap().remove(last) else {
                     return reply(404);
                 };
@@ -1547,6 +1567,10 @@ mod tests {
                     )
                     .unwrap());
             }
+            return reply(404);
+        }
+        if st.forget_sessions.load(Ordering::SeqCst) && rpc_method.as_deref() == Some("tools/call")
+        {
             return reply(404);
         }
         if rpc_method.is_none() {
@@ -1636,6 +1660,18 @@ mod tests {
                     let _ = tx.send(event(None, &res)).await;
                 });
                 Ok(sse_headers(Response::builder()).body(out).unwrap())
+            }
+            // A proxy (or the server) that is overloaded, after reading the request.
+            "busy" => Ok(Response::builder()
+                .status(503)
+                .body(Full::new(Bytes::from("overloaded")).boxed_unsync())
+                .unwrap()),
+            // The stream closes after priming; the resumption GET is answered 503.
+            "busy_resume" => {
+                let chunk = Bytes::from("id: busy-1\ndata:\n\nretry: 50\n\n");
+                Ok(sse_headers(Response::builder())
+                    .body(Full::new(chunk).boxed_unsync())
+                    .unwrap())
             }
             "hang" => {
                 let (tx, out) = channel_body();
@@ -1920,6 +1956,57 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn gateway_error_status_after_the_request_was_written_is_sent_then_failed() {
+        let (addr, st) = mock(MockState::default()).await;
+        let up = HttpUpstream::start(opts(format!("http://{addr}/mcp")));
+        let (tx, _rx) = mpsc::channel(8);
+        for tool in ["busy", "busy_resume"] {
+            let err = up.call(spec(tool, false), tx.clone()).await.unwrap_err();
+            assert!(
+                matches!(err, UpstreamError::Broken { .. }),
+                "{tool}: {err:?}"
+            );
+            assert_eq!(err.delivery(), Delivery::SentThenFailed, "{tool}");
+            assert!(err.to_string().contains("503"), "{tool}: {err}");
+        }
+        assert_eq!(st.count("tools/call"), 2);
+        // The session was kept: the next call goes through without a new handshake.
+        ok_result(up.call(spec("json", false), tx).await);
+        assert_eq!(st.count("initialize"), 1);
+    }
+
+    #[tokio::test]
+    async fn connection_refused_before_writing_is_never_sent() {
+        let (addr, st) = mock(MockState::default()).await;
+        let up = HttpUpstream::start(opts(format!("http://{addr}/mcp")));
+        up.ensure_ready().await.unwrap();
+        // Point the session at a port nobody listens on: the connect fails before any
+        // byte of the request is written.
+        let probe = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let dead = probe.local_addr().unwrap();
+        drop(probe);
+        up.inner().url = format!("http://{dead}/mcp");
+        let (tx, _rx) = mpsc::channel(8);
+        let err = up.call(spec("json", false), tx).await.unwrap_err();
+        assert!(matches!(err, UpstreamError::Unavailable { .. }), "{err:?}");
+        assert_eq!(err.delivery(), Delivery::NeverSent);
+        assert_eq!(st.count("tools/call"), 0);
+    }
+
+    #[tokio::test]
+    async fn session_refused_twice_is_never_sent() {
+        let (addr, st) = mock(MockState::default()).await;
+        let up = HttpUpstream::start(opts(format!("http://{addr}/mcp")));
+        up.ensure_ready().await.unwrap();
+        // Every session is unknown to the server by the time the call arrives.
+        st.forget_sessions.store(true, Ordering::SeqCst);
+        let (tx, _rx) = mpsc::channel(8);
+        let err = up.call(spec("json", false), tx).await.unwrap_err();
+        assert!(matches!(err, UpstreamError::Unavailable { .. }), "{err:?}");
+        assert_eq!(err.delivery(), Delivery::NeverSent);
+    }
+
+    #[tokio::test]
     async fn shutdown_fails_in_flight_calls() {
         let (addr, st) = mock(MockState::default()).await;
         let up = HttpUpstream::start(opts(format!("http://{addr}/mcp")));
@@ -1966,7 +2053,7 @@ mod tests {
         assert!(matches!(err, UpstreamError::Unavailable { .. }), "{err:?}");
         let (tx, _rx) = mpsc::channel(8);
         let err = up.call(spec("json", false), tx.clone()).await.unwrap_err();
-        assert!(err.is_unavailable(), "{err:?}");
+        assert_eq!(err.delivery(), Delivery::NeverSent, "{err:?}");
         assert!(matches!(up.state(), TransportState::Down(_)));
 
         // The upstream comes up on the same port; the supervisor reconnects.
