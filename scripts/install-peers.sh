@@ -14,6 +14,8 @@
 #                           scripts/peers/npm/package-lock.json
 #   .peers/venv-mcp130/     python venv with mcp==1.30.0 (+ pinned deps) for the
 #                           legacy fixture upstream tests/fixtures/conformance_upstream.py
+#   .peers/venv-mcp194/     python venv with mcp==1.9.4 + pydantic==2.10.6 (+ pinned deps)
+#                           for the legacy FastMCP upstream tests/fixtures/fastmcp194_server.py
 #   .peers/venv-fastmcp/    python venv with fastmcp[tasks]==4.1.4 (+ pinned deps): the
 #                           2026-07-28 + tasks client of tests/peers/fastmcp_client.py
 #
@@ -118,6 +120,8 @@ venv() {
 }
 venv venv-mcp130 "$SRC/requirements-mcp130.txt"
 "$PEERS/venv-mcp130/bin/python" -c 'import importlib.metadata as m; print("mcp", m.version("mcp"))'
+venv venv-mcp194 "$SRC/requirements-mcp194.txt"
+"$PEERS/venv-mcp194/bin/python" -c 'import importlib.metadata as m; print("mcp", m.version("mcp"), "pydantic", m.version("pydantic"))'
 venv venv-fastmcp "$SRC/requirements-fastmcp.txt"
 "$PEERS/venv-fastmcp/bin/python" -c 'import importlib.metadata as m, fastmcp_tasks; print("fastmcp", m.version("fastmcp"), "fastmcp-tasks", m.version("fastmcp-tasks"))'
 

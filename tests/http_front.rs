@@ -17,6 +17,8 @@ per_transport!(
     json_or_sse_with_keepalive,
     client_disconnect_cancels_upstream_call,
     sync_timeout_cancels_and_answers_32021,
+    sync_timeout_shorter_than_keepalive_answers_400_before_any_header,
+    sync_timeout_after_sse_headers_is_the_final_event,
 );
 
 fn body_text(r: &Resp) -> String {
@@ -397,6 +399,84 @@ async fn sync_timeout_cancels_and_answers_32021(t: Transport) {
         "{last}"
     );
     // The upstream call was cancelled, not left running.
+    assert_upstream_cancelled(&s, &c, "sleep").await;
+}
+
+/// `sync_timeout_ms` shorter than `keepalive_ms`, so the gateway would still be holding
+/// the response headers when the sync timer is due (design.md "Order of checks": a
+/// sync timeout before any header was sent → 400 `-32021`).
+const SHORT_SYNC: &str = "[tasks]\nsync_timeout_ms = 2000\n";
+const LONG_KEEPALIVE: &str = "keepalive_ms = 15000\n";
+
+/// The -32021 of a sync timeout: names the tasks extension and echoes the id.
+#[track_caller]
+fn assert_sync_timeout_error(v: &serde_json::Value, id: &serde_json::Value) {
+    assert_eq!(&v["id"], id, "{v}");
+    assert!(v.get("result").is_none(), "{v}");
+    assert_eq!(v["error"]["code"], -32021, "{v}");
+    assert_eq!(
+        v["error"]["data"]["requiredCapabilities"],
+        json!({"extensions": {"io.modelcontextprotocol/tasks": {}}}),
+        "{v}"
+    );
+}
+
+/// Policy 2 with `sync_timeout_ms` (2 s) < `keepalive_ms` (15 s): the sync timer runs
+/// from the request's start, not from the end of the JSON hold window, so a hung call
+/// from a client without the extension gets HTTP 400 `-32021` long before a keep-alive
+/// would have been due, and the upstream call is cancelled.
+async fn sync_timeout_shorter_than_keepalive_answers_400_before_any_header(t: Transport) {
+    let s = DemoSetup::start_traced(t, LONG_KEEPALIVE, SHORT_SYNC, UPSTREAM_EXTRA).await;
+    s.gw.wait_ready().await;
+    let c = s.client();
+    let before = demo_stats(&c).await;
+    assert_eq!(before["cancelled"], 0, "{before}");
+
+    let params = json!({"name": "sleep", "arguments": {"ms": 60000}});
+    let body = c.body(json!("sync-1"), "tools/call", &params);
+    let started = Instant::now();
+    let r = c.send("tools/call", &params, &body).await;
+    let took = started.elapsed();
+    // Generous: the point is "about sync_timeout_ms", not "about keepalive_ms".
+    assert!(
+        took < Duration::from_secs(10),
+        "answered after {took:?} (sync_timeout_ms = 2000, keepalive_ms = 15000)"
+    );
+    assert_eq!(r.status, 400, "{}", body_text(&r));
+    assert!(
+        !r.is_sse(),
+        "no header may have gone out first: {:?}",
+        r.headers
+    );
+    assert_sync_timeout_error(&r.json(), &json!("sync-1"));
+    assert_upstream_cancelled(&s, &c, "sleep").await;
+}
+
+/// The same timeout when SSE headers already went out (the request asked for progress,
+/// so the response streams at once): 200, and the error is the stream's final event.
+async fn sync_timeout_after_sse_headers_is_the_final_event(t: Transport) {
+    let s = DemoSetup::start_traced(t, LONG_KEEPALIVE, SHORT_SYNC, UPSTREAM_EXTRA).await;
+    s.gw.wait_ready().await;
+    let c = s.client();
+    let params = json!({"name": "sleep", "arguments": {"ms": 60000, "steps": 60}});
+    let mut body = c.body(json!("sync-2"), "tools/call", &params);
+    body["params"]["_meta"]["progressToken"] = json!("p-1");
+    let started = Instant::now();
+    let r = c.send("tools/call", &params, &body).await;
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(10), "answered after {took:?}");
+    assert_eq!(r.status, 200, "{}", body_text(&r));
+    assert!(r.is_sse(), "{:?}", r.headers);
+    let msgs = r.sse_messages();
+    let last = msgs.last().expect("a final event");
+    assert_sync_timeout_error(last, &json!("sync-2"));
+    // Progress before the timeout went out as notifications, ahead of the error.
+    assert!(
+        msgs[..msgs.len() - 1]
+            .iter()
+            .all(|m| m["method"] == "notifications/progress"),
+        "{msgs:?}"
+    );
     assert_upstream_cancelled(&s, &c, "sleep").await;
 }
 

@@ -1,18 +1,29 @@
-//! Upstream failures through the real binary (design.md policy 14 and "Upstream
-//! unavailable"): crashed stdio children, restarted/expired HTTP sessions, an upstream
-//! that is down at start-up, and no orphans after `kill -9` of the gateway.
+//! Upstream failures through the real binary (design.md policy 14 and "HTTP status of
+//! upstream failures follows retry safety"): crashed stdio children, restarted/expired
+//! HTTP sessions, an upstream that is down at start-up, upstream 5xx answers, and no
+//! orphans after `kill -9` of the gateway.
+//!
+//! The status rule: a call that was never sent is 503 + `Retry-After` (a retry is
+//! safe); a call that was sent and then failed is 200 + `-32603` (it is the request's
+//! outcome, and SDK clients would lose a non-2xx message as a transport error).
 
 #[macro_use]
 mod common;
 
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use common::*;
+use http_body_util::BodyExt;
 use serde_json::{Value, json};
 
 per_transport!(
     crash_mid_call_then_next_call_succeeds,
-    expire_session_then_next_call_succeeds
+    expire_session_then_next_call_succeeds,
+    crashed_call_is_200_with_32603_and_the_request_id,
 );
 
 fn body_text(r: &Resp) -> String {
@@ -37,6 +48,39 @@ fn assert_unavailable(r: &Resp, what: &str) {
             .is_some_and(|m| m.contains("demo")),
         "{what}: message must name the upstream: {v}"
     );
+}
+
+/// 200 + JSON-RPC -32603 (no `Retry-After`): the call was sent and then failed, and the
+/// message names the upstream and says what happened.
+#[track_caller]
+fn assert_sent_then_failed(r: &Resp, id: &Value, what: &str) -> String {
+    assert_eq!(r.status, 200, "{what}: {}", body_text(r));
+    assert!(
+        r.header("retry-after").is_none(),
+        "{what}: a sent call must not invite a retry: {:?}",
+        r.headers
+    );
+    let v = r.json();
+    assert_eq!(&v["id"], id, "{what}: {v}");
+    assert!(v.get("result").is_none(), "{what}: {v}");
+    assert_eq!(v["error"]["code"], -32603, "{what}: {v}");
+    let m = v["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(m.contains("demo"), "{what}: must name the upstream: {v}");
+    assert!(
+        !m.contains("unavailable"),
+        "{what}: must say what happened, not 'unavailable': {v}"
+    );
+    m
+}
+
+/// `tools/call` with a chosen request id (to prove the id is echoed).
+async fn call_with_id(c: &Client2026, id: Value, tool: &str, args: Value) -> Resp {
+    let params = json!({"name": tool, "arguments": args});
+    let body = c.body(id, "tools/call", &params);
+    c.send("tools/call", &params, &body).await
 }
 
 /// Call echo until it succeeds; only 503 + Retry-After is tolerated meanwhile.
@@ -123,17 +167,9 @@ async fn crash_mid_call_then_next_call_succeeds(t: Transport) {
     }
 
     let r = c.call_tool("crash", json!({})).await;
-    // The client gets an error, never a hang or a fake result.
-    assert!(r.status == 503 || r.status == 502, "{}", body_text(&r));
-    let v = r.json();
-    assert_eq!(v["id"], 1, "{v}");
-    assert_eq!(v["error"]["code"], -32603, "{v}");
-    assert!(
-        v["error"]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("demo")),
-        "must name the upstream: {v}"
-    );
+    // The client gets an error, never a hang or a fake result: the call reached the
+    // upstream, so 200 + -32603.
+    assert_sent_then_failed(&r, &json!(1), "crash");
 
     // The next call succeeds (a restarting upstream may answer 503 + Retry-After).
     let res = echo_eventually(&c, "after", Duration::from_secs(30)).await;
@@ -148,6 +184,31 @@ async fn crash_mid_call_then_next_call_succeeds(t: Transport) {
         first_text(&echo_eventually(&c, "again", Duration::from_secs(5)).await),
         "again"
     );
+}
+
+/// A call that reached the upstream and then died with it (stdio: the child exits;
+/// HTTP: the server drops the connection) is answered 200 + `-32603` saying what
+/// happened, with the request's own id — inline as JSON, and likewise for a client
+/// with the tasks extension whose call fails before the promotion deadline.
+async fn crashed_call_is_200_with_32603_and_the_request_id(t: Transport) {
+    let s = DemoSetup::start(t, "", "").await;
+    s.gw.wait_ready().await;
+    let c = s.client();
+    echo_eventually(&c, "warm", Duration::from_secs(10)).await;
+
+    let r = call_with_id(&c, json!("crash-7"), "crash", json!({})).await;
+    assert!(!r.is_sse(), "{:?}", r.headers);
+    let m = assert_sent_then_failed(&r, &json!("crash-7"), "plain crash");
+    if t == Transport::Stdio {
+        assert!(m.contains("exit"), "must say the child exited: {m}");
+    }
+
+    echo_eventually(&c, "between", Duration::from_secs(30)).await;
+    let declaring = s.client().with_caps(json!({
+        "extensions": {"io.modelcontextprotocol/tasks": {}}
+    }));
+    let r = call_with_id(&declaring, json!(8008), "crash", json!({})).await;
+    assert_sent_then_failed(&r, &json!(8008), "crash with the tasks extension");
 }
 
 async fn expire_session_then_next_call_succeeds(t: Transport) {
@@ -373,4 +434,178 @@ async fn sigterm_of_gateway_stops_children() {
         }
     }
     assert!(gone, "children survived SIGTERM of the gateway: {left:?}");
+}
+
+/// Calls to an upstream that stopped answering connections (connection refused: the
+/// request was never sent) are 503 + `Retry-After` + `-32603` naming the upstream, for
+/// every path that reaches it: a plain and a declaring `tools/call`, `tools/list`,
+/// `prompts/list`, `resources/read`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_upstream_is_503_with_retry_after_and_32603() {
+    let mut demo = DemoHttp::start().await;
+    let gw = Gateway::start(&format!(
+        "{}{}",
+        jwt_auth(),
+        demo_http_upstream(demo.port, "")
+    ))
+    .await;
+    gw.wait_ready().await;
+    demo.proc.kill9();
+    let c = Client2026::new(&gw, "/mcp", Some(token("alice", "acme")));
+    let declaring = Client2026::new(&gw, "/mcp", Some(token("alice", "acme")))
+        .with_caps(json!({"extensions": {"io.modelcontextprotocol/tasks": {}}}));
+
+    assert_unavailable(
+        &c.call_tool("echo", json!({"text": "x"})).await,
+        "tools/call",
+    );
+    assert_unavailable(
+        &declaring.call_tool("echo", json!({"text": "x"})).await,
+        "tools/call with the tasks extension",
+    );
+    assert_unavailable(&c.request("tools/list", json!({})).await, "tools/list");
+    assert_unavailable(&c.request("prompts/list", json!({})).await, "prompts/list");
+    assert_unavailable(
+        &c.request("resources/read", json!({"uri": "demo://readme"}))
+            .await,
+        "resources/read",
+    );
+}
+
+/// A pass-through proxy to the demo HTTP server on `port`. While the returned status is
+/// non-zero, every JSON-RPC request except `initialize` is read in full (so the gateway
+/// has written it) and answered with that status instead of being forwarded.
+async fn status_proxy(port: u16) -> (String, Arc<AtomicU16>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let fail = Arc::new(AtomicU16::new(0));
+    let answer = fail.clone();
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Full<Bytes>>();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let (answer, client) = (answer.clone(), client.clone());
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(
+                    move |req: ::http::Request<hyper::body::Incoming>| {
+                        let (answer, client) = (answer.clone(), client.clone());
+                        async move {
+                            type B = http_body_util::combinators::BoxBody<Bytes, hyper::Error>;
+                            let (parts, body) = req.into_parts();
+                            let body = body
+                                .collect()
+                                .await
+                                .map(|c| c.to_bytes())
+                                .unwrap_or_default();
+                            let msg: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                            let status = answer.load(Ordering::SeqCst);
+                            let is_request = msg.get("id").is_some() && msg.get("method").is_some();
+                            if status != 0 && is_request && msg["method"] != "initialize" {
+                                let text = format!("proxy says {status}");
+                                let resp: ::http::Response<B> = ::http::Response::builder()
+                                    .status(status)
+                                    .body(
+                                        http_body_util::Full::new(Bytes::from(text))
+                                            .map_err(|never| match never {})
+                                            .boxed(),
+                                    )
+                                    .unwrap();
+                                return Ok::<_, Infallible>(resp);
+                            }
+                            let uri = format!(
+                                "http://127.0.0.1:{port}{}",
+                                parts
+                                    .uri
+                                    .path_and_query()
+                                    .map(|p| p.as_str())
+                                    .unwrap_or("/")
+                            );
+                            let mut b = ::http::Request::builder().method(parts.method).uri(uri);
+                            for (k, v) in parts.headers.iter() {
+                                if k != ::http::header::HOST {
+                                    b = b.header(k, v);
+                                }
+                            }
+                            let out = b.body(http_body_util::Full::new(body)).unwrap();
+                            let resp: ::http::Response<B> = match client.request(out).await {
+                                Ok(r) => r.map(|b| b.boxed()),
+                                Err(_) => ::http::Response::builder()
+                                    .status(599)
+                                    .body(
+                                        http_body_util::Empty::<Bytes>::new()
+                                            .map_err(|never| match never {})
+                                            .boxed(),
+                                    )
+                                    .unwrap(),
+                            };
+                            Ok::<_, Infallible>(resp)
+                        }
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    (format!("http://{addr}/mcp"), fail)
+}
+
+/// An HTTP upstream (or a proxy in front of it) that answers 502/503/504 *after* the
+/// gateway wrote the request: the request may have run, so the client gets 200 +
+/// `-32603` naming the upstream and the status — never a 5xx the SDK would turn into a
+/// transport error, and never an invitation to retry. Every path: `tools/call` (plain
+/// and declaring), `tools/list`, `prompts/list`, `resources/read`. The session survives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_5xx_after_the_request_was_written_is_200_with_32603() {
+    let demo = DemoHttp::start().await;
+    let (url, fail) = status_proxy(demo.port).await;
+    let gw = Gateway::start(&format!(
+        "{}{}",
+        jwt_auth(),
+        http_upstream("demo", "/mcp", &url, "")
+    ))
+    .await;
+    gw.wait_ready().await;
+    let c = Client2026::new(&gw, "/mcp", Some(token("alice", "acme")));
+    let declaring = Client2026::new(&gw, "/mcp", Some(token("alice", "acme")))
+        .with_caps(json!({"extensions": {"io.modelcontextprotocol/tasks": {}}}));
+
+    for status in [502u16, 503, 504] {
+        fail.store(status, Ordering::SeqCst);
+        let what = format!("tools/call answered {status}");
+        let r = call_with_id(
+            &c,
+            json!(format!("s-{status}")),
+            "echo",
+            json!({"text": "x"}),
+        )
+        .await;
+        let m = assert_sent_then_failed(&r, &json!(format!("s-{status}")), &what);
+        assert!(
+            m.contains(&status.to_string()),
+            "{what}: must name the status: {m}"
+        );
+    }
+    fail.store(503, Ordering::SeqCst);
+    let r = call_with_id(&declaring, json!(99), "echo", json!({"text": "x"})).await;
+    assert_sent_then_failed(&r, &json!(99), "declaring tools/call answered 503");
+    let r = c.request("tools/list", json!({})).await;
+    assert_sent_then_failed(&r, &json!(1), "tools/list answered 503");
+    let r = c.request("prompts/list", json!({})).await;
+    assert_sent_then_failed(&r, &json!(1), "prompts/list answered 503");
+    let r = c
+        .request("resources/read", json!({"uri": "demo://readme"}))
+        .await;
+    assert_sent_then_failed(&r, &json!(1), "resources/read answered 503");
+
+    // The upstream session was not lost: the next call goes through.
+    fail.store(0, Ordering::SeqCst);
+    let r = c.call_tool("echo", json!({"text": "back"})).await;
+    assert_eq!(r.status, 200, "{}", body_text(&r));
+    assert_eq!(first_text(&r.json()["result"]), "back");
+    drop(demo);
 }

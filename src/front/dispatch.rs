@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use http::{Response, StatusCode};
 use serde_json::{Map, Value, json};
+use tokio::time::Instant;
 
 use super::Gateway;
 use super::inline::{self, Inline, InlineTiming};
@@ -59,12 +60,14 @@ fn error_200(req: &ValidRequest, err: RpcError) -> Response<Body> {
     reply::rpc_error(StatusCode::OK, Some(&req.id), &err)
 }
 
-/// Serve one validated request for `upstream`.
+/// Serve one validated request for `upstream`; `received` is when the HTTP request
+/// arrived (the start of `sync_timeout_ms`, policy 2).
 pub async fn dispatch(
     gw: &Gateway,
     upstream: &Arc<Upstream>,
     principal: Principal,
     req: ValidRequest,
+    received: Instant,
 ) -> Response<Body> {
     // Capability checks that need no upstream (policy 12 order: capability → limits →
     // params and ownership).
@@ -125,7 +128,7 @@ pub async fn dispatch(
             tasks_method(gw, upstream, &principal, &req, &info.server_info).await
         }
         "subscriptions/listen" => super::listen::open(upstream, &principal, &req, &info, gw),
-        "tools/call" => tools_call(gw, upstream, principal, req, info).await,
+        "tools/call" => tools_call(gw, upstream, principal, req, info, received).await,
         _ => {
             if req.method == "tools/list" && !req.params.contains_key("cursor") {
                 return match upstream.tools_list(&principal).await {
@@ -144,7 +147,7 @@ pub async fn dispatch(
                     }
                 };
             }
-            inline_or_resume(gw, upstream, principal, req, info.server_info).await
+            inline_or_resume(gw, upstream, principal, req, info.server_info, received).await
         }
     }
 }
@@ -211,6 +214,7 @@ async fn tools_call(
     principal: Principal,
     req: ValidRequest,
     info: UpstreamInfo,
+    received: Instant,
 ) -> Response<Body> {
     let Some(tool) = req
         .params
@@ -282,7 +286,7 @@ async fn tools_call(
             )),
         );
     }
-    inline_or_resume(gw, upstream, principal, req, info.server_info).await
+    inline_or_resume(gw, upstream, principal, req, info.server_info, received).await
 }
 
 impl Gateway {
@@ -339,6 +343,7 @@ async fn inline_or_resume(
     principal: Principal,
     req: ValidRequest,
     server_info: Value,
+    received: Instant,
 ) -> Response<Body> {
     let resumed = resume_state(gw, upstream, &principal, &req, &server_info);
     let c = Inline {
@@ -348,6 +353,7 @@ async fn inline_or_resume(
         server_info,
         timing: gw.inline_timing(),
         holds: gw.holds.clone(),
+        received,
     };
     match resumed {
         None => inline::run(c).await,

@@ -7,6 +7,11 @@
 //! stream with keep-alive comments, notifications, and the final answer. The abort
 //! guard travels with whatever currently represents the client (the handler future,
 //! then the SSE body), so a client that goes away cancels the upstream call.
+//!
+//! `sync_timeout_ms` counts from the request's arrival and is raced in both phases:
+//! while headers are still held it answers HTTP 400 `-32021`, once the SSE stream is
+//! open `-32021` is the final event; either way the upstream call is cancelled. How
+//! a call that produced no answer is reported is decided in [`super::failure`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,6 +22,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::failure::{CallFailure, failure};
 use super::reply::{self, Body};
 use super::results;
 use super::wire::ValidRequest;
@@ -42,7 +48,8 @@ pub struct InlineTiming {
 pub struct Final {
     pub status: StatusCode,
     pub message: Value,
-    pub retry_after: bool,
+    /// `Retry-After` seconds (only for calls that were never sent).
+    pub retry_after_s: Option<u64>,
 }
 
 impl Final {
@@ -50,46 +57,37 @@ impl Final {
         Self {
             status: StatusCode::OK,
             message,
-            retry_after: false,
+            retry_after_s: None,
         }
     }
 
-    fn error(status: StatusCode, id: &Value, err: &RpcError) -> Self {
+    /// The answer to a call that produced no upstream answer; status and error come
+    /// from the one classification in [`failure`].
+    pub fn failed(id: &Value, upstream: &str, f: CallFailure<'_>) -> Self {
+        let f = failure(upstream, f);
         Self {
-            status,
-            message: protocol::error_response(Some(id), err),
-            retry_after: status == StatusCode::SERVICE_UNAVAILABLE,
+            status: f.status,
+            message: protocol::error_response(Some(id), &f.error),
+            retry_after_s: f.retry_after_s,
         }
     }
 
     pub fn into_response(self) -> Response<Body> {
         let mut r = reply::json(self.status, &self.message);
-        if self.retry_after {
-            r.headers_mut().insert(
-                http::header::RETRY_AFTER,
-                http::HeaderValue::from_static("1"),
-            );
+        if let Some(s) = self.retry_after_s
+            && let Ok(v) = http::HeaderValue::from_str(&s.max(1).to_string())
+        {
+            r.headers_mut().insert(http::header::RETRY_AFTER, v);
         }
         r
     }
 }
 
-/// Map an upstream transport failure to the client-facing error (design.md "Upstream
-/// unavailable").
+/// Map an upstream transport failure to the client-facing answer (design.md "HTTP
+/// status of upstream failures follows retry safety"; the rule lives in
+/// [`super::failure`]).
 pub fn upstream_failure(id: &Value, upstream: &str, err: &UpstreamError) -> Final {
-    if let UpstreamError::QueueFull { .. } = err {
-        // Every throttle answers -32005 with retry data (policy 8).
-        let rpc = RpcError::new(crate::protocol::error::THROTTLED, err.to_string()).with_data(
-            json!({ "retryAfterMs": 1000, "reason": "queue_full", "upstream": upstream }),
-        );
-        return Final::error(StatusCode::SERVICE_UNAVAILABLE, id, &rpc);
-    }
-    let status = match err {
-        UpstreamError::Protocol { .. } => StatusCode::BAD_GATEWAY,
-        _ => StatusCode::SERVICE_UNAVAILABLE,
-    };
-    let rpc = RpcError::internal(err.to_string()).with_data(json!({ "upstream": upstream }));
-    Final::error(status, id, &rpc)
+    Final::failed(id, upstream, CallFailure::Upstream(err))
 }
 
 pub fn final_of(
@@ -108,11 +106,7 @@ pub fn final_of(
             &results::map_error(e),
         )),
         Ok(Err(e)) => upstream_failure(&req.id, upstream.name(), &e),
-        Err(_) => Final::error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            &req.id,
-            &RpcError::internal("upstream call task ended unexpectedly"),
-        ),
+        Err(_) => Final::failed(&req.id, upstream.name(), CallFailure::Ended),
     }
 }
 
@@ -237,6 +231,8 @@ pub struct Inline {
     pub server_info: Value,
     pub timing: InlineTiming,
     pub holds: Arc<Holds>,
+    /// When the HTTP request arrived: `sync_timeout_ms` counts from here (policy 2).
+    pub received: Instant,
 }
 
 /// The upstream request for `req`: its params minus the MRTR fields, which are the
@@ -303,18 +299,29 @@ pub async fn serve(c: Inline, pending: Pending) -> Response<Body> {
         events: mut ev_rx,
     } = pending;
     let guard = CallGuard::new(call.abort_handle());
-    let sync_deadline = Instant::now() + c.timing.sync_timeout;
+    // Armed from the request's start and raced in both phases below: while headers are
+    // held (then it is a 400) and once the SSE stream is open (then it is the final
+    // event). Only arming it in the SSE phase made a `sync_timeout_ms` shorter than
+    // `keepalive_ms` fire after the hold window instead.
+    let sync_deadline = c.received + c.timing.sync_timeout;
     let gather = c.timing.input_gather;
 
     let wants_stream = c.req.meta.progress_token.is_some() || c.req.meta.log_level.is_some();
     if !wants_stream {
         let hold = tokio::time::sleep(c.timing.keepalive);
         tokio::pin!(hold);
+        let sync_timer = tokio::time::sleep_until(sync_deadline);
+        tokio::pin!(sync_timer);
         let mut events_open = true;
         loop {
             tokio::select! {
                 r = &mut call => {
                     return final_of(&c.req, &c.upstream, &c.server_info, r).into_response();
+                }
+                () = &mut sync_timer => {
+                    // Cancels the upstream call (the guard would too, when dropped).
+                    call.abort();
+                    return sync_timeout(&c).into_response();
                 }
                 ev = ev_rx.recv(), if events_open => match ev {
                     Some(CallEvent::Input(ir)) => {
@@ -393,17 +400,23 @@ pub async fn serve(c: Inline, pending: Pending) -> Response<Body> {
                 }
                 () = &mut sync_timer => {
                     call.abort();
-                    let err = RpcError::tasks_extension_required(format!(
-                        "the call did not finish within sync_timeout_ms ({} ms); declare the tasks extension to run it as a task",
-                        c.timing.sync_timeout.as_millis()
-                    ));
-                    let _ = tx.send(reply::sse_event(&protocol::error_response(Some(&c.req.id), &err))).await;
+                    let _ = tx.send(reply::sse_event(&sync_timeout(&c).message)).await;
                     break;
                 }
             }
         }
     });
     reply::sse(rx, body_guard)
+}
+
+/// The answer once `sync_timeout_ms` passed (policy 2): `-32021` naming the tasks
+/// extension.
+fn sync_timeout(c: &Inline) -> Final {
+    Final::failed(
+        &c.req.id,
+        c.upstream.name(),
+        CallFailure::SyncTimeout(c.timing.sync_timeout),
+    )
 }
 
 fn hold_call(c: &Inline, pending: Pending, batch: Vec<InputRequest>) -> Value {

@@ -6,6 +6,7 @@
 
 pub mod conn;
 pub mod dispatch;
+pub mod failure;
 pub mod http_checks;
 pub mod inline;
 pub mod listen;
@@ -113,7 +114,9 @@ impl Gateway {
         let started = std::time::Instant::now();
         let mut log = ReqLog::default();
         let upstream_name = upstream.name().to_string();
-        let resp = self.handle_mcp_inner(req, upstream, &mut log).await;
+        let resp = self
+            .handle_mcp_inner(req, upstream, &mut log, started.into())
+            .await;
         let status = resp.status().as_u16();
         let elapsed = started.elapsed();
         let method = log.method.as_deref().unwrap_or("-");
@@ -137,6 +140,7 @@ impl Gateway {
         req: Request<Incoming>,
         upstream: Arc<crate::upstream::Upstream>,
         log: &mut ReqLog,
+        received: tokio::time::Instant,
     ) -> Response<Body> {
         if req.method() != Method::POST {
             return method_not_allowed("POST");
@@ -241,7 +245,7 @@ impl Gateway {
                 .and_then(serde_json::Value::as_str)
                 .map(|t| t.chars().take(64).collect());
         }
-        dispatch::dispatch(&self, &upstream, principal, *valid).await
+        dispatch::dispatch(&self, &upstream, principal, *valid, received).await
     }
 
     fn readyz(&self) -> Response<Body> {

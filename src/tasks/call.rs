@@ -75,10 +75,11 @@ fn start_call(
         let call = up.call(&p, spec, tx);
         match limit {
             None => call.await,
+            // The timeout drops the call future, which cancels it upstream.
             Some(d) => tokio::time::timeout(d, call).await.unwrap_or_else(|_| {
-                Err(UpstreamError::Broken {
+                Err(UpstreamError::TimedOut {
                     upstream: name,
-                    reason: format!("call exceeded call_timeout_ms ({} ms)", d.as_millis()),
+                    after_ms: u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
                 })
             }),
         }

@@ -6,12 +6,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::Engine;
+use crate::front::failure::{CallFailure, failure};
 use crate::front::inline::missing_capability;
 use crate::front::results;
 use crate::protocol::{ClientCaps, META_RELATED_TASK, RpcError};
@@ -149,15 +150,16 @@ impl Engine {
                 let e = results::map_error(e);
                 Some(Box::new(move |rec| fail(rec, &e)))
             }
+            // A task records the same error an inline call would answer with
+            // (whatever its HTTP status there), so both read alike.
             Ok(Err(e)) => {
-                let err =
-                    RpcError::internal(e.to_string()).with_data(json!({ "upstream": upstream }));
+                let err = failure(upstream, CallFailure::Upstream(&e)).error;
                 Some(Box::new(move |rec| fail(rec, &err)))
             }
             // Aborted by cancel or expiry: the record already says so.
             Err(j) if j.is_cancelled() => None,
             Err(_) => {
-                let err = RpcError::internal("the upstream call ended unexpectedly");
+                let err = failure(upstream, CallFailure::Ended).error;
                 Some(Box::new(move |rec| fail(rec, &err)))
             }
         }
@@ -326,6 +328,7 @@ pub fn fail(rec: &mut TaskRecord, err: &RpcError) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn progress_messages() {

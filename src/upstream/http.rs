@@ -22,14 +22,24 @@
 //!   `initialize` without one and retries *that* request once (it never reached a live
 //!   session, so repeating it cannot execute it twice). A 400 whose body mentions the
 //!   session counts as expiry too (python-sdk ≤ 1.9 answers unknown sessions that way).
-//! - **Errors.** Connection refused / connect failure → [`UpstreamError::Unavailable`]
-//!   (the session is dropped and the supervisor re-initialises with backoff); HTTP
-//!   502–504 → `Unavailable`; other 5xx or a broken stream → [`UpstreamError::Broken`];
-//!   4xx, bad JSON, oversized messages → [`UpstreamError::Protocol`]. Reasons carry
-//!   the status and a snippet of the body.
-//! - **Attribution.** Progress, log messages and server→client requests are only ever
-//!   attributed to the call whose POST stream carried them. Requests arriving on the
-//!   standalone `GET` stream are answered by [`crate::upstream::unowned_request_answer`].
+//! - **Errors** follow whether the request may have reached the upstream (design.md
+//!   "HTTP status of upstream failures follows retry safety"). Never sent →
+//!   [`UpstreamError::Unavailable`]: connection refused / connect failure before the
+//!   request was written (the session is dropped and the supervisor re-initialises
+//!   with backoff), no session could be initialised, or the session was refused (404)
+//!   again right after re-initialising. Sent, then failed: any HTTP 5xx answered to
+//!   the written request — 502/503/504 included, since a proxy or the server may have
+//!   started it — or a broken stream → [`UpstreamError::Broken`]; 4xx, bad JSON,
+//!   oversized messages → [`UpstreamError::Protocol`]. Any other send error (the
+//!   connection broke while or after writing) counts as sent. Reasons carry the
+//!   status and a snippet of the body.
+//! - **Attribution.** Log messages and server→client requests are only ever attributed
+//!   to the call whose POST stream carried them. Requests arriving on the standalone
+//!   `GET` stream are answered by [`crate::upstream::unowned_request_answer`]. Progress
+//!   is attributed by its token instead, on whichever stream of the session it arrives:
+//!   the tokens are the gateway's own, minted per call and never reused by this
+//!   transport (design.md policy 14), so a token names exactly one call. Some servers
+//!   (python-sdk 1.9, see shared/peers.md) send a call's progress on the GET stream.
 //! - **Cancellation.** Dropping a [`LegacyTransport::call`] future once its request may
 //!   have reached the upstream (sending started, answer not complete) POSTs
 //!   `notifications/cancelled` (spawned, fire and forget); late answers vanish with the
@@ -39,6 +49,7 @@
 //!   the call with [`UpstreamError::Protocol`].
 //! - **No panics on upstream input.** Every upstream-controlled path returns an error.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
@@ -158,6 +169,10 @@ pub struct HttpUpstream {
     notifications: broadcast::Sender<SessionNotification>,
     next_id: AtomicU64,
     next_token: AtomicU64,
+    /// Progress token → the call that owns it, for progress arriving on a stream other
+    /// than the call's own (see the module docs). Entries live exactly as long as the
+    /// call ([`ProgressRoute`]).
+    progress_routes: Mutex<HashMap<u64, ProgressTarget>>,
     /// Wakes the supervisor when the session was lost.
     session_lost: Arc<Notify>,
     stop: CancellationToken,
@@ -213,6 +228,7 @@ impl HttpUpstream {
             notifications,
             next_id: AtomicU64::new(1),
             next_token: AtomicU64::new(1),
+            progress_routes: Mutex::new(HashMap::new()),
             session_lost: Arc::new(Notify::new()),
             stop: CancellationToken::new(),
             shutting_down: AtomicBool::new(false),
@@ -372,16 +388,18 @@ impl HttpUpstream {
         Err(SendError::Failed(format!("{url}: too many redirects")))
     }
 
-    /// An HTTP error status as a transport error with a snippet of the body.
+    /// An HTTP error status answered to a written request, as a transport error with a
+    /// snippet of the body. Never `Unavailable`: even a 502/503/504 comes after the
+    /// request was written, and a proxy (or the server) may have started it, so the
+    /// client must not be told that a retry is safe.
     async fn status_error(&self, what: &str, resp: Response<Incoming>) -> UpstreamError {
         let status = resp.status();
         let snippet = body_snippet(resp.into_body()).await;
         let reason = format!("{what}: HTTP {status}: {snippet}");
-        match status.as_u16() {
-            // The upstream (or a proxy in front of it) says "later": retryable.
-            502..=504 => self.unavailable(reason),
-            500..=599 => self.broken(reason),
-            _ => self.protocol(reason),
+        if status.is_server_error() {
+            self.broken(reason)
+        } else {
+            self.protocol(reason)
         }
     }
 
@@ -565,15 +583,21 @@ impl HttpUpstream {
         events: mpsc::Sender<CallEvent>,
     ) -> Result<CallOutcome, UpstreamError> {
         let request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let token = spec
+        let token_id = spec
             .want_progress
-            .then(|| Value::from(self.next_token.fetch_add(1, Ordering::Relaxed)));
+            .then(|| self.next_token.fetch_add(1, Ordering::Relaxed));
+        let token = token_id.map(Value::from);
         let mut params = spec.params;
         if let Some(t) = &token {
             let mut meta = Map::new();
             meta.insert("progressToken".into(), t.clone());
             params.insert("_meta".into(), Value::Object(meta));
         }
+        // Removes the token's route however this call ends (answer, error, drop).
+        let route = token_id.map(|token| ProgressRoute {
+            upstream: self,
+            token,
+        });
         let msg = session::request(request_id, &spec.method, params);
         let body = Bytes::from(serde_json::to_vec(&msg).map_err(|e| self.protocol(e.to_string()))?);
         let mut guard = CancelGuard {
@@ -584,6 +608,10 @@ impl HttpUpstream {
         };
         for attempt in 0..2 {
             let session = self.ensure_session().await?;
+            if let Some(r) = &route {
+                // Per attempt: a retry after re-initialisation runs in a new session.
+                r.register(session.generation, &events);
+            }
             // From here on the request may reach the upstream: dropping us cancels it.
             guard.session = Some(session.clone());
             let resp = match self
@@ -619,13 +647,17 @@ impl HttpUpstream {
                     }
                     _ => return Err(self.status_error(&spec.method, resp).await),
                 };
-                if expired && session.id.is_some() && attempt == 0 {
-                    // The session expired: the request never reached a live session,
-                    // so sending it once more in a fresh one is safe.
-                    tracing::info!(upstream = %self.name, %status, "session expired, re-initializing");
-                    self.initialize_shared(Trigger::Expired(session.generation))
-                        .await?;
-                    continue;
+                if expired && session.id.is_some() {
+                    if attempt == 0 {
+                        // The session expired: the request never reached a live session,
+                        // so sending it once more in a fresh one is safe.
+                        tracing::info!(upstream = %self.name, %status, "session expired, re-initializing");
+                        self.initialize_shared(Trigger::Expired(session.generation))
+                            .await?;
+                        continue;
+                    }
+                    // A session issued moments ago refused it too: it never ran.
+                    break;
                 }
                 return Err(self.protocol(format!("{}: HTTP {status}: {detail}", spec.method)));
             }
@@ -635,7 +667,10 @@ impl HttpUpstream {
             return Ok(outcome);
         }
         guard.session = None;
-        Err(self.broken("session expired again right after re-initialization"))
+        // Both sessions refused the request as unknown before running it: never sent.
+        Err(self.unavailable(
+            "session expired again right after re-initialization; the request was not accepted",
+        ))
     }
 
     /// Read the answer to one request: a JSON body or an SSE stream (with resumption).
@@ -814,11 +849,14 @@ impl HttpUpstream {
             },
             Inbound::Notification { method, params } => match method.as_str() {
                 "notifications/progress" => {
-                    if let (Some(events), Some(token)) = (ctx.events, &ctx.token)
-                        && let Some((t, rest)) = session::split_progress(params)
-                        && &t == token
-                    {
-                        let _ = events.send(CallEvent::Progress(rest)).await;
+                    if let Some((t, rest)) = session::split_progress(params) {
+                        match (ctx.events, &ctx.token) {
+                            (Some(events), Some(token)) if &t == token => {
+                                let _ = events.send(CallEvent::Progress(rest)).await;
+                            }
+                            // Another call's token on this stream: route it by token.
+                            _ => self.route_progress(ctx.session.generation, &t, rest),
+                        }
                     }
                 }
                 "notifications/message" => {
@@ -835,6 +873,36 @@ impl HttpUpstream {
             },
         }
         None
+    }
+
+    fn progress_routes(&self) -> MutexGuard<'_, HashMap<u64, ProgressTarget>> {
+        // Critical sections are single map operations: poisoning cannot leave the map
+        // inconsistent, so it is ignored.
+        self.progress_routes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Deliver progress that arrived on a stream other than its call's own POST stream
+    /// (the standalone GET stream, or another call's stream) to the call its token
+    /// names, if that call is in flight in the session (`generation`) that carried it.
+    /// Never waits: the caller may be the GET stream reader, which serves every call
+    /// of the session; when the call's event queue is full this report is dropped,
+    /// which loses nothing a later report will not replace.
+    fn route_progress(&self, generation: u64, token: &Value, params: Map<String, Value>) {
+        let target = token.as_u64().and_then(|t| {
+            self.progress_routes()
+                .get(&t)
+                .filter(|r| r.generation == generation)
+                .and_then(|r| r.events.upgrade())
+        });
+        let Some(events) = target else {
+            tracing::debug!(upstream = %self.name, token = %token, "progress for no call in flight dropped");
+            return;
+        };
+        if events.try_send(CallEvent::Progress(params)).is_err() {
+            tracing::debug!(upstream = %self.name, token = %token, "progress dropped: the call's event queue is full or closed");
+        }
     }
 
     fn broadcast(&self, method: String, params: Option<Value>) {
@@ -870,6 +938,39 @@ impl<'a> CallCtx<'a> {
             last_event_id: None,
             retry_ms: None,
         }
+    }
+}
+
+/// Where progress for one token goes. The sender is weak so the route never keeps a
+/// finished call's event channel open (receivers see the channel close when the call
+/// ends, as with any other transport).
+struct ProgressTarget {
+    generation: u64,
+    events: mpsc::WeakSender<CallEvent>,
+}
+
+/// A call's entry in [`HttpUpstream::progress_routes`]; removed on drop, so the token
+/// stops routing as soon as the call is answered, fails or is cancelled.
+struct ProgressRoute<'a> {
+    upstream: &'a HttpUpstream,
+    token: u64,
+}
+
+impl ProgressRoute<'_> {
+    fn register(&self, generation: u64, events: &mpsc::Sender<CallEvent>) {
+        self.upstream.progress_routes().insert(
+            self.token,
+            ProgressTarget {
+                generation,
+                events: events.downgrade(),
+            },
+        );
+    }
+}
+
+impl Drop for ProgressRoute<'_> {
+    fn drop(&mut self) {
+        self.upstream.progress_routes().remove(&self.token);
     }
 }
 
@@ -1030,8 +1131,9 @@ async fn supervise(me: Weak<HttpUpstream>, lost: Arc<Notify>, stop: Cancellation
     }
 }
 
-/// The standalone GET stream of one session: unsolicited notifications and requests
-/// no call owns. Reconnects with backoff while that session is current; stops on 405.
+/// The standalone GET stream of one session: unsolicited notifications, requests no
+/// call owns, and progress that some servers send here for a call (routed by token).
+/// Reconnects with backoff while that session is current; stops on 405.
 async fn listen(me: Weak<HttpUpstream>, session: Session, stop: CancellationToken) {
     let mut backoff = INITIAL_BACKOFF;
     let mut last_id: Option<String> = None;
@@ -1113,9 +1215,13 @@ async fn listen(me: Weak<HttpUpstream>, session: Session, stop: CancellationToke
                                 up.spawn_answer(session.clone(), id, std::future::ready(answer));
                             }
                             Ok(Inbound::Notification { method, params }) => match method.as_str() {
-                                "notifications/progress"
-                                | "notifications/message"
-                                | "notifications/cancelled" => {
+                                // Progress names its call by our token (module docs).
+                                "notifications/progress" => {
+                                    if let Some((t, rest)) = session::split_progress(params) {
+                                        up.route_progress(session.generation, &t, rest);
+                                    }
+                                }
+                                "notifications/message" | "notifications/cancelled" => {
                                     tracing::debug!(upstream = %up.name, %method, "unattributed notification dropped");
                                 }
                                 _ => up.broadcast(method, params),
@@ -1245,7 +1351,7 @@ mod tests {
     //! Against a small real legacy Streamable HTTP server (hyper, 127.0.0.1:0).
 
     use super::*;
-    use crate::upstream::LegacyTransport;
+    use crate::upstream::{Delivery, LegacyTransport};
     use futures_util::StreamExt;
     use http_body_util::StreamBody;
     use http_body_util::combinators::UnsyncBoxBody;
@@ -1292,6 +1398,12 @@ mod tests {
         get_stream: bool,
         /// Answer an unknown session id with 400 (python-sdk ≤ 1.9) instead of 404.
         unknown_session_400: bool,
+        /// The open standalone GET stream, for tools that talk on it.
+        get_tx: Mutex<Option<mpsc::Sender<Bytes>>>,
+        /// Lets the `get_progress` tool answer.
+        release: Notify,
+        /// Answer every `tools/call` with 404, as if its session had just expired.
+        forget_sessions: AtomicBool,
     }
 
     impl MockState {
@@ -1389,6 +1501,9 @@ mod tests {
                 return reply(404);
             }
             if let Some(last) = headers.get(LAST_EVENT_ID) {
+                if last == "busy-1" {
+                    return reply(503);
+                }
                 let Some(resp) = st.parked.lock().unwrap().remove(last) else {
                     return reply(404);
                 };
@@ -1402,6 +1517,7 @@ mod tests {
                 return reply(405);
             }
             let (tx, body) = channel_body();
+            *st.get_tx.lock().unwrap() = Some(tx.clone());
             tokio::spawn(async move {
                 let _ = tx
                     .send(event(
@@ -1451,6 +1567,10 @@ mod tests {
                     )
                     .unwrap());
             }
+            return reply(404);
+        }
+        if st.forget_sessions.load(Ordering::SeqCst) && rpc_method.as_deref() == Some("tools/call")
+        {
             return reply(404);
         }
         if rpc_method.is_none() {
@@ -1521,6 +1641,36 @@ mod tests {
                 let note = json!({"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":"bye"}});
                 Ok(sse_headers(Response::builder())
                     .body(Full::new(event(None, &note)).boxed_unsync())
+                    .unwrap())
+            }
+            "get_progress" => {
+                // python-sdk 1.9: the call's progress goes out on the GET stream (after
+                // a report for a token nobody holds); the answer waits for `release`.
+                let token = body["params"]["_meta"]["progressToken"].clone();
+                let get = st.get_tx.lock().unwrap().clone().unwrap();
+                for t in [json!("someone-else"), json!(987_654), token] {
+                    let p = json!({"jsonrpc":"2.0","method":"notifications/progress",
+                        "params":{"progressToken":t,"progress":1,"message":"on GET"}});
+                    let _ = get.send(event(None, &p)).await;
+                }
+                let (tx, out) = channel_body();
+                tokio::spawn(async move {
+                    st.release.notified().await;
+                    let res = result(&id, json!({"content":[{"type":"text","text":"released"}]}));
+                    let _ = tx.send(event(None, &res)).await;
+                });
+                Ok(sse_headers(Response::builder()).body(out).unwrap())
+            }
+            // A proxy (or the server) that is overloaded, after reading the request.
+            "busy" => Ok(Response::builder()
+                .status(503)
+                .body(Full::new(Bytes::from("overloaded")).boxed_unsync())
+                .unwrap()),
+            // The stream closes after priming; the resumption GET is answered 503.
+            "busy_resume" => {
+                let chunk = Bytes::from("id: busy-1\ndata:\n\nretry: 50\n\n");
+                Ok(sse_headers(Response::builder())
+                    .body(Full::new(chunk).boxed_unsync())
                     .unwrap())
             }
             "hang" => {
@@ -1806,6 +1956,57 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn gateway_error_status_after_the_request_was_written_is_sent_then_failed() {
+        let (addr, st) = mock(MockState::default()).await;
+        let up = HttpUpstream::start(opts(format!("http://{addr}/mcp")));
+        let (tx, _rx) = mpsc::channel(8);
+        for tool in ["busy", "busy_resume"] {
+            let err = up.call(spec(tool, false), tx.clone()).await.unwrap_err();
+            assert!(
+                matches!(err, UpstreamError::Broken { .. }),
+                "{tool}: {err:?}"
+            );
+            assert_eq!(err.delivery(), Delivery::SentThenFailed, "{tool}");
+            assert!(err.to_string().contains("503"), "{tool}: {err}");
+        }
+        assert_eq!(st.count("tools/call"), 2);
+        // The session was kept: the next call goes through without a new handshake.
+        ok_result(up.call(spec("json", false), tx).await);
+        assert_eq!(st.count("initialize"), 1);
+    }
+
+    #[tokio::test]
+    async fn connection_refused_before_writing_is_never_sent() {
+        let (addr, st) = mock(MockState::default()).await;
+        let up = HttpUpstream::start(opts(format!("http://{addr}/mcp")));
+        up.ensure_ready().await.unwrap();
+        // Point the session at a port nobody listens on: the connect fails before any
+        // byte of the request is written.
+        let probe = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let dead = probe.local_addr().unwrap();
+        drop(probe);
+        up.inner().url = format!("http://{dead}/mcp");
+        let (tx, _rx) = mpsc::channel(8);
+        let err = up.call(spec("json", false), tx).await.unwrap_err();
+        assert!(matches!(err, UpstreamError::Unavailable { .. }), "{err:?}");
+        assert_eq!(err.delivery(), Delivery::NeverSent);
+        assert_eq!(st.count("tools/call"), 0);
+    }
+
+    #[tokio::test]
+    async fn session_refused_twice_is_never_sent() {
+        let (addr, st) = mock(MockState::default()).await;
+        let up = HttpUpstream::start(opts(format!("http://{addr}/mcp")));
+        up.ensure_ready().await.unwrap();
+        // Every session is unknown to the server by the time the call arrives.
+        st.forget_sessions.store(true, Ordering::SeqCst);
+        let (tx, _rx) = mpsc::channel(8);
+        let err = up.call(spec("json", false), tx).await.unwrap_err();
+        assert!(matches!(err, UpstreamError::Unavailable { .. }), "{err:?}");
+        assert_eq!(err.delivery(), Delivery::NeverSent);
+    }
+
+    #[tokio::test]
     async fn shutdown_fails_in_flight_calls() {
         let (addr, st) = mock(MockState::default()).await;
         let up = HttpUpstream::start(opts(format!("http://{addr}/mcp")));
@@ -1852,7 +2053,7 @@ mod tests {
         assert!(matches!(err, UpstreamError::Unavailable { .. }), "{err:?}");
         let (tx, _rx) = mpsc::channel(8);
         let err = up.call(spec("json", false), tx.clone()).await.unwrap_err();
-        assert!(err.is_unavailable(), "{err:?}");
+        assert_eq!(err.delivery(), Delivery::NeverSent, "{err:?}");
         assert!(matches!(up.state(), TransportState::Down(_)));
 
         // The upstream comes up on the same port; the supervisor reconnects.
@@ -1915,6 +2116,47 @@ mod tests {
             })
         })
         .await;
+    }
+
+    #[tokio::test]
+    async fn progress_on_get_stream_reaches_the_call_by_token() {
+        let (addr, st) = mock(MockState {
+            get_stream: true,
+            ..MockState::default()
+        })
+        .await;
+        let up = HttpUpstream::start(opts(format!("http://{addr}/mcp")));
+        up.ensure_ready().await.unwrap();
+        eventually("GET stream", || st.get_tx.lock().unwrap().is_some()).await;
+        let (tx, mut rx) = mpsc::channel(8);
+        let caller = up.clone();
+        let call = tokio::spawn(async move { caller.call(spec("get_progress", true), tx).await });
+        let ev = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("progress from the GET stream");
+        // Reports for tokens no call holds were dropped, not delivered in its place.
+        match ev {
+            Some(CallEvent::Progress(p)) => {
+                assert_eq!(
+                    p,
+                    json!({"progress":1,"message":"on GET"})
+                        .as_object()
+                        .cloned()
+                        .unwrap()
+                );
+            }
+            other => panic!("expected progress, got {other:?}"),
+        }
+        st.release.notify_one();
+        let v = ok_result(call.await.unwrap());
+        assert_eq!(v["content"][0]["text"], "released");
+        // The route held no sender: the channel closes with the call, nothing else came.
+        let rest = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await;
+        assert!(matches!(rest, Ok(None)), "{rest:?}");
+        assert!(
+            up.progress_routes().is_empty(),
+            "route removed with the call"
+        );
     }
 
     #[tokio::test]

@@ -87,32 +87,60 @@ pub enum CallOutcome {
 }
 
 /// Why an upstream call did not produce an answer.
+///
+/// Every variant belongs to one side of the retry-safety line (design.md "HTTP status
+/// of upstream failures follows retry safety"), given by [`UpstreamError::delivery`]:
+/// a transport picks the variant by whether the request may have reached the upstream,
+/// and the front maps that to the client's status in one place
+/// (`front::failure`).
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum UpstreamError {
-    /// Not started, restarting, connection refused: HTTP 503 + `-32603`.
+    /// Never sent: not started, restarting, connection refused, or the session was
+    /// refused before the request could run.
     #[error("upstream {upstream} is unavailable: {reason}")]
     Unavailable { upstream: String, reason: String },
-    /// The child exited or the connection broke while the call was in flight.
+    /// Sent, then the child exited, the connection broke or the upstream answered with
+    /// an HTTP error status.
     #[error("upstream {upstream} failed during the call: {reason}")]
     Broken { upstream: String, reason: String },
-    /// The upstream violated the protocol (bad framing, oversized message, …).
+    /// Sent, then the upstream violated the protocol (bad framing, malformed or
+    /// oversized answer, …).
     #[error("upstream {upstream} protocol error: {reason}")]
     Protocol { upstream: String, reason: String },
-    /// The upstream's admission queue had no room (design.md policy 8: 503 + `-32005`).
+    /// Sent, then not answered within `call_timeout_ms` (the call was cancelled).
+    #[error("upstream {upstream} did not answer within call_timeout_ms ({after_ms} ms)")]
+    TimedOut { upstream: String, after_ms: u64 },
+    /// Never sent: the upstream's admission queue had no room (design.md policy 8:
+    /// 503 + `-32005`).
     #[error("upstream {upstream} queue is full")]
     QueueFull { upstream: String },
-    /// The gateway is shutting down.
+    /// Never sent (design.md lists it with the retryable cases): the gateway is
+    /// shutting down.
     #[error("gateway is shutting down")]
     ShuttingDown,
 }
 
+/// Whether a failed call may have reached the upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// Nothing ran upstream: a client may safely retry (503 + `Retry-After`).
+    NeverSent,
+    /// The request was written (or may have been) and then the call failed: the
+    /// upstream may have acted on it, so this is the request's outcome (200 +
+    /// `-32603`), never an invitation to retry.
+    SentThenFailed,
+}
+
 impl UpstreamError {
-    /// Whether a client should retry later (503 + `Retry-After`).
-    pub fn is_unavailable(&self) -> bool {
-        matches!(
-            self,
-            Self::Unavailable { .. } | Self::QueueFull { .. } | Self::ShuttingDown
-        )
+    pub fn delivery(&self) -> Delivery {
+        match self {
+            Self::Unavailable { .. } | Self::QueueFull { .. } | Self::ShuttingDown => {
+                Delivery::NeverSent
+            }
+            Self::Broken { .. } | Self::Protocol { .. } | Self::TimedOut { .. } => {
+                Delivery::SentThenFailed
+            }
+        }
     }
 }
 

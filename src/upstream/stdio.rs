@@ -519,10 +519,8 @@ impl Shared {
         if !child.send(&session::request(request_id, &spec.method, params)) {
             guard.finish();
             child.take_active();
-            return Err(UpstreamError::Broken {
-                upstream: self.opts.name.clone(),
-                reason: "child stdin is closed".into(),
-            });
+            // The writer is gone, so the line was never queued: nothing ran upstream.
+            return Err(self.unavailable("child stdin is closed; the request was not sent"));
         }
 
         let result = {

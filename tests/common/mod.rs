@@ -421,13 +421,20 @@ pub enum Transport {
 
 impl Gateway {
     /// Like [`Gateway::start`], with extra `key = value` lines in `[server]`
-    /// (e.g. `"header_timeout_ms = 500\n"`).
+    /// (e.g. `"header_timeout_ms = 500\n"`). The test default `keepalive_ms = 1000`
+    /// applies unless `server_extra` sets `keepalive_ms` itself (TOML refuses a key
+    /// twice).
     pub async fn start_with_server(server_extra: &str, body: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let config_path = dir.path().join("taskgate.toml");
         let store = dir.path().join("data");
+        let keepalive = if server_extra.contains("keepalive_ms") {
+            ""
+        } else {
+            "keepalive_ms = 1000\n"
+        };
         let text = format!(
-            "[server]\nlisten = \"127.0.0.1:0\"\nkeepalive_ms = 1000\n{server_extra}\n[store]\npath = \"{}\"\n{body}",
+            "[server]\nlisten = \"127.0.0.1:0\"\n{keepalive}{server_extra}\n[store]\npath = \"{}\"\n{body}",
             store.display()
         );
         std::fs::write(&config_path, text).unwrap();
