@@ -127,6 +127,9 @@ pub struct ServerConfig {
     pub max_connections: usize,
     pub header_timeout_ms: u64,
     pub body_timeout_ms: u64,
+    /// An HTTP/1 keep-alive or h2c connection with no request in flight is closed after
+    /// this long (a stream sending SSE is in flight, never idle).
+    pub idle_timeout_ms: u64,
     pub drain_grace_ms: u64,
     pub metrics_listen: Option<String>,
     /// Public base URL (for RFC 9728 metadata); default `http://{listen}`.
@@ -146,6 +149,7 @@ impl Default for ServerConfig {
             max_connections: 10_000,
             header_timeout_ms: 10_000,
             body_timeout_ms: 30_000,
+            idle_timeout_ms: 60_000,
             drain_grace_ms: 30_000,
             metrics_listen: None,
             public_url: None,
@@ -524,6 +528,12 @@ impl Config {
         }
         if self.server.max_connections == 0 {
             return Err(invalid("server.max_connections", "must be > 0"));
+        }
+        if self.server.header_timeout_ms == 0 {
+            return Err(invalid("server.header_timeout_ms", "must be > 0"));
+        }
+        if self.server.idle_timeout_ms == 0 {
+            return Err(invalid("server.idle_timeout_ms", "must be > 0"));
         }
         if !matches!(self.server.log_format.as_str(), "text" | "json") {
             return Err(invalid("server.log_format", "must be \"text\" or \"json\""));

@@ -482,40 +482,139 @@ async fn sync_timeout_after_sse_headers_is_the_final_event(t: Transport) {
 
 /// `max_connections`: with the cap reached, a further connection is not served until a
 /// held one closes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn connection_cap_holds_extra_connections() {
-    let s = http_gateway("max_connections = 2\n").await;
+/// One HTTP/1.1 request on `conn`; the first bytes of the answer (the connection
+/// stays open).
+async fn send_once(conn: &mut TcpStream, req: &[u8], limit: Duration) -> Option<String> {
+    conn.write_all(req).await.ok()?;
+    let mut buf = vec![0u8; 16384];
+    let n = tokio::time::timeout(limit, conn.read(&mut buf))
+        .await
+        .ok()?
+        .ok()?;
+    Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+/// An inline `tools/call` request (no tasks extension), raw HTTP/1.1 keep-alive.
+fn call_request(s: &DemoSetup, tool: &str, args: serde_json::Value) -> Vec<u8> {
     let c = s.client();
-    let params = json!({"name": "echo", "arguments": {"text": "third"}});
+    let params = json!({"name": tool, "arguments": args});
     let body = c.body(json!(1), "tools/call", &params).to_string();
     let headers: Vec<(&str, String)> = c.headers("tools/call", &params).into_iter().collect();
-    let req = http1_request(s.gw.addr, "/mcp", &headers, body.as_bytes());
+    http1_request(s.gw.addr, "/mcp", &headers, body.as_bytes())
+}
 
-    // Two connections that are served once (so they certainly hold permits) and stay open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_cap_busy_connections_hold_and_idle_ones_make_room() {
+    let s = http_gateway("max_connections = 2\n").await;
+    let echo = call_request(&s, "echo", json!({"text": "third"}));
+    // Two connections busy with slow inline calls hold both slots: a third waits.
+    let slow = call_request(&s, "sleep", json!({"ms": 4000}));
+    let mut busy = Vec::new();
+    for _ in 0..2 {
+        let mut conn = TcpStream::connect(s.gw.addr).await.unwrap();
+        conn.write_all(&slow).await.unwrap();
+        busy.push(conn);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut third = TcpStream::connect(s.gw.addr).await.unwrap();
+    let early = send_once(&mut third, &echo, Duration::from_millis(1000)).await;
+    assert!(early.is_none(), "served beyond max_connections: {early:?}");
+    // Once a busy connection's call is answered it is idle, and the waiting client
+    // gets its slot.
+    let text = send_once(&mut third, b"", Duration::from_secs(30)).await;
+    let text = text.expect("third connection served once a slot freed");
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    drop(busy);
+    drop(third);
+
+    // Two idle keep-alive connections at the cap: a new client is served at once, by
+    // closing the one idle the longest.
+    let s = http_gateway("max_connections = 2\n").await;
     let mut held = Vec::new();
     for _ in 0..2 {
         let mut conn = TcpStream::connect(s.gw.addr).await.unwrap();
-        conn.write_all(&req).await.unwrap();
-        let mut buf = vec![0u8; 8192];
-        let n = tokio::time::timeout(Duration::from_secs(20), conn.read(&mut buf))
-            .await
-            .expect("held connection served")
-            .unwrap();
-        assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+        let text = send_once(&mut conn, &echo, Duration::from_secs(20)).await;
+        assert!(text.is_some_and(|t| t.starts_with("HTTP/1.1 200")));
         held.push(conn);
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let mut third = TcpStream::connect(s.gw.addr).await.unwrap();
-    third.write_all(&req).await.unwrap();
-    let mut buf = vec![0u8; 8192];
-    let early = tokio::time::timeout(Duration::from_millis(1000), third.read(&mut buf)).await;
-    assert!(early.is_err(), "served beyond max_connections: {early:?}");
-    drop(held.pop());
-    let n = tokio::time::timeout(Duration::from_secs(20), third.read(&mut buf))
+    let mut new = TcpStream::connect(s.gw.addr).await.unwrap();
+    let text = send_once(&mut new, &echo, Duration::from_secs(10)).await;
+    assert!(
+        text.as_deref().is_some_and(|t| t.starts_with("HTTP/1.1 200")),
+        "a new client was not served while idle connections held the cap: {text:?}"
+    );
+    let oldest = read_until_closed(&mut held[0], Duration::from_secs(10)).await;
+    assert!(oldest.is_ok(), "the longest-idle connection was not closed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sockets_that_never_send_a_byte_are_closed_and_starve_no_one() {
+    let s = http_gateway("max_connections = 20\nheader_timeout_ms = 1500\n").await;
+    let mut silent = Vec::new();
+    for _ in 0..20 {
+        silent.push(TcpStream::connect(s.gw.addr).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The cap is full of silent sockets; a normal client is served anyway.
+    let r = s.client().call_tool("echo", json!({"text": "ok"})).await;
+    assert_eq!(r.status, 200, "{}", body_text(&r));
+    // And every silent socket is closed by the header timeout.
+    for conn in &mut silent {
+        let got = read_until_closed(conn, Duration::from_secs(20)).await;
+        assert!(got.is_ok(), "a socket that never spoke was kept open");
+        assert!(got.unwrap().is_empty());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_keepalive_is_closed_but_sse_streams_are_not_idle() {
+    let s = http_gateway("idle_timeout_ms = 1000\nkeepalive_ms = 300\n").await;
+    // An idle keep-alive connection is closed after idle_timeout_ms.
+    let echo = call_request(&s, "echo", json!({"text": "idle"}));
+    let mut conn = TcpStream::connect(s.gw.addr).await.unwrap();
+    let text = send_once(&mut conn, &echo, Duration::from_secs(20)).await;
+    assert!(text.is_some_and(|t| t.starts_with("HTTP/1.1 200")));
+    let closed = read_until_closed(&mut conn, Duration::from_secs(20)).await;
+    assert!(closed.is_ok(), "an idle keep-alive connection stayed open");
+    // A held call streaming SSE keep-alives for 3 s (three idle timeouts) is answered
+    // in full.
+    let slow = call_request(&s, "sleep", json!({"ms": 3000}));
+    let mut conn = TcpStream::connect(s.gw.addr).await.unwrap();
+    conn.write_all(&slow).await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(30) {
+        match tokio::time::timeout(Duration::from_secs(1), conn.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+            Err(_) => {}
+        }
+        if String::from_utf8_lossy(&got).contains("slept 3000 ms") {
+            break;
+        }
+    }
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.contains("text/event-stream"), "{text}");
+    assert!(text.contains("slept 3000 ms"), "the SSE stream was cut: {text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_listener_closes_silent_sockets_too() {
+    let port = free_port();
+    let s = http_gateway(&format!(
+        "metrics_listen = \"127.0.0.1:{port}\"\nheader_timeout_ms = 1000\n"
+    ))
+    .await;
+    let _ = &s;
+    let mut silent = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let got = read_until_closed(&mut silent, Duration::from_secs(20)).await;
+    assert!(got.is_ok(), "a silent socket on metrics_listen was kept open");
+    let r = raw(&format!("http://127.0.0.1:{port}/healthz"), "GET", &[], Bytes::new())
         .await
-        .expect("third connection served after one closed")
         .unwrap();
-    let text = String::from_utf8_lossy(&buf[..n]);
-    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert_eq!(r.status, 200);
 }
 
 /// Send `head` (request line and headers, no blank line) plus `body` on a fresh

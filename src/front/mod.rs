@@ -4,6 +4,7 @@
 //! Content-Type/Accept/size → wire validation (`wire.rs`) → dispatch (`dispatch.rs`).
 //! The first failure answers.
 
+pub mod conn;
 pub mod dispatch;
 pub mod failure;
 pub mod http_checks;
@@ -13,8 +14,6 @@ pub mod reply;
 pub mod results;
 pub mod wire;
 
-use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,8 +21,6 @@ use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
 use serde_json::json;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -333,38 +330,21 @@ fn metrics_reply() -> Response<Body> {
 }
 
 /// The optional `server.metrics_listen` listener: `/metrics`, `/healthz` and
-/// `/readyz` only.
+/// `/readyz` only, under the same connection rules as the main listener.
 pub async fn serve_ops(gw: Arc<Gateway>, listener: TcpListener, shutdown: CancellationToken) {
-    loop {
-        let (stream, _) = tokio::select! {
-            () = shutdown.cancelled() => break,
-            a = listener.accept() => match a {
-                Ok(a) => a,
-                Err(_) => {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
+    let policy = conn::ConnPolicy::from_config(&gw.cfg.server);
+    conn::serve(listener, policy, shutdown, move |req: Request<Incoming>| {
         let gw = gw.clone();
-        let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
-            let gw = gw.clone();
-            async move {
-                let r = match req.uri().path() {
-                    "/metrics" => metrics_reply(),
-                    "/healthz" => reply::json(StatusCode::OK, &json!({"status": "ok"})),
-                    "/readyz" => gw.readyz(),
-                    _ => reply::empty(StatusCode::NOT_FOUND),
-                };
-                Ok::<_, Infallible>(r)
+        async move {
+            match req.uri().path() {
+                "/metrics" => metrics_reply(),
+                "/healthz" => reply::json(StatusCode::OK, &json!({"status": "ok"})),
+                "/readyz" => gw.readyz(),
+                _ => reply::empty(StatusCode::NOT_FOUND),
             }
-        });
-        tokio::spawn(async move {
-            let _ = auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), svc)
-                .await;
-        });
-    }
+        }
+    })
+    .await;
 }
 
 fn method_not_allowed(allow: &'static str) -> Response<Body> {
@@ -380,55 +360,11 @@ fn method_not_allowed(allow: &'static str) -> Response<Body> {
 
 /// Accept connections until `shutdown` fires, then drain for `drain_grace_ms`.
 pub async fn serve(gw: Arc<Gateway>, listener: TcpListener, shutdown: CancellationToken) {
-    let cfg = gw.cfg.clone();
-    let permits = Arc::new(tokio::sync::Semaphore::new(cfg.server.max_connections));
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_millis(cfg.server.header_timeout_ms));
-    loop {
-        let permit = tokio::select! {
-            () = shutdown.cancelled() => break,
-            p = permits.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-        };
-        let (stream, peer): (tokio::net::TcpStream, SocketAddr) = tokio::select! {
-            () = shutdown.cancelled() => break,
-            a = listener.accept() => match a {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let _ = stream.set_nodelay(true);
-        let gw = gw.clone();
-        let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
-            let gw = gw.clone();
-            async move { Ok::<_, Infallible>(gw.handle(req).await) }
-        });
-        let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
-        let conn = graceful.watch(conn.into_owned());
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
-            }
-            drop(permit);
-        });
-    }
-    let grace = Duration::from_millis(cfg.server.drain_grace_ms);
-    if tokio::time::timeout(grace, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!("drain grace period elapsed with connections still open");
-    }
+    let policy = conn::ConnPolicy::from_config(&gw.cfg.server);
+    conn::serve(listener, policy, shutdown, move |req: Request<Incoming>| {
+        gw.clone().handle(req)
+    })
+    .await;
 }
 
 /// Bodies refused for their declared size are still read up to this size (see
