@@ -541,7 +541,8 @@ async fn at_the_cap_busy_connections_hold_and_idle_ones_make_room() {
     let mut new = TcpStream::connect(s.gw.addr).await.unwrap();
     let text = send_once(&mut new, &echo, Duration::from_secs(10)).await;
     assert!(
-        text.as_deref().is_some_and(|t| t.starts_with("HTTP/1.1 200")),
+        text.as_deref()
+            .is_some_and(|t| t.starts_with("HTTP/1.1 200")),
         "a new client was not served while idle connections held the cap: {text:?}"
     );
     let oldest = read_until_closed(&mut held[0], Duration::from_secs(10)).await;
@@ -597,7 +598,10 @@ async fn idle_keepalive_is_closed_but_sse_streams_are_not_idle() {
     }
     let text = String::from_utf8_lossy(&got);
     assert!(text.contains("text/event-stream"), "{text}");
-    assert!(text.contains("slept 3000 ms"), "the SSE stream was cut: {text}");
+    assert!(
+        text.contains("slept 3000 ms"),
+        "the SSE stream was cut: {text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -610,10 +614,18 @@ async fn metrics_listener_closes_silent_sockets_too() {
     let _ = &s;
     let mut silent = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     let got = read_until_closed(&mut silent, Duration::from_secs(20)).await;
-    assert!(got.is_ok(), "a silent socket on metrics_listen was kept open");
-    let r = raw(&format!("http://127.0.0.1:{port}/healthz"), "GET", &[], Bytes::new())
-        .await
-        .unwrap();
+    assert!(
+        got.is_ok(),
+        "a silent socket on metrics_listen was kept open"
+    );
+    let r = raw(
+        &format!("http://127.0.0.1:{port}/healthz"),
+        "GET",
+        &[],
+        Bytes::new(),
+    )
+    .await
+    .unwrap();
     assert_eq!(r.status, 200);
 }
 
