@@ -213,14 +213,17 @@ fn parse_record(bytes: &[u8]) -> Option<PidRecord> {
 /// * Leader gone (the usual case: the death signal killed it, grandchildren survived):
 ///   a group id stays allocated while any member lives, so members with that group id,
 ///   the recorded session and a start time not before the leader's are the leftovers.
+///   A zombie leader counts as gone: once the gateway died it was reparented to init,
+///   and an init that reaps late or never (a container's pid 1 often does) leaves it a
+///   zombie while its grandchildren run on — a restart right after a crash sees that.
 fn group_is_ours(rec: &PidRecord) -> bool {
     if rec.pid <= 1 {
         return false;
     }
-    if let Some(leader) = proc_stat(rec.pid) {
-        return leader.pgrp == i64::from(rec.pid)
-            && leader.starttime == rec.starttime
-            && leader.state != 'Z';
+    if let Some(leader) = proc_stat(rec.pid)
+        && !matches!(leader.state, 'Z' | 'X')
+    {
+        return leader.pgrp == i64::from(rec.pid) && leader.starttime == rec.starttime;
     }
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return false;

@@ -656,3 +656,37 @@ fn recorder_liveness_detects_pid_reuse() {
     assert!(!pid_dir.join("1.json").exists());
     assert!(!pid_dir.join("2.json").exists());
 }
+
+#[test]
+fn a_zombie_leader_does_not_hide_its_group() {
+    let fx = Fixture::new();
+    let dir = fx.pid_dir();
+    // The leader exits but nobody reaps it (as under an init that never reaps), while
+    // the member it forked lives on.
+    let mut sh = spawn_group("sh", &["-c", "sleep 1000 & echo $!; read x"]);
+    process::record_as(&dir, dead_recorder(), "t", "sh", sh.id()).unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(sh.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let orphan: u64 = line.trim().parse().unwrap();
+    drop(sh.stdin.take());
+    let start = std::time::Instant::now();
+    while process::proc_stat(sh.id()).is_none_or(|s| s.state != 'Z') {
+        assert!(start.elapsed() < BOUND, "leader did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    assert_eq!(kill_leftovers(&dir).killed, 1);
+    let start = std::time::Instant::now();
+    while !is_dead(orphan) {
+        assert!(
+            start.elapsed() < BOUND,
+            "member of a zombie leader not killed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    sh.wait().unwrap();
+}
