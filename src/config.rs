@@ -136,6 +136,9 @@ pub struct ServerConfig {
     pub public_url: Option<String>,
     /// `text` or `json` log lines.
     pub log_format: String,
+    /// This gateway's stable identity across restarts; names its directory under
+    /// `store.runtime_dir`. Default: see [`Config::replica_id`].
+    pub replica_id: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -154,6 +157,7 @@ impl Default for ServerConfig {
             metrics_listen: None,
             public_url: None,
             log_format: "text".into(),
+            replica_id: None,
         }
     }
 }
@@ -166,6 +170,9 @@ pub struct StoreConfig {
     pub cache_capacity_bytes: u64,
     pub sweep_interval_ms: u64,
     pub tombstone_ttl_ms: u64,
+    /// Where stdio pid records live (one directory per replica id). Default
+    /// `<path>/run`: see [`StoreConfig::runtime_dir`].
+    pub runtime_dir: Option<PathBuf>,
 }
 
 impl Default for StoreConfig {
@@ -176,7 +183,76 @@ impl Default for StoreConfig {
             cache_capacity_bytes: 268_435_456,
             sweep_interval_ms: 5_000,
             tombstone_ttl_ms: 86_400_000,
+            runtime_dir: None,
         }
+    }
+}
+
+impl StoreConfig {
+    /// `runtime_dir`, or `<path>/run` (`data/run` with the default `path`): next to the
+    /// store by default, so gateways on different stores never share pid records
+    /// unless told to.
+    pub fn runtime_dir(&self) -> PathBuf {
+        self.runtime_dir
+            .clone()
+            .unwrap_or_else(|| self.path.join("run"))
+    }
+
+    /// Where gateways before `runtime_dir` existed recorded their stdio children.
+    pub fn legacy_pid_dir(&self) -> PathBuf {
+        self.path.join("children")
+    }
+}
+
+/// Longest replica id (it becomes a directory name).
+const MAX_REPLICA_ID: usize = 128;
+
+/// Whether `id` can be used as a directory name as it is: ASCII letters, digits, `.`,
+/// `_` and `-`, not starting with `.` (no `.`/`..`, no hidden directories).
+fn is_replica_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= MAX_REPLICA_ID
+        && !id.starts_with('.')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// Turn `raw` (a host name plus port) into a valid replica id: every other character
+/// becomes `_`, leading dots are dropped, the length is capped.
+fn sanitize_replica_id(raw: &str) -> String {
+    let mut id: String = raw
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect::<String>()
+        .trim_start_matches('.')
+        .to_string();
+    id.truncate(MAX_REPLICA_ID);
+    if id.is_empty() {
+        id.push_str("taskgate");
+    }
+    id
+}
+
+/// The kernel's host name, or `localhost` if it cannot be read.
+fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname(2) writes at most `buf.len()` bytes into `buf`, which lives
+    // for the whole call.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "localhost".into();
+    }
+    let len = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+    match std::str::from_utf8(&buf[..len]) {
+        Ok(h) if !h.is_empty() => h.to_string(),
+        _ => "localhost".into(),
     }
 }
 
@@ -506,6 +582,23 @@ impl Config {
             .map_err(|e| invalid("server.listen", format!("not a socket address: {e}")))
     }
 
+    /// `server.replica_id`, or `<host name>-<port of server.listen>` made safe for a
+    /// directory name. The configured port, not the bound one: with `listen = "…:0"`
+    /// the id is `<host>-0`, so it stays the same across restarts (a restart must find
+    /// the pid records of the run before it).
+    pub fn replica_id(&self) -> String {
+        if let Some(id) = &self.server.replica_id {
+            return id.clone();
+        }
+        let port = self.listen_addr().map(|a| a.port()).unwrap_or_default();
+        sanitize_replica_id(&format!("{}-{port}", host_name()))
+    }
+
+    /// The directory holding this replica's stdio pid records (README "Configuration").
+    pub fn replica_run_dir(&self) -> PathBuf {
+        self.store.runtime_dir().join(self.replica_id())
+    }
+
     pub fn upstream(&self, name: &str) -> Option<&UpstreamConfig> {
         self.upstreams.iter().find(|u| u.name == name)
     }
@@ -537,6 +630,26 @@ impl Config {
         }
         if !matches!(self.server.log_format.as_str(), "text" | "json") {
             return Err(invalid("server.log_format", "must be \"text\" or \"json\""));
+        }
+        if let Some(id) = &self.server.replica_id
+            && !is_replica_id(id)
+        {
+            // A configured id is used as a directory name verbatim, never rewritten:
+            // two ids that sanitised to one name would share (and kill) pid records.
+            return Err(invalid(
+                "server.replica_id",
+                format!(
+                    "must be 1-{MAX_REPLICA_ID} ASCII letters, digits, '.', '_' or '-', not starting with '.'"
+                ),
+            ));
+        }
+        if self
+            .store
+            .runtime_dir
+            .as_ref()
+            .is_some_and(|d| d.as_os_str().is_empty())
+        {
+            return Err(invalid("store.runtime_dir", "must not be empty"));
         }
         // auth
         match self.auth.mode {
@@ -754,6 +867,45 @@ command = ["@self", "demo-upstream"]
         let err = Config::parse("[[upstream]]\nname=\"x\"\nurl=\"http://127.0.0.1:1/mcp\"\n")
             .unwrap_err();
         assert!(err.to_string().contains("auth.hs256_secret"), "{err}");
+    }
+
+    #[test]
+    fn replica_id_and_runtime_dir_defaults() {
+        let c = Config::parse(MIN).unwrap();
+        assert_eq!(c.store.runtime_dir(), PathBuf::from("data/run"));
+        let id = c.replica_id();
+        assert!(id.ends_with("-8080"), "{id}");
+        assert!(is_replica_id(&id), "{id}");
+        assert_eq!(c.replica_run_dir(), PathBuf::from("data/run").join(&id));
+
+        let text = MIN.replace(
+            "[auth]",
+            "[server]\nreplica_id = \"gw-a.1\"\n[store]\npath = \"s\"\nruntime_dir = \"/tmp/r\"\n[auth]",
+        );
+        let c = Config::parse(&text).unwrap();
+        assert_eq!(c.replica_id(), "gw-a.1");
+        assert_eq!(c.replica_run_dir(), PathBuf::from("/tmp/r/gw-a.1"));
+    }
+
+    #[test]
+    fn bad_replica_id_is_refused() {
+        for bad in ["", "..", ".hidden", "a/b", "a b", "ü"] {
+            let text = MIN.replace("[auth]", &format!("[server]\nreplica_id = {bad:?}\n[auth]"));
+            let err = Config::parse(&text).unwrap_err();
+            assert!(
+                err.to_string().contains("server.replica_id"),
+                "{bad:?}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn default_replica_id_is_sanitised() {
+        assert_eq!(sanitize_replica_id("host/x y-8080"), "host_x_y-8080");
+        assert_eq!(sanitize_replica_id("..-0"), "-0");
+        assert_eq!(sanitize_replica_id("..."), "taskgate");
+        assert_eq!(sanitize_replica_id(&"h".repeat(300)).len(), MAX_REPLICA_ID);
+        assert!(is_replica_id(&sanitize_replica_id("hôst:name-1")));
     }
 
     #[test]

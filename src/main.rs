@@ -126,20 +126,32 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
     tracing::info!(config = %source.describe(), "configuration loaded");
     let listen = cfg.listen_addr()?;
 
-    std::fs::create_dir_all(&cfg.store.path)
-        .with_context(|| format!("creating store directory {}", cfg.store.path.display()))?;
-    let pid_dir = cfg.store.path.join("children");
+    // The store lock first: it is what makes this gateway the only one on this store,
+    // and a second instance must stop here having changed nothing — above all, before
+    // it looks for leftover children to kill (README "Stdio children and pid records").
+    let store = SledStore::open(&cfg.store)
+        .with_context(|| format!("opening the task store at {}", cfg.store.path.display()))?;
+
+    let pid_dir = cfg.replica_run_dir();
     std::fs::create_dir_all(&pid_dir).with_context(|| format!("creating {}", pid_dir.display()))?;
-    let killed = stdio::kill_leftovers(&pid_dir);
+    let legacy = stdio::kill_legacy_leftovers(&cfg.store.legacy_pid_dir());
+    let current = stdio::kill_leftovers(&pid_dir);
+    let killed = legacy.killed + current.killed;
     if killed > 0 {
         tracing::warn!(
             killed,
             "killed upstream children left over from a previous run"
         );
     }
+    if current.kept > 0 {
+        tracing::info!(
+            kept = current.kept,
+            dir = %pid_dir.display(),
+            "pid records of another running gateway with this replica id left alone"
+        );
+    }
+    tracing::info!(replica_id = %cfg.replica_id(), pid_dir = %pid_dir.display(), "stdio pid records");
 
-    let store = SledStore::open(&cfg.store)
-        .with_context(|| format!("opening the task store at {}", cfg.store.path.display()))?;
     // Limits and metrics (issue #4): process-wide, installed before any request.
     taskgate::metrics::install();
     taskgate::limits::install(&cfg);

@@ -1,7 +1,8 @@
 //! Upstream failures through the real binary (design.md policy 14 and "HTTP status of
 //! upstream failures follows retry safety"): crashed stdio children, restarted/expired
-//! HTTP sessions, an upstream that is down at start-up, upstream 5xx answers, and no
-//! orphans after `kill -9` of the gateway.
+//! HTTP sessions, an upstream that is down at start-up, upstream 5xx answers, no
+//! orphans after `kill -9` of the gateway, and a second gateway instance that must not
+//! touch the first one's children (README "Stdio children and pid records").
 //!
 //! The status rule: a call that was never sent is 503 + `Retry-After` (a retry is
 //! safe); a call that was sent and then failed is 200 + `-32603` (it is the request's
@@ -9,8 +10,12 @@
 
 #[macro_use]
 mod common;
+mod tasks_support;
 
+use std::collections::BTreeSet;
 use std::convert::Infallible;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
@@ -608,4 +613,389 @@ async fn upstream_5xx_after_the_request_was_written_is_200_with_32603() {
     assert_eq!(r.status, 200, "{}", body_text(&r));
     assert_eq!(first_text(&r.json()["result"]), "back");
     drop(demo);
+/// Kills every process carrying the marker when the test ends, passed or not: the
+/// tests below create process groups that outlive their gateway on purpose.
+struct KillMarked(String);
+
+impl Drop for KillMarked {
+    fn drop(&mut self) {
+        for p in pids_with_marker(&self.0) {
+            unsafe {
+                libc::kill(p as i32, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+/// Every pid record (`*.json`) under `dir`, at any depth.
+fn records_under(dir: &Path) -> BTreeSet<PathBuf> {
+    let mut out = BTreeSet::new();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(records_under(&p));
+        } else if p.extension().is_some_and(|x| x == "json") {
+            out.insert(p);
+        }
+    }
+    out
+}
+
+/// The `recorder.pid` a pid record names.
+fn recorder_of(record: &Path) -> Option<u64> {
+    let v: Value = serde_json::from_slice(&std::fs::read(record).ok()?).ok()?;
+    v["recorder"]["pid"].as_u64()
+}
+
+/// A config file in `dir`: `[server]` on port 0 plus `server_extra`, `[store]` at
+/// `store` plus `store_extra`, then `body`.
+fn write_config(
+    dir: &Path,
+    store: &Path,
+    server_extra: &str,
+    store_extra: &str,
+    body: &str,
+) -> PathBuf {
+    let path = dir.join("taskgate.toml");
+    write(
+        &path,
+        &format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\nkeepalive_ms = 1000\n{server_extra}\n[store]\npath = {}\n{store_extra}\n{body}",
+            toml_string(&store.display().to_string())
+        ),
+    );
+    path
+}
+
+/// The store lock comes first: a second gateway on the same config (same store) while
+/// the first serves a long task stops with a clear error before it touches anything,
+/// and the first's children and task are unaffected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn second_instance_on_the_same_store_exits_without_touching_the_first() {
+    let (mark, env) = marker();
+    let _cleanup = KillMarked(mark.clone());
+    let gw = tasks_support::start_ready(&tasks_support::stdio_body("", &env)).await;
+    let c = tasks_support::tasks_client(&gw, "alice", "acme");
+    // Long enough to be in flight for the whole life of the second instance.
+    let task = tasks_support::task_id(
+        &tasks_support::create_task(&c, "sleep", json!({"ms": 20000, "steps": 20})).await,
+    );
+    let children = pids_with_marker(&mark);
+    assert!(!children.is_empty(), "no demo children found with {mark}");
+    let records = records_under(&gw.dir.path().join("data"));
+    assert!(!records.is_empty(), "no pid records in the store directory");
+
+    let mut cmd = Command::new(bin());
+    cmd.arg("--config")
+        .arg(&gw.config_path)
+        .current_dir(gw.dir.path());
+    let mut second = Proc::spawn(cmd);
+    let start = Instant::now();
+    let status = loop {
+        let dead: Vec<u32> = children.iter().copied().filter(|p| !is_alive(*p)).collect();
+        assert!(
+            dead.is_empty(),
+            "the second instance killed the first's children {dead:?}:\n{}",
+            second.log_text()
+        );
+        if let Ok(Some(st)) = second.child.try_wait() {
+            break st;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "second instance did not exit:\n{}",
+            second.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // Let the stderr reader catch up with the last lines.
+    let _ = second
+        .wait_log("another running taskgate", Duration::from_secs(10))
+        .await;
+    let log = second.log_text();
+    assert!(!status.success(), "second instance exited 0:\n{log}");
+    assert!(
+        log.contains("another running taskgate")
+            && log.contains(&gw.dir.path().join("data").display().to_string()),
+        "the error must say another taskgate holds the store, naming it:\n{log}"
+    );
+    assert!(!log.contains("killed leftover"), "{log}");
+    assert_eq!(
+        records_under(&gw.dir.path().join("data")),
+        records,
+        "the second instance changed the first's pid records"
+    );
+    let status_now = tasks_support::ok_result(&tasks_support::tasks_get(&c, &task).await);
+    assert_eq!(
+        status_now["status"], "working",
+        "precondition: the task was still in flight when the second instance stopped"
+    );
+
+    let done = tasks_support::poll_terminal(&c, &task).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let dead: Vec<u32> = children.iter().copied().filter(|p| !is_alive(*p)).collect();
+    assert!(dead.is_empty(), "children died: {dead:?}");
+    assert!(
+        !gw.proc.log_text().contains("exited with signal"),
+        "{}",
+        gw.proc.log_text()
+    );
+    // The default runtime_dir is <store.path>/run.
+    assert!(
+        records
+            .iter()
+            .all(|r| r.starts_with(gw.dir.path().join("data/run"))),
+        "pid records outside <store>/run: {records:?}"
+    );
+}
+
+/// Two gateways on different stores that share `store.runtime_dir` and
+/// `server.replica_id`: the second finds the first's pid records, but their recorder is
+/// alive, so it neither kills those children nor deletes the records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_runtime_dir_leaves_a_live_recorders_children_alone() {
+    let shared = tempfile::tempdir().unwrap();
+    let runtime = shared.path().join("run");
+    let server_extra = "replica_id = \"shared-replica\"\n";
+    let store_extra = format!(
+        "runtime_dir = {}\n",
+        toml_string(&runtime.display().to_string())
+    );
+    let replica_dir = runtime.join("shared-replica");
+
+    let (mark1, env1) = marker();
+    let _cleanup1 = KillMarked(mark1.clone());
+    let dir1 = tempfile::tempdir().unwrap();
+    let cfg1 = write_config(
+        dir1.path(),
+        &dir1.path().join("data"),
+        server_extra,
+        &store_extra,
+        &format!("{}{}", jwt_auth(), demo_stdio_upstream(&env1)),
+    );
+    let gw1 = Gateway::launch(dir1, cfg1).await;
+    gw1.wait_ready().await;
+    let c1 = Client2026::new(&gw1, "/mcp", Some(token("alice", "acme")));
+    assert_eq!(
+        first_text(&echo_eventually(&c1, "one", Duration::from_secs(10)).await),
+        "one"
+    );
+    let children1 = pids_with_marker(&mark1);
+    assert!(!children1.is_empty(), "no demo children found with {mark1}");
+    let records1 = records_under(&replica_dir);
+    assert!(
+        !records1.is_empty(),
+        "no records in {}",
+        replica_dir.display()
+    );
+    for r in &records1 {
+        assert_eq!(
+            recorder_of(r),
+            Some(u64::from(gw1.pid())),
+            "{}",
+            r.display()
+        );
+    }
+
+    let (mark2, env2) = marker();
+    let _cleanup2 = KillMarked(mark2.clone());
+    let dir2 = tempfile::tempdir().unwrap();
+    let cfg2 = write_config(
+        dir2.path(),
+        &dir2.path().join("data"),
+        server_extra,
+        &store_extra,
+        &format!("{}{}", jwt_auth(), demo_stdio_upstream(&env2)),
+    );
+    // Listening means its start-up scan of the shared directory is over.
+    let gw2 = Gateway::launch(dir2, cfg2).await;
+    gw2.wait_ready().await;
+    assert!(
+        !gw2.proc.log_text().contains("killed leftover"),
+        "{}",
+        gw2.proc.log_text()
+    );
+    let dead: Vec<u32> = children1
+        .iter()
+        .copied()
+        .filter(|p| !is_alive(*p))
+        .collect();
+    assert!(dead.is_empty(), "the second gateway killed {dead:?}");
+    for r in &records1 {
+        assert!(r.exists(), "the second gateway deleted {}", r.display());
+    }
+    // Both keep serving, the first with the very same children.
+    let c2 = Client2026::new(&gw2, "/mcp", Some(token("bob", "acme")));
+    assert_eq!(
+        first_text(&echo_eventually(&c2, "two", Duration::from_secs(10)).await),
+        "two"
+    );
+    assert_eq!(
+        first_text(&echo_eventually(&c1, "three", Duration::from_secs(10)).await),
+        "three"
+    );
+    for p in &children1 {
+        assert!(is_alive(*p), "child {p} of the first gateway died");
+    }
+    assert!(
+        pids_with_marker(&mark1)
+            .iter()
+            .all(|p| children1.contains(p))
+    );
+    let gw2_records: Vec<_> = records_under(&replica_dir)
+        .into_iter()
+        .filter(|r| recorder_of(r) == Some(u64::from(gw2.pid())))
+        .collect();
+    assert!(
+        !gw2_records.is_empty(),
+        "the second gateway records its own children there too"
+    );
+}
+
+/// `kill -9` of the gateway leaves a grandchild behind (the death signal reaches only
+/// the direct child); the restart finds it in `<runtime_dir>/<replica_id>` and kills
+/// it. Leftovers recorded by an older version in `<store>/children` go the same way,
+/// once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_after_kill9_kills_leftovers_from_the_runtime_dir() {
+    let (mark, _) = marker();
+    let _cleanup = KillMarked(mark.clone());
+    let mark_value = mark.trim_start_matches("TASKGATE_TEST_MARKER=").to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("data");
+    let runtime = dir.path().join("rt");
+    let replica_dir = runtime.join("r1");
+    // The wrapper forks a grandchild that outlives the demo server it execs.
+    let script = format!(
+        "sleep 100000 >/dev/null 2>&1 & exec '{}' demo-upstream",
+        bin().display()
+    );
+    let body = format!(
+        "{}[[upstream]]\nname = \"demo\"\npath = \"/mcp\"\ncommand = [\"/bin/sh\", \"-c\", {}]\nmax_concurrency = 1\nenv = {{ TASKGATE_TEST_MARKER = \"{mark_value}\" }}\n",
+        jwt_auth(),
+        toml_string(&script)
+    );
+    let config = write_config(
+        dir.path(),
+        &store,
+        "replica_id = \"r1\"\n",
+        &format!(
+            "runtime_dir = {}\n",
+            toml_string(&runtime.display().to_string())
+        ),
+        &body,
+    );
+    let mut gw = Gateway::launch(dir, config).await;
+    gw.wait_ready().await;
+    let c = Client2026::new(&gw, "/mcp", Some(token("alice", "acme")));
+    assert_eq!(
+        first_text(&echo_eventually(&c, "x", Duration::from_secs(10)).await),
+        "x"
+    );
+    let before = pids_with_marker(&mark);
+    assert_eq!(
+        before.len(),
+        2,
+        "demo server and its sleep expected: {before:?}"
+    );
+    let records = records_under(&replica_dir);
+    assert_eq!(records.len(), 1, "{records:?}");
+    let record = records.first().unwrap();
+    assert_eq!(recorder_of(record), Some(u64::from(gw.pid())));
+    let leader: u32 = record
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .and_then(|s| s.parse().ok())
+        .unwrap();
+    assert!(before.contains(&leader), "{leader} not in {before:?}");
+    let grandchild: Vec<u32> = before.iter().copied().filter(|p| *p != leader).collect();
+    assert!(
+        records_under(&store).is_empty(),
+        "records must live in runtime_dir only"
+    );
+
+    // A leftover of an older gateway version: a group recorded in <store>/children
+    // without a recorder.
+    let legacy_dir = store.join("children");
+    std::fs::create_dir_all(&legacy_dir).unwrap();
+    let mut old = {
+        use std::os::unix::process::CommandExt;
+        Command::new("sleep")
+            .arg("100000")
+            .env("TASKGATE_TEST_MARKER", &mark_value)
+            .process_group(0)
+            .spawn()
+            .unwrap()
+    };
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", old.id())).unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    write(
+        &legacy_dir.join(format!("{}.json", old.id())),
+        &json!({"pid": old.id(), "starttime": fields[19].parse::<u64>().unwrap(),
+                "session": fields[3].parse::<i64>().unwrap(), "upstream": "demo",
+                "program": "sleep"})
+        .to_string(),
+    );
+
+    gw.proc.kill9();
+    // The death signal takes the demo server; its sleep stays: a leftover.
+    assert!(
+        eventually(Duration::from_secs(15), || !is_alive(leader)).await,
+        "the demo server survived kill -9 of the gateway"
+    );
+    assert!(
+        grandchild.iter().all(|p| is_alive(*p)),
+        "precondition: the grandchild {grandchild:?} outlives the gateway"
+    );
+
+    let Gateway {
+        proc,
+        dir,
+        config_path,
+        ..
+    } = gw;
+    drop(proc);
+    let gw = Gateway::launch(dir, config_path).await;
+    gw.wait_ready().await;
+    assert!(
+        eventually(Duration::from_secs(15), || {
+            grandchild.iter().all(|p| !is_alive(*p))
+        })
+        .await,
+        "leftover {grandchild:?} survived the restart:\n{}",
+        gw.proc.log_text()
+    );
+    assert!(
+        eventually(Duration::from_secs(15), || {
+            matches!(old.try_wait(), Ok(Some(_)))
+        })
+        .await,
+        "the legacy-recorded group survived the restart:\n{}",
+        gw.proc.log_text()
+    );
+    assert!(!legacy_dir.exists(), "legacy record directory not removed");
+    assert!(gw.proc.log_text().contains("killed leftover"));
+    for r in &records {
+        assert!(
+            !r.exists(),
+            "the dead gateway's record {} was kept",
+            r.display()
+        );
+    }
+    let now = records_under(&replica_dir);
+    assert!(
+        !now.is_empty()
+            && now
+                .iter()
+                .all(|r| recorder_of(r) == Some(u64::from(gw.pid()))),
+        "{now:?}"
+    );
 }

@@ -127,6 +127,12 @@ pub enum StoreError {
     Corrupt(String),
     #[error("store is closed")]
     Closed,
+    /// Another live process holds the store's lock (for sled: its `flock` on `db`).
+    #[error(
+        "the store at {0} is in use by another running taskgate (one gateway per store); \
+         stop it, or give this one another store.path"
+    )]
+    Locked(std::path::PathBuf),
 }
 
 /// The durable store behind the tasks engine.

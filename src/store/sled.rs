@@ -242,7 +242,7 @@ impl SledStore {
     /// Must be called inside a tokio runtime: it spawns the group-commit flusher task on
     /// it (an error, not a panic, otherwise). Blocking: it may wait up to 2 s for sled's
     /// directory lock if this process just closed the same store; a store held by
-    /// another live process fails after that.
+    /// another live process fails after that with [`StoreError::Locked`].
     pub fn open(cfg: &StoreConfig) -> Result<Arc<Self>, StoreError> {
         Self::open_with_mode(cfg, SLED_MODE)
     }
@@ -262,22 +262,19 @@ impl SledStore {
         // process is dropped, sled's background I/O threads may hold the file open a
         // moment longer (sled's own tests block on the lock for this reason), so a lock
         // conflict is retried briefly. Another live process keeps it: then we fail.
+        // A failed lock leaves the store as it was: sled only creates what is missing
+        // (`blobs/`, `conf`, `db`) before it tries the lock.
         let deadline = std::time::Instant::now() + LOCK_WAIT;
         let db = loop {
             match config.open() {
                 Ok(db) => break db,
-                Err(e)
-                    if e.to_string().contains("could not acquire lock")
-                        && std::time::Instant::now() < deadline =>
-                {
+                Err(e) if e.to_string().contains("could not acquire lock") => {
+                    if std::time::Instant::now() >= deadline {
+                        return Err(StoreError::Locked(path.clone()));
+                    }
                     std::thread::sleep(std::time::Duration::from_millis(10));
                 }
-                Err(e) => {
-                    return Err(ctx(
-                        "cannot open sled database (is another taskgate using it?)",
-                        &e,
-                    ));
-                }
+                Err(e) => return Err(ctx("cannot open sled database", &e)),
             }
         };
         let tree = |name: &str| {
@@ -1867,11 +1864,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let _store = SledStore::open(&cfg(dir.path(), false)).unwrap();
         match SledStore::open(&cfg(dir.path(), false)) {
-            Err(StoreError::Io(msg)) => {
+            Err(e @ StoreError::Locked(_)) => {
+                let msg = e.to_string();
                 assert!(msg.contains(&dir.path().display().to_string()), "{msg}");
-                assert!(msg.contains("lock"), "{msg}");
+                assert!(msg.contains("another running taskgate"), "{msg}");
             }
-            other => panic!("expected Io, got {other:?}"),
+            other => panic!("expected Locked, got {other:?}"),
         }
     }
 

@@ -22,8 +22,9 @@
 //! `processes`) start on demand and are reaped after `idle_reap_ms` idle. A child that
 //! dies fails its in-flight call with [`UpstreamError::Broken`] and is restarted with
 //! exponential backoff. Children lead their own process group, get `SIGKILL` if the
-//! gateway dies, and are recorded in `pid_dir` so [`kill_leftovers`] can clean up after
-//! a `kill -9`.
+//! gateway dies, and are recorded in `pid_dir` (this replica's directory under
+//! `store.runtime_dir`) so [`kill_leftovers`] can clean up after a `kill -9` — only
+//! groups whose recording gateway is provably dead.
 
 mod process;
 
@@ -41,7 +42,7 @@ use tokio::process::{ChildStderr, ChildStdout};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, broadcast, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-pub use process::kill_leftovers;
+pub use process::{Leftovers, kill_leftovers, kill_legacy_leftovers};
 
 use super::session::{self, Inbound};
 use super::{
@@ -85,7 +86,7 @@ pub struct StdioOptions {
     /// Longest accepted stdout line; longer is a protocol error.
     pub max_message_bytes: usize,
     /// Directory where child pids are recorded so leftovers of a previous (kill -9'd)
-    /// gateway run can be killed at start-up.
+    /// gateway run can be killed at start-up: `<store.runtime_dir>/<replica id>`.
     pub pid_dir: PathBuf,
 }
 

@@ -10,10 +10,17 @@
 //! fork), so grandchildren survive a gateway crash. Each child's group is recorded on
 //! disk with enough identity (`starttime`, session) to tell it apart from an unrelated
 //! process that later reused the number.
+//!
+//! Why the recorder: several gateways can share one record directory (a second
+//! instance started by mistake, or replicas sharing `store.runtime_dir` and a replica
+//! id). A group is a leftover only if the gateway that recorded it is dead, so each
+//! record also names its recorder by pid *and* start time (a reused pid is not the
+//! recorder). Records of a live recorder are never killed nor deleted (README
+//! "Stdio children and pid records").
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use serde_json::{Value, json};
 
@@ -102,17 +109,59 @@ fn parse_stat(text: &str) -> Option<ProcStat> {
     })
 }
 
+/// The gateway process that wrote a pid record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Recorder {
+    pub pid: u32,
+    /// `starttime` of `/proc/<pid>/stat`; `None` if it could not be read when recording.
+    pub starttime: Option<u64>,
+}
+
+impl Recorder {
+    /// This process.
+    pub fn current() -> Self {
+        static START: OnceLock<Option<u64>> = OnceLock::new();
+        let pid = std::process::id();
+        let starttime = *START.get_or_init(|| proc_stat(pid).map(|s| s.starttime));
+        Self { pid, starttime }
+    }
+
+    /// Whether the recorder may still run. Only a provably dead recorder counts as dead:
+    /// its pid is gone, a zombie, or now names a process with another start time.
+    /// Without a recorded start time, any process with the pid keeps it "alive".
+    fn may_be_alive(&self) -> bool {
+        match proc_stat(self.pid) {
+            None => false,
+            Some(s) if matches!(s.state, 'Z' | 'X') => false,
+            Some(s) => self.starttime.is_none_or(|t| t == s.starttime),
+        }
+    }
+}
+
 /// What is recorded for one child.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct PidRecord {
     pub pid: u32,
     pub starttime: u64,
     pub session: i64,
+    /// Absent in records written before recorders were recorded (the legacy directory).
+    pub recorder: Option<Recorder>,
 }
 
-/// Record a freshly spawned child (the leader of its own group) under `pid_dir`.
-/// Failure only costs leftover cleanup after a crash, so it is logged, not fatal.
+/// Record a freshly spawned child (the leader of its own group) under `pid_dir`, as
+/// recorded by this process. Failure only costs leftover cleanup after a crash, so it
+/// is logged, not fatal.
 pub(super) fn record(pid_dir: &Path, upstream: &str, program: &str, pid: u32) -> Option<PathBuf> {
+    record_as(pid_dir, Recorder::current(), upstream, program, pid)
+}
+
+pub(super) fn record_as(
+    pid_dir: &Path,
+    recorder: Recorder,
+    upstream: &str,
+    program: &str,
+    pid: u32,
+) -> Option<PathBuf> {
     let stat = proc_stat(pid);
     let body = json!({
         "pid": pid,
@@ -120,13 +169,19 @@ pub(super) fn record(pid_dir: &Path, upstream: &str, program: &str, pid: u32) ->
         "session": stat.map(|s| s.session),
         "upstream": upstream,
         "program": program,
+        "recorder": {"pid": recorder.pid, "starttime": recorder.starttime},
     });
     let path = pid_dir.join(format!("{pid}.json"));
+    // Written aside and renamed into place: another gateway sharing the directory may
+    // scan it at any moment and must never see (and delete) a half-written record.
+    let tmp = pid_dir.join(format!(".{pid}.json.tmp"));
     let res = std::fs::create_dir_all(pid_dir)
-        .and_then(|()| std::fs::write(&path, body.to_string().as_bytes()));
+        .and_then(|()| std::fs::write(&tmp, body.to_string().as_bytes()))
+        .and_then(|()| std::fs::rename(&tmp, &path));
     match res {
         Ok(()) => Some(path),
         Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
             tracing::warn!(upstream = %upstream, pid, error = %e, dir = %pid_dir.display(),
                 "cannot record child pid; a gateway crash could leave it running");
             None
@@ -134,12 +189,20 @@ pub(super) fn record(pid_dir: &Path, upstream: &str, program: &str, pid: u32) ->
     }
 }
 
-fn read_record(path: &Path) -> Option<PidRecord> {
-    let v: Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+fn parse_record(bytes: &[u8]) -> Option<PidRecord> {
+    let v: Value = serde_json::from_slice(bytes).ok()?;
+    let recorder = match v.get("recorder") {
+        None | Some(Value::Null) => None,
+        Some(r) => Some(Recorder {
+            pid: u32::try_from(r.get("pid")?.as_u64()?).ok()?,
+            starttime: r.get("starttime").and_then(Value::as_u64),
+        }),
+    };
     Some(PidRecord {
         pid: u32::try_from(v.get("pid")?.as_u64()?).ok()?,
         starttime: v.get("starttime")?.as_u64()?,
         session: v.get("session")?.as_i64()?,
+        recorder,
     })
 }
 
@@ -150,14 +213,17 @@ fn read_record(path: &Path) -> Option<PidRecord> {
 /// * Leader gone (the usual case: the death signal killed it, grandchildren survived):
 ///   a group id stays allocated while any member lives, so members with that group id,
 ///   the recorded session and a start time not before the leader's are the leftovers.
+///   A zombie leader counts as gone: once the gateway died it was reparented to init,
+///   and an init that reaps late or never (a container's pid 1 often does) leaves it a
+///   zombie while its grandchildren run on — a restart right after a crash sees that.
 fn group_is_ours(rec: &PidRecord) -> bool {
     if rec.pid <= 1 {
         return false;
     }
-    if let Some(leader) = proc_stat(rec.pid) {
-        return leader.pgrp == i64::from(rec.pid)
-            && leader.starttime == rec.starttime
-            && leader.state != 'Z';
+    if let Some(leader) = proc_stat(rec.pid)
+        && !matches!(leader.state, 'Z' | 'X')
+    {
+        return leader.pgrp == i64::from(rec.pid) && leader.starttime == rec.starttime;
     }
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return false;
@@ -176,36 +242,100 @@ fn group_is_ours(rec: &PidRecord) -> bool {
     })
 }
 
-/// Kill process groups recorded in `pid_dir` by a previous run, after verifying each
-/// still belongs to the recorded group (never kills unrelated processes nor children of
-/// this process). Removes the records. Returns how many groups were killed. Call once
+/// What a start-up scan of a pid record directory did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Leftovers {
+    /// Groups of dead recorders that were still running and were killed.
+    pub killed: usize,
+    /// Records left in place because their recorder may still run.
+    pub kept: usize,
+}
+
+/// How records without a recorder are treated (see [`kill_leftovers`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unattributed {
+    /// Cannot prove the recorder dead: keep.
+    Keep,
+    /// Written by an older gateway that held the store lock we now hold: its recorder
+    /// is dead.
+    RecorderDead,
+}
+
+/// Kill the process groups recorded in `pid_dir` (this replica's directory under
+/// `store.runtime_dir`) whose recording gateway is provably dead, after verifying each
+/// still belongs to the recorded group (never kills unrelated processes nor children
+/// of this process), and remove those records. Records of a recorder that may be alive
+/// — another gateway sharing the directory — are neither killed nor removed. Call once
 /// at gateway start, before any stdio pool starts.
-pub fn kill_leftovers(pid_dir: &Path) -> usize {
+pub fn kill_leftovers(pid_dir: &Path) -> Leftovers {
+    scan(pid_dir, Unattributed::Keep)
+}
+
+/// [`kill_leftovers`] for the directory older gateways recorded children in
+/// (`<store.path>/children`, one flat directory per store). Their records name no
+/// recorder, but an older gateway recorded children only while holding the store's
+/// lock, so once this process holds it, whoever wrote them is dead. The directory is
+/// removed when it ends up empty, so this runs once after an upgrade.
+///
+/// Call only while holding the lock of the store whose legacy directory this is.
+pub fn kill_legacy_leftovers(legacy_dir: &Path) -> Leftovers {
+    let found = scan(legacy_dir, Unattributed::RecorderDead);
+    // Fails (and is left for a later start) while anything is still in it.
+    let _ = std::fs::remove_dir(legacy_dir);
+    found
+}
+
+fn scan(pid_dir: &Path, unattributed: Unattributed) -> Leftovers {
+    let mut found = Leftovers::default();
     let Ok(dir) = std::fs::read_dir(pid_dir) else {
-        return 0;
+        return found;
     };
-    let mut killed = 0;
     for entry in dir.flatten() {
         let path = entry.path();
-        if path.extension().and_then(|e| e.to_str()) != Some("json") {
+        // Only complete records: in-progress ones are dot-files ending in `.tmp`.
+        if path.extension().and_then(|e| e.to_str()) != Some("json")
+            || entry.file_name().to_string_lossy().starts_with('.')
+        {
             continue;
         }
-        match read_record(&path) {
-            Some(rec) if is_live(rec.pid) => continue,
-            Some(rec) => {
-                if group_is_ours(&rec) && kill_group(rec.pid, libc::SIGKILL) {
-                    tracing::warn!(pid = rec.pid, record = %path.display(),
-                        "killed leftover stdio upstream process group from a previous run");
-                    killed += 1;
-                }
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            // Its recorder removed it meanwhile (the child exited).
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => {
+                tracing::warn!(record = %path.display(), error = %e, "cannot read pid record");
+                continue;
             }
-            None => {
-                tracing::warn!(record = %path.display(), "ignoring unreadable pid record");
-            }
+        };
+        let Some(rec) = parse_record(&bytes) else {
+            // Records are renamed into place whole, so this one can never be acted on
+            // by anyone; keeping it would only repeat this warning on every start.
+            tracing::warn!(record = %path.display(), "removing unreadable pid record");
+            let _ = std::fs::remove_file(&path);
+            continue;
+        };
+        if is_live(rec.pid) {
+            continue;
+        }
+        let recorder_dead = match (rec.recorder, unattributed) {
+            (Some(r), _) => !r.may_be_alive(),
+            (None, Unattributed::RecorderDead) => true,
+            (None, Unattributed::Keep) => false,
+        };
+        if !recorder_dead {
+            tracing::debug!(pid = rec.pid, recorder = ?rec.recorder, record = %path.display(),
+                "pid record of a gateway that may still run; left alone");
+            found.kept += 1;
+            continue;
+        }
+        if group_is_ours(&rec) && kill_group(rec.pid, libc::SIGKILL) {
+            tracing::warn!(pid = rec.pid, record = %path.display(),
+                "killed leftover stdio upstream process group from a previous run");
+            found.killed += 1;
         }
         let _ = std::fs::remove_file(&path);
     }
-    killed
+    found
 }
 
 #[cfg(test)]

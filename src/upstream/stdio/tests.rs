@@ -495,6 +495,28 @@ fn wait_killed(child: &mut std::process::Child) {
     }
 }
 
+/// A recorder that is provably dead: this process's pid with another start time, as
+/// if the pid had been reused since the recorder died.
+fn dead_recorder() -> process::Recorder {
+    process::Recorder {
+        pid: std::process::id(),
+        starttime: Some(1),
+    }
+}
+
+/// Write a record the way gateways before recorders did (no `recorder` field).
+fn write_legacy_record(dir: &Path, pid: u32) {
+    let stat = process::proc_stat(pid).unwrap();
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(
+        dir.join(format!("{pid}.json")),
+        json!({"pid": pid, "starttime": stat.starttime, "session": stat.session,
+               "upstream": "t", "program": "sleep"})
+        .to_string(),
+    )
+    .unwrap();
+}
+
 #[test]
 fn kill_leftovers_kills_recorded_groups_only() {
     let fx = Fixture::new();
@@ -502,13 +524,13 @@ fn kill_leftovers_kills_recorded_groups_only() {
 
     // A recorded group whose leader still runs.
     let mut leader = spawn_group("sleep", &["1000"]);
-    process::record(&dir, "t", "sleep", leader.id()).unwrap();
+    process::record_as(&dir, dead_recorder(), "t", "sleep", leader.id()).unwrap();
 
     // A recorded group whose leader is gone but whose member survived (the usual
     // aftermath of PR_SET_PDEATHSIG killing only the direct child).
     let mut sh = spawn_group("sh", &["-c", "sleep 1000 & echo $!; read x"]);
     let sh_pid = sh.id();
-    process::record(&dir, "t", "sh", sh_pid).unwrap();
+    process::record_as(&dir, dead_recorder(), "t", "sh", sh_pid).unwrap();
     let mut line = String::new();
     std::io::BufRead::read_line(
         &mut std::io::BufReader::new(sh.stdout.take().unwrap()),
@@ -525,11 +547,13 @@ fn kill_leftovers_kills_recorded_groups_only() {
     let path = dir.join(format!("{}.json", stranger.id()));
     std::fs::write(
         &path,
-        json!({"pid": stranger.id(), "starttime": 1, "session": 1}).to_string(),
+        json!({"pid": stranger.id(), "starttime": 1, "session": 1,
+               "recorder": {"pid": std::process::id(), "starttime": 1}})
+        .to_string(),
     )
     .unwrap();
 
-    assert_eq!(kill_leftovers(&dir), 2);
+    assert_eq!(kill_leftovers(&dir), Leftovers { killed: 2, kept: 0 });
     wait_killed(&mut leader);
     let start = std::time::Instant::now();
     while !is_dead(orphan) {
@@ -543,5 +567,126 @@ fn kill_leftovers_kills_recorded_groups_only() {
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
     let _ = stranger.kill();
     let _ = stranger.wait();
-    assert_eq!(kill_leftovers(Path::new("/nonexistent-taskgate-dir")), 0);
+    assert_eq!(
+        kill_leftovers(Path::new("/nonexistent-taskgate-dir")),
+        Leftovers::default()
+    );
+}
+
+#[test]
+fn records_of_a_live_recorder_are_left_alone() {
+    let fx = Fixture::new();
+    let dir = fx.pid_dir();
+    // Recorded by this (live) process, as another gateway sharing the directory would.
+    let mut ours = spawn_group("sleep", &["1000"]);
+    let ours_record = process::record(&dir, "t", "sleep", ours.id()).unwrap();
+    // Recorded by nobody we can name: cannot be proven to be a leftover either.
+    let mut anonymous = spawn_group("sleep", &["1000"]);
+    write_legacy_record(&dir, anonymous.id());
+    // Being written by another gateway right now (not yet renamed into place).
+    std::fs::write(dir.join(".1234.json.tmp"), b"{\"pid\":").unwrap();
+
+    assert_eq!(kill_leftovers(&dir), Leftovers { killed: 0, kept: 2 });
+    assert!(
+        ours.try_wait().unwrap().is_none(),
+        "live recorder's child killed"
+    );
+    assert!(
+        anonymous.try_wait().unwrap().is_none(),
+        "unattributed group killed"
+    );
+    assert!(ours_record.exists(), "live recorder's record deleted");
+    assert!(dir.join(format!("{}.json", anonymous.id())).exists());
+    assert!(dir.join(".1234.json.tmp").exists());
+    for c in [&mut ours, &mut anonymous] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
+#[test]
+fn legacy_records_are_cleaned_up_once() {
+    let fx = Fixture::new();
+    let legacy = fx.dir.join("children");
+    let mut leftover = spawn_group("sleep", &["1000"]);
+    write_legacy_record(&legacy, leftover.id());
+    assert_eq!(
+        kill_legacy_leftovers(&legacy),
+        Leftovers { killed: 1, kept: 0 }
+    );
+    wait_killed(&mut leftover);
+    assert!(!legacy.exists(), "legacy directory not removed");
+    assert_eq!(kill_legacy_leftovers(&legacy), Leftovers::default());
+}
+
+#[test]
+fn recorder_liveness_detects_pid_reuse() {
+    assert!(process::Recorder::current().starttime.is_some());
+    let me = process::Recorder::current();
+    assert_eq!(me.pid, std::process::id());
+    let mut gone = std::process::Command::new("true").spawn().unwrap();
+    let gone_pid = gone.id();
+    gone.wait().unwrap();
+    let dir = Fixture::new();
+    // Through the public scan: only the live recorder's record survives.
+    let pid_dir = dir.pid_dir();
+    for (i, recorder) in [
+        me,
+        dead_recorder(),
+        process::Recorder {
+            pid: gone_pid,
+            starttime: None,
+        },
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        std::fs::create_dir_all(&pid_dir).unwrap();
+        // Pid 0 never names a group, so nothing is signalled; only the records matter.
+        std::fs::write(
+            pid_dir.join(format!("{i}.json")),
+            json!({"pid": 0, "starttime": 0, "session": 0,
+                   "recorder": {"pid": recorder.pid, "starttime": recorder.starttime}})
+            .to_string(),
+        )
+        .unwrap();
+    }
+    assert_eq!(kill_leftovers(&pid_dir), Leftovers { killed: 0, kept: 1 });
+    assert!(pid_dir.join("0.json").exists());
+    assert!(!pid_dir.join("1.json").exists());
+    assert!(!pid_dir.join("2.json").exists());
+}
+
+#[test]
+fn a_zombie_leader_does_not_hide_its_group() {
+    let fx = Fixture::new();
+    let dir = fx.pid_dir();
+    // The leader exits but nobody reaps it (as under an init that never reaps), while
+    // the member it forked lives on.
+    let mut sh = spawn_group("sh", &["-c", "sleep 1000 & echo $!; read x"]);
+    process::record_as(&dir, dead_recorder(), "t", "sh", sh.id()).unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(sh.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let orphan: u64 = line.trim().parse().unwrap();
+    drop(sh.stdin.take());
+    let start = std::time::Instant::now();
+    while process::proc_stat(sh.id()).is_none_or(|s| s.state != 'Z') {
+        assert!(start.elapsed() < BOUND, "leader did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    assert_eq!(kill_leftovers(&dir).killed, 1);
+    let start = std::time::Instant::now();
+    while !is_dead(orphan) {
+        assert!(
+            start.elapsed() < BOUND,
+            "member of a zombie leader not killed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    sh.wait().unwrap();
 }
