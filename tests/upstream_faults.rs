@@ -613,6 +613,8 @@ async fn upstream_5xx_after_the_request_was_written_is_200_with_32603() {
     assert_eq!(r.status, 200, "{}", body_text(&r));
     assert_eq!(first_text(&r.json()["result"]), "back");
     drop(demo);
+}
+
 /// Kills every process carrying the marker when the test ends, passed or not: the
 /// tests below create process groups that outlive their gateway on purpose.
 struct KillMarked(String);
