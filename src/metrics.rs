@@ -13,8 +13,8 @@ use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::store::{
-    Created, IdempotencyEntry, RequestRoute, StoreError, TaskRecord, TaskStatus, TaskStore,
-    Tombstone, now_ms,
+    Created, Expired, IdempotencyEntry, RequestRoute, StoreError, TaskRecord, TaskStatus,
+    TaskStore, Tombstone, now_ms,
 };
 use crate::upstream::BoxFuture;
 
@@ -298,13 +298,16 @@ impl TaskStore for MeteredStore {
         task_id: &str,
         now_ms: u64,
         tombstone_until_ms: u64,
-    ) -> Result<Option<TaskRecord>, StoreError> {
+    ) -> Result<Option<Expired>, StoreError> {
         let r = self.inner.expire(task_id, now_ms, tombstone_until_ms)?;
-        if let Some(rec) = &r {
-            task_gauge(rec.status, -1.0);
+        if let Some(gone) = &r {
+            task_gauge(gone.record.status, -1.0);
             crate::limits::get().task_done(task_id);
         }
         Ok(r)
+    }
+    fn mark_seen(&self, task_ids: &[String]) -> Result<(), StoreError> {
+        self.inner.mark_seen(task_ids)
     }
     fn tombstone(&self, task_id: &str) -> Result<Option<Tombstone>, StoreError> {
         self.inner.tombstone(task_id)
