@@ -103,6 +103,20 @@ fn describe() {
         "taskgate_upstream_restarts_total",
         "stdio child restarts and HTTP session re-initialisations, by upstream and kind"
     );
+    describe_counter!(
+        "taskgate_tasks_expired_unread_total",
+        "terminal tasks that expired before their owner received the terminal state, by status (completed, failed)"
+    );
+    // Present from the start, so an alert on its increase sees the first one.
+    for status in [TaskStatus::Completed, TaskStatus::Failed] {
+        counter!("taskgate_tasks_expired_unread_total", "status" => status.as_str()).increment(0);
+    }
+}
+
+/// A `completed` or `failed` task expired without its owner having received its
+/// terminal state (README "Limits and metrics").
+pub fn expired_unread(status: TaskStatus) {
+    counter!("taskgate_tasks_expired_unread_total", "status" => status.as_str()).increment(1);
 }
 
 /// One group-commit round of the store released `waiters` flushes.
