@@ -203,6 +203,7 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
     });
     let shutdown = CancellationToken::new();
     engine.spawn_sweeper(shutdown.clone());
+    engine.spawn_seen_marker();
     spawn_signal_handler(shutdown.clone());
     for u in &cfg.upstreams {
         tracing::info!(upstream = %u.name, path = %u.path, "serving upstream");
@@ -220,6 +221,8 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
     taskgate::lifecycle::begin_shutdown();
     tracing::info!("draining done; stopping upstreams");
     upstreams.shutdown().await;
+    // Reads served while draining are marked too (README "Limits and metrics").
+    engine.write_seen();
     if let Err(e) = store.flush().await {
         tracing::error!(error = %e, "final store flush failed");
     }

@@ -13,8 +13,8 @@ use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::store::{
-    Created, IdempotencyEntry, RequestRoute, StoreError, TaskRecord, TaskStatus, TaskStore,
-    Tombstone, now_ms,
+    Created, Expired, IdempotencyEntry, RequestRoute, StoreError, TaskRecord, TaskStatus,
+    TaskStore, Tombstone, now_ms,
 };
 use crate::upstream::BoxFuture;
 
@@ -103,6 +103,20 @@ fn describe() {
         "taskgate_upstream_restarts_total",
         "stdio child restarts and HTTP session re-initialisations, by upstream and kind"
     );
+    describe_counter!(
+        "taskgate_tasks_expired_unread_total",
+        "terminal tasks that expired before their owner received the terminal state, by status (completed, failed)"
+    );
+    // Present from the start, so an alert on its increase sees the first one.
+    for status in [TaskStatus::Completed, TaskStatus::Failed] {
+        counter!("taskgate_tasks_expired_unread_total", "status" => status.as_str()).increment(0);
+    }
+}
+
+/// A `completed` or `failed` task expired without its owner having received its
+/// terminal state (README "Limits and metrics").
+pub fn expired_unread(status: TaskStatus) {
+    counter!("taskgate_tasks_expired_unread_total", "status" => status.as_str()).increment(1);
 }
 
 /// One group-commit round of the store released `waiters` flushes.
@@ -298,13 +312,16 @@ impl TaskStore for MeteredStore {
         task_id: &str,
         now_ms: u64,
         tombstone_until_ms: u64,
-    ) -> Result<Option<TaskRecord>, StoreError> {
+    ) -> Result<Option<Expired>, StoreError> {
         let r = self.inner.expire(task_id, now_ms, tombstone_until_ms)?;
-        if let Some(rec) = &r {
-            task_gauge(rec.status, -1.0);
+        if let Some(gone) = &r {
+            task_gauge(gone.record.status, -1.0);
             crate::limits::get().task_done(task_id);
         }
         Ok(r)
+    }
+    fn mark_seen(&self, task_ids: &[String]) -> Result<(), StoreError> {
+        self.inner.mark_seen(task_ids)
     }
     fn tombstone(&self, task_id: &str) -> Result<Option<Tombstone>, StoreError> {
         self.inner.tombstone(task_id)

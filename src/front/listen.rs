@@ -210,6 +210,8 @@ async fn relay(
                             if tx.send(reply::sse_event(&n)).await.is_err() {
                                 break;
                             }
+                            // Only the owner's task ids are on this stream (`open`).
+                            engine.note_seen(&rec);
                         }
                     }
                     Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}

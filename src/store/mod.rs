@@ -2,7 +2,8 @@
 //!
 //! Two tables with two lifetimes: *task routes* (task records, live until TTL expiry)
 //! and *request routes* (in-flight upstream calls, gone when the call ends), plus an
-//! idempotency index, an expiry index and owner-only tombstones. The engine talks to
+//! idempotency index, an expiry index, owner-only tombstones and read marks (policy
+//! 23: whether the owner received a task's terminal snapshot). The engine talks to
 //! the [`TaskStore`] trait; `sled.rs` is the embedded single-replica backend (a shared
 //! backend for several replicas comes later).
 //!
@@ -110,6 +111,18 @@ pub struct IdempotencyEntry {
     pub args_fingerprint: String,
 }
 
+/// A task removed by [`TaskStore::expire`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Expired {
+    pub record: TaskRecord,
+    /// Whether its owner received the terminal snapshot (README "Limits and metrics"):
+    /// a read mark ([`TaskStore::mark_seen`]) was there when the task was removed, or
+    /// the task turned terminal before the store tracked reads (an older store: what
+    /// was read then is unknown, and an upgrade must not raise an alarm for every
+    /// old task).
+    pub seen: bool,
+}
+
 /// Result of [`TaskStore::create`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum Created {
@@ -179,17 +192,24 @@ pub trait TaskStore: Send + Sync + 'static {
     /// Ids of tasks whose `expires_at_ms <= now_ms`, oldest first, at most `limit`.
     fn expired(&self, now_ms: u64, limit: usize) -> Result<Vec<String>, StoreError>;
 
-    /// Delete a task whose `expires_at_ms <= now_ms` (and its expiry index entry),
-    /// leaving an owner-only tombstone (written first, so the owner never sees "not
-    /// found") that lives until `tombstone_until_ms`. Returns the deleted record;
-    /// `None` if the task is gone or — re-checked on the record itself, since an update
-    /// may have extended it after [`expired`](Self::expired) listed it — not due.
+    /// Delete a task whose `expires_at_ms <= now_ms` (and its expiry index entry and
+    /// read mark), leaving an owner-only tombstone (written first, so the owner never
+    /// sees "not found") that lives until `tombstone_until_ms`. Returns the deleted
+    /// record and whether it was seen; `None` if the task is gone or — re-checked on
+    /// the record itself, since an update may have extended it after
+    /// [`expired`](Self::expired) listed it — not due.
     fn expire(
         &self,
         task_id: &str,
         now_ms: u64,
         tombstone_until_ms: u64,
-    ) -> Result<Option<TaskRecord>, StoreError>;
+    ) -> Result<Option<Expired>, StoreError>;
+
+    /// Record that the owner received the terminal snapshot of each task (policy 23).
+    /// A small write per task that is not marked yet — never a rewrite of the task
+    /// record — and no flush: a mark lost in a crash only makes an expiry count as
+    /// unread. Tasks that are gone are skipped; a mark never outlives its task.
+    fn mark_seen(&self, task_ids: &[String]) -> Result<(), StoreError>;
 
     fn tombstone(&self, task_id: &str) -> Result<Option<Tombstone>, StoreError>;
 

@@ -3,9 +3,9 @@
 //! # Durability contract
 //!
 //! * Every mutating call (`create`, `update`, `put_route`, `remove_route`, `expire`,
-//!   `sweep_tombstones`) is applied to sled's in-memory page cache and log buffer when
-//!   it returns. It is **visible** to every later read at once, but it is **not
-//!   durable** yet.
+//!   `sweep_tombstones`, `mark_seen`) is applied to sled's in-memory page cache and
+//!   log buffer when it returns. It is **visible** to every later read at once, but it
+//!   is **not durable** yet.
 //! * A write is durable once a [`TaskStore::flush`] call *made after the write
 //!   returned* has resolved `Ok`. The engine awaits that before it hands out a task id
 //!   (policy 1) — a failed flush never hands one out (policy 16).
@@ -95,15 +95,27 @@
 //!     expiry entry removed → live entry removed/added when the status crosses
 //!     terminal.
 //!   * `expire`: tombstone → task removed (compare-and-swap) → `meta/idem_of` →
-//!     expiry entry → live entry. The owner never sees "not found" in between.
-//!   * `sweep_tombstones`: idempotency entry → tombstone.
+//!     seen mark → expiry entry → live entry. The owner never sees "not found" in
+//!     between; whether the removed seen mark was there is the answer's `seen`.
+//!   * `mark_seen`: seen mark → task re-checked, and the mark removed again if the
+//!     task is gone. Against a concurrent `expire` either the mark lands before
+//!     `expire` removes it (and counts as seen) or the re-check, which runs after the
+//!     task's removal, finds the task gone and removes the mark: no mark outlives its
+//!     task. (The second case counts the read as unread, as does a mark lost in a
+//!     crash: a lost mark can only over-count.)
+//!   * `sweep_tombstones`: idempotency entry → seen mark (only if the task is gone)
+//!     → tombstone.
 //! * **Repairs of what a cut-short operation leaves:** an expiry entry whose task is
 //!   gone, or whose task now expires at another time, is dropped or moved by
 //!   [`TaskStore::expired`] (with a gone task's `idem_of`); an idempotency entry whose
 //!   task and tombstone are both missing reads as absent and is taken over by the next
 //!   `create` with that key; live entries of tasks
 //!   that are gone or terminal are dropped when the store opens
-//!   (`tests::crash_leftovers_are_repaired`).
+//!   (`tests::crash_leftovers_are_repaired`); a seen mark whose task is gone (a crash
+//!   inside `expire` or between a mark and its re-check) is dropped with the task's
+//!   stale expiry entry by [`TaskStore::expired`], or else with its tombstone by
+//!   [`TaskStore::sweep_tombstones`] — every removed task has a tombstone, written
+//!   first (`tests::seen_mark_leftovers_are_repaired`).
 //! * **Live-task counts** ([`TaskStore::live_tasks`], the tenant quota) come from the
 //!   `live` tree: counted once at open, then kept in memory in step with each entry
 //!   actually inserted or removed, so the count is one map lookup.
@@ -131,11 +143,13 @@
 //! | `meta`        | `secret/<name>`                                  | 32 raw random bytes (see [`TaskStore::secret`]) |
 //! | `meta`        | `layout/live_index`                              | `[1]`: the `live` tree is built (stores without it are migrated at open) |
 //! | `meta`        | `idem_of/<task id>`                              | raw idempotency index key of a keyed live task; moved into the tombstone's `idempotency_index_key` on expiry |
+//! | `meta`        | `layout/seen_since`                              | 8-byte big-endian ms since the epoch from which this store tracks reads: `0` for a store created with the `seen` tree, the time of the first open by a gateway that has it for an older store. A task that turned terminal (`last_updated_at_ms`) before it counts as seen at expiry, since whether it was read is unknown |
+//! | `seen`        | task id                                          | `{"v", "at_ms"}`: the task's owner received its terminal snapshot (a `tasks/get` or a `notifications/tasks`), first at `at_ms`. Only the key's presence matters (a newer `v` is still a mark); written once per task by [`TaskStore::mark_seen`], so a read never rewrites the task record |
 //!
-//! Lifetimes: a task and its `expiry` entry live until [`TaskStore::expire`]; its
-//! idempotency entry lives as long as the task *and* its tombstone (policy 9) and is
-//! deleted by [`TaskStore::sweep_tombstones`] together with the tombstone. Request
-//! routes live until [`TaskStore::remove_route`].
+//! Lifetimes: a task, its `expiry` entry and its `seen` mark live until
+//! [`TaskStore::expire`]; its idempotency entry lives as long as the task *and* its
+//! tombstone (policy 9) and is deleted by [`TaskStore::sweep_tombstones`] together
+//! with the tombstone. Request routes live until [`TaskStore::remove_route`].
 //!
 //! # Performance (measured by `tests::group_commit_throughput`)
 //!
@@ -172,8 +186,8 @@ use serde_json::{Map, Value};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
-    Created, IdempotencyEntry, RequestRoute, SCHEMA_VERSION, StoreError, TaskRecord, TaskStore,
-    Tombstone,
+    Created, Expired, IdempotencyEntry, RequestRoute, SCHEMA_VERSION, StoreError, TaskRecord,
+    TaskStore, Tombstone,
 };
 use crate::config::StoreConfig;
 use crate::upstream::BoxFuture;
@@ -198,6 +212,8 @@ const META_LIVE: &str = "live/";
 /// Present once the `live` tree has been built for this store.
 const META_LIVE_INDEX: &[u8] = b"layout/live_index";
 const META_IDEM_OF: &str = "idem_of/";
+/// Since when this store tracks reads (8-byte big-endian ms; module docs, "Schema").
+const META_SEEN_SINCE: &[u8] = b"layout/seen_since";
 
 type Waiter = oneshot::Sender<Result<(), StoreError>>;
 
@@ -211,6 +227,9 @@ pub struct SledStore {
     tombstones: sled::Tree,
     meta: sled::Tree,
     live: sled::Tree,
+    seen: sled::Tree,
+    /// `meta/layout/seen_since`: tasks that turned terminal before it count as seen.
+    seen_since_ms: u64,
     /// Non-terminal tasks per tenant: the `live` tree counted at open, then kept in
     /// step with it.
     live_counts: Mutex<HashMap<String, i64>>,
@@ -288,6 +307,7 @@ impl SledStore {
         let tombstones = tree("tombstones")?;
         let meta = tree("meta")?;
         let live = tree("live")?;
+        let seen = tree("seen")?;
 
         // Store-wide schema version: refuse a store written by a newer gateway.
         match meta
@@ -320,6 +340,31 @@ impl SledStore {
             }
         }
 
+        // Read tracking starts with the first open that knows the `seen` tree; for a
+        // store that already holds tasks, reads before now were never recorded.
+        let (seen_since_ms, seen_since_new) = match meta
+            .get(META_SEEN_SINCE)
+            .map_err(|e| ctx("cannot read meta/layout/seen_since", &e))?
+        {
+            Some(v) => {
+                let since = <[u8; 8]>::try_from(v.as_ref())
+                    .map(u64::from_be_bytes)
+                    .map_err(|_| {
+                        StoreError::Corrupt(format!(
+                            "store at {}: meta/layout/seen_since is not an 8-byte time",
+                            path.display()
+                        ))
+                    })?;
+                (since, false)
+            }
+            None => {
+                let since = if tasks.is_empty() { 0 } else { super::now_ms() };
+                meta.insert(META_SEEN_SINCE, &since.to_be_bytes())
+                    .map_err(|e| ctx("cannot write meta/layout/seen_since", &e))?;
+                (since, true)
+            }
+        };
+
         let (flush_tx, flush_rx) = mpsc::unbounded_channel();
         let store = Arc::new(Self {
             db,
@@ -330,6 +375,8 @@ impl SledStore {
             tombstones,
             meta,
             live,
+            seen,
+            seen_since_ms,
             live_counts: Mutex::new(HashMap::new()),
             path: path.clone(),
             strict_fsync: cfg.strict_fsync,
@@ -340,6 +387,11 @@ impl SledStore {
             round_waiters: Default::default(),
             round_micros: Default::default(),
         });
+        if seen_since_new {
+            // Durable at once: recomputed after a crash it would move later, and unread
+            // tasks that finished in between would count as seen.
+            store.flush_blocking()?;
+        }
         store.load_live_index()?;
         runtime.spawn(run_flusher(flush_rx, Arc::downgrade(&store)));
         tracing::info!(
@@ -527,6 +579,13 @@ struct StoredIdempotency {
     v: u32,
     task_id: String,
     args_fingerprint: String,
+}
+
+/// The stored form of a read mark (`seen` tree). Only its presence is read.
+#[derive(Serialize)]
+struct StoredSeen {
+    v: u32,
+    at_ms: u64,
 }
 
 /// A stored record type: it carries its schema version in `v`.
@@ -1075,6 +1134,7 @@ impl TaskStore for SledStore {
                 }
                 None => {
                     // The task is gone: so are the leftovers of its indexes.
+                    self.del(&self.seen, "drop stale seen mark", id.as_bytes())?;
                     self.del(&self.expiry, "drop stale expiry entry", &k)?;
                     let idem_of = meta_key(META_IDEM_OF, id.as_bytes());
                     self.del(&self.meta, "drop stale idem_of", &idem_of)?;
@@ -1085,12 +1145,14 @@ impl TaskStore for SledStore {
     }
 
     /// Tombstone first, then the task: the owner never sees "not found" in between.
+    /// The seen mark goes before the expiry entry, so a crash in between leaves the
+    /// entry that lets [`TaskStore::expired`] drop the mark.
     fn expire(
         &self,
         task_id: &str,
         now_ms: u64,
         tombstone_until_ms: u64,
-    ) -> Result<Option<TaskRecord>, StoreError> {
+    ) -> Result<Option<Expired>, StoreError> {
         let key = task_id.as_bytes();
         let idem_of_key = meta_key(META_IDEM_OF, key);
         loop {
@@ -1121,12 +1183,20 @@ impl TaskStore for SledStore {
                 continue;
             }
             self.del(&self.meta, "expire: idem_of", &idem_of_key)?;
+            let marked = self.del(&self.seen, "expire: seen mark", key)?;
             let exp = expiry_key(rec.expires_at_ms, task_id);
             self.del(&self.expiry, "expire: expiry entry", &exp)?;
             if !rec.status.is_terminal() {
                 self.unmark_live(&rec.tenant, task_id)?;
             }
-            return Ok(Some(rec));
+            // A terminal record is never updated again, so `last_updated_at_ms` is
+            // when it turned terminal.
+            let before_tracking =
+                rec.status.is_terminal() && rec.last_updated_at_ms < self.seen_since_ms;
+            return Ok(Some(Expired {
+                seen: marked || before_tracking,
+                record: rec,
+            }));
         }
     }
 
@@ -1140,8 +1210,8 @@ impl TaskStore for SledStore {
         }
     }
 
-    /// Idempotency entry first, then the tombstone: a crash in between leaves a
-    /// tombstone that the next sweep removes again.
+    /// Idempotency entry and seen mark first, then the tombstone: a crash in between
+    /// leaves a tombstone that the next sweep removes again.
     fn sweep_tombstones(&self, now_ms: u64) -> Result<usize, StoreError> {
         let mut due = Vec::new();
         for kv in self.tombstones.iter() {
@@ -1168,6 +1238,17 @@ impl TaskStore for SledStore {
                 );
                 self.cas("sweep: idempotency entry", r)?;
             }
+            // Only a crash leaves a mark behind its task (module docs). A tombstone
+            // may also outlive an `expire` that found the task extended: the mark of
+            // a task that is still there stays.
+            let id = t.task_id.as_bytes();
+            if !self
+                .tasks
+                .contains_key(id)
+                .map_err(|e| self.read_failed("get task", &e))?
+            {
+                self.del(&self.seen, "sweep: seen mark", id)?;
+            }
             let r = self
                 .tombstones
                 .compare_and_swap(&key, Some(&bytes), None as Option<&[u8]>);
@@ -1176,6 +1257,38 @@ impl TaskStore for SledStore {
             }
         }
         Ok(swept)
+    }
+
+    /// Write order (module docs, "Concurrency contract"): mark, then the task
+    /// re-checked. One single-key insert per task not marked yet (no batch: see the
+    /// module docs); a task already marked costs a read, no write.
+    fn mark_seen(&self, task_ids: &[String]) -> Result<(), StoreError> {
+        let at_ms = super::now_ms();
+        for id in task_ids {
+            let key = id.as_bytes();
+            let has = |tree: &sled::Tree, what: &str| {
+                tree.contains_key(key)
+                    .map_err(|e| self.read_failed(what, &e))
+            };
+            if has(&self.seen, "get seen mark")? || !has(&self.tasks, "get task")? {
+                continue;
+            }
+            let mark = encode(
+                "seen",
+                id,
+                &StoredSeen {
+                    v: SCHEMA_VERSION,
+                    at_ms,
+                },
+            )?;
+            self.put(&self.seen, "mark seen", key, &mark)?;
+            // Expired meanwhile: its `expire` may have removed the mark before this
+            // one landed.
+            if !has(&self.tasks, "get task")? {
+                self.del(&self.seen, "drop seen mark of an expired task", key)?;
+            }
+        }
+        Ok(())
     }
 
     fn live_tasks(&self, tenant: &str) -> Result<u64, StoreError> {
@@ -1485,7 +1598,7 @@ mod tests {
         assert!(store.get("tsk_a").unwrap().is_some());
         assert_eq!(store.tombstone("tsk_a").unwrap(), None);
         let gone = store.expire("tsk_a", 1000, 10_000).unwrap().unwrap();
-        assert_eq!(gone.task_id, "tsk_a");
+        assert_eq!(gone.record.task_id, "tsk_a");
         assert_eq!(store.get("tsk_a").unwrap(), None);
         assert_eq!(store.expired(u64::MAX, 10).unwrap(), Vec::<String>::new());
         assert_eq!(store.expire("tsk_a", u64::MAX, 10_000).unwrap(), None);
@@ -1510,6 +1623,192 @@ mod tests {
         assert_eq!(store.idempotency_get(key).unwrap(), None);
         assert_eq!(store.meta.scan_prefix(META_IDEM_OF).count(), 0);
         assert_eq!(store.sweep_tombstones(u64::MAX).unwrap(), 0);
+    }
+
+    fn ids(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// A read mark is one small entry of its own (the task record is not rewritten),
+    /// written once, durable with the next flush, and removed with its task.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn seen_mark_is_a_small_entry_removed_with_its_task() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(&cfg(dir.path(), false)).unwrap();
+        for id in ["tsk_read", "tsk_unread", "tsk_durable"] {
+            store
+                .create(&task(id, "acme", 1000), &route(id, None), None)
+                .unwrap();
+            complete(&store, id);
+        }
+        let record = store.tasks.get("tsk_read").unwrap().unwrap();
+        store.mark_seen(&ids(&["tsk_read", "tsk_never"])).unwrap();
+        assert_eq!(
+            store.tasks.get("tsk_read").unwrap().unwrap(),
+            record,
+            "the task record is not rewritten"
+        );
+        assert_eq!(store.seen.len(), 1, "no mark for a task that is not there");
+        let mark = store.seen.get("tsk_read").unwrap().unwrap();
+        let v: Value = serde_json::from_slice(&mark).unwrap();
+        assert_eq!(v["v"], SCHEMA_VERSION, "{v}");
+        assert!(mark.len() < 64, "a small entry: {} bytes", mark.len());
+        // Marking again writes nothing.
+        std::thread::sleep(Duration::from_millis(5));
+        store.mark_seen(&ids(&["tsk_read"])).unwrap();
+        assert_eq!(store.seen.get("tsk_read").unwrap().unwrap(), mark);
+
+        let gone = store.expire("tsk_read", u64::MAX, 10).unwrap().unwrap();
+        assert!(gone.seen);
+        assert_eq!(gone.record.status, TaskStatus::Completed);
+        assert_eq!(store.seen.len(), 0, "the mark goes with its task");
+        let gone = store.expire("tsk_unread", u64::MAX, 10).unwrap().unwrap();
+        assert!(!gone.seen);
+        // A mark for an expired task is not written.
+        store.mark_seen(&ids(&["tsk_read", "tsk_unread"])).unwrap();
+        assert_eq!(store.seen.len(), 0);
+
+        store.mark_seen(&ids(&["tsk_durable"])).unwrap();
+        store.flush().await.unwrap();
+        drop(store);
+        let store = SledStore::open(&cfg(dir.path(), false)).unwrap();
+        assert!(
+            store
+                .expire("tsk_durable", u64::MAX, 10)
+                .unwrap()
+                .unwrap()
+                .seen
+        );
+    }
+
+    /// Marks written while their tasks expire: none outlives its task.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn seen_marks_racing_expiry_leave_no_orphans() {
+        const N: usize = 400;
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(&cfg(dir.path(), false)).unwrap();
+        let all: Vec<String> = (0..N).map(|i| format!("tsk_{i}")).collect();
+        for id in &all {
+            store
+                .create(&task(id, "acme", 1000), &route(id, None), None)
+                .unwrap();
+            complete(&store, id);
+        }
+        let seen = std::thread::scope(|s| {
+            let marker = s.spawn(|| {
+                for id in all.iter().rev() {
+                    store.mark_seen(std::slice::from_ref(id)).unwrap();
+                }
+            });
+            let sweeper = s.spawn(|| {
+                all.iter()
+                    .filter(|id| store.expire(id, u64::MAX, 10).unwrap().unwrap().seen)
+                    .count()
+            });
+            marker.join().unwrap();
+            sweeper.join().unwrap()
+        });
+        assert_eq!(store.tasks.len(), 0);
+        assert_eq!(store.seen.len(), 0, "a mark outlived its task");
+        assert!(seen <= N);
+    }
+
+    /// What a crash can leave of a mark (module docs, "Concurrency contract") is
+    /// dropped with the task's stale expiry entry or with its tombstone.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn seen_mark_leftovers_are_repaired() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(&cfg(dir.path(), false)).unwrap();
+        // `expire` cut short after the task's removal: mark and expiry entry remain.
+        store.seen.insert("tsk_cut", &[]).unwrap();
+        store
+            .expiry
+            .insert(expiry_key(500, "tsk_cut"), &[])
+            .unwrap();
+        assert_eq!(store.expired(1000, 10).unwrap(), Vec::<String>::new());
+        assert_eq!(store.seen.get("tsk_cut").unwrap(), None);
+        // A mark that landed after its task's `expire`, re-check lost: the tombstone
+        // sweep takes it.
+        let tomb = |id: &str| Tombstone {
+            v: SCHEMA_VERSION,
+            task_id: id.into(),
+            tenant: "acme".into(),
+            subject: "alice".into(),
+            idempotency_index_key: None,
+            expires_at_ms: 10,
+        };
+        store
+            .tombstones
+            .insert(
+                "tsk_late",
+                encode("tombstones", "tsk_late", &tomb("tsk_late")).unwrap(),
+            )
+            .unwrap();
+        store.seen.insert("tsk_late", &[]).unwrap();
+        // A tombstone beside a task that is still there keeps the task's mark.
+        store
+            .create(&task("tsk_live", "acme", 1000), &route("rl", None), None)
+            .unwrap();
+        complete(&store, "tsk_live");
+        store.mark_seen(&ids(&["tsk_live"])).unwrap();
+        store
+            .tombstones
+            .insert(
+                "tsk_live",
+                encode("tombstones", "tsk_live", &tomb("tsk_live")).unwrap(),
+            )
+            .unwrap();
+        assert_eq!(store.sweep_tombstones(10).unwrap(), 2);
+        assert_eq!(store.seen.get("tsk_late").unwrap(), None);
+        assert!(store.seen.get("tsk_live").unwrap().is_some());
+        assert!(
+            store
+                .expire("tsk_live", u64::MAX, 10)
+                .unwrap()
+                .unwrap()
+                .seen
+        );
+    }
+
+    /// A store written before read tracking (no `meta/layout/seen_since`): tasks that
+    /// were terminal before the upgrade count as seen, later ones are tracked.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn read_tracking_starts_at_the_upgrade_of_an_older_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(&cfg(dir.path(), false)).unwrap();
+        assert_eq!(store.seen_since_ms, 0, "a new store tracks every task");
+        for id in ["tsk_old_done", "tsk_old_working"] {
+            store
+                .create(&task(id, "acme", 1000), &route(id, None), None)
+                .unwrap();
+        }
+        complete(&store, "tsk_old_done");
+        // Turn it into the older layout.
+        store.meta.remove(META_SEEN_SINCE).unwrap();
+        store.flush().await.unwrap();
+        drop(store);
+
+        let store = SledStore::open(&cfg(dir.path(), false)).unwrap();
+        let since = store.seen_since_ms;
+        assert!(since > 1, "{since}");
+        store
+            .create(&task("tsk_new", "acme", 1000), &route("rn", None), None)
+            .unwrap();
+        store
+            .update("tsk_new", &mut |t| {
+                t.status = TaskStatus::Failed;
+                t.last_updated_at_ms = crate::store::now_ms();
+                true
+            })
+            .unwrap();
+        store.flush().await.unwrap();
+        drop(store);
+        let store = SledStore::open(&cfg(dir.path(), false)).unwrap();
+        assert_eq!(store.seen_since_ms, since, "kept across opens");
+        let seen = |id: &str| store.expire(id, u64::MAX, 10).unwrap().unwrap().seen;
+        assert!(seen("tsk_old_done"), "terminal before tracking: unknown");
+        assert!(!seen("tsk_old_working"), "never terminal");
+        assert!(!seen("tsk_new"), "terminal since tracking, never read");
     }
 
     #[tokio::test(flavor = "multi_thread")]

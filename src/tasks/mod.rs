@@ -6,6 +6,7 @@
 //! - `driver.rs`: a promoted call running in the background (progress, input, result).
 //! - `methods.rs`: the `tasks/*` methods and the ownership check.
 //! - `sweeper.rs`: expiry, tombstones and restart recovery.
+//! - `seen.rs`: read marks, for counting outcomes nobody collected.
 //! - `snapshot.rs`: the wire shapes.
 
 pub mod call;
@@ -14,6 +15,7 @@ pub mod driver;
 pub mod ids;
 pub mod methods;
 pub mod promote;
+pub mod seen;
 pub mod snapshot;
 pub mod sweeper;
 
@@ -43,6 +45,8 @@ pub struct Engine {
     live: Mutex<HashMap<String, Live>>,
     /// Task ids whose record changed (for `subscriptions/listen`).
     changes: broadcast::Sender<String>,
+    /// Terminal snapshots the owner received, waiting to be marked in the store.
+    seen: seen::SeenMarks,
 }
 
 impl Engine {
@@ -53,6 +57,7 @@ impl Engine {
             cfg,
             live: Mutex::new(HashMap::new()),
             changes,
+            seen: seen::SeenMarks::default(),
         })
     }
 

@@ -1,4 +1,5 @@
-//! Expiry (policy 11) and restart recovery (policy 10).
+//! Expiry (policy 11), outcomes nobody collected (policy 23) and restart recovery
+//! (policy 10).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use super::Engine;
 use super::driver::{conclude, fail};
 use crate::protocol::RpcError;
-use crate::store::{StoreError, now_ms};
+use crate::store::{StoreError, TaskRecord, TaskStatus, now_ms};
 
 impl Engine {
     /// Resolve request routes left by a previous process: their calls are gone, so
@@ -40,8 +41,11 @@ impl Engine {
     }
 
     /// One sweep: expire tasks past their ttl (stopping their calls, leaving
-    /// owner-only tombstones) and drop old tombstones.
+    /// owner-only tombstones, counting outcomes nobody read) and drop old tombstones.
     pub fn sweep(&self) -> Result<usize, StoreError> {
+        // Reads still waiting in the marker land first: a task read just before its
+        // expiry is not counted as unread.
+        self.write_seen();
         let now = now_ms();
         let tomb_until = now + self.cfg.store.tombstone_ttl_ms;
         let mut n = 0;
@@ -53,9 +57,12 @@ impl Engine {
             for id in &ids {
                 // Only a task still due is expired (an update may have extended it
                 // since it was listed); its call, if any, stops then.
-                if self.store.expire(id, now, tomb_until)?.is_some() {
+                if let Some(gone) = self.store.expire(id, now, tomb_until)? {
                     self.abort_live(id);
                     self.changed(id);
+                    if !gone.seen {
+                        expired_unread(&gone.record);
+                    }
                     n += 1;
                 }
             }
@@ -83,5 +90,36 @@ impl Engine {
                 }
             }
         });
+    }
+}
+
+/// A task expired without its owner having received its terminal state (policy 23,
+/// README "Limits and metrics"): count a `completed` or `failed` one and log a failed
+/// one, so an operator can alert on failures nobody collected. A task that expired
+/// while still running has no outcome to collect, and `cancelled` is only reached by
+/// the owner's own `tasks/cancel`: neither is counted.
+fn expired_unread(rec: &TaskRecord) {
+    match rec.status {
+        TaskStatus::Completed => crate::metrics::expired_unread(rec.status),
+        TaskStatus::Failed => {
+            crate::metrics::expired_unread(rec.status);
+            let error = rec.error.as_ref();
+            let code = error.and_then(|e| e.get("code")).and_then(|c| c.as_i64());
+            let message = error
+                .and_then(|e| e.get("message"))
+                .and_then(|m| m.as_str())
+                .unwrap_or_default();
+            tracing::warn!(
+                tenant = %rec.tenant,
+                subject = %rec.subject,
+                upstream = %rec.upstream,
+                tool = %rec.tool,
+                task = %rec.task_id,
+                error_code = code,
+                error_message = %message,
+                "failed task expired unread: nobody collected its error"
+            );
+        }
+        TaskStatus::Working | TaskStatus::InputRequired | TaskStatus::Cancelled => {}
     }
 }
