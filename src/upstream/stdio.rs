@@ -43,6 +43,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use process::kill_leftovers;
 
+use super::identity::Identity;
 use super::session::{self, Inbound};
 use super::{
     BoxFuture, CallEvent, CallOutcome, CallSpec, InputAnswer, InputRequest, LegacyTransport,
@@ -87,6 +88,8 @@ pub struct StdioOptions {
     /// Directory where child pids are recorded so leftovers of a previous (kill -9'd)
     /// gateway run can be killed at start-up.
     pub pid_dir: PathBuf,
+    /// Told about every completed `initialize` (the task plane's identity).
+    pub identity: Option<Arc<Identity>>,
 }
 
 /// A pool of stdio children speaking legacy MCP; see the module docs.
@@ -816,6 +819,9 @@ async fn spawn_child(shared: &Arc<Shared>) -> Result<Arc<Child>, String> {
     };
     match outcome {
         Ok(info) => {
+            if let Some(id) = &shared.opts.identity {
+                id.learned(&info);
+            }
             if let Ok(mut i) = child.info.lock() {
                 *i = Some(info);
             }
