@@ -175,7 +175,7 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
         .clone()
         .unwrap_or_else(|| format!("http://{local}"));
     let auth = Arc::new(Authenticator::new(&cfg.auth, &public_url)?);
-    let upstreams = Arc::new(UpstreamSet::start(&cfg.upstreams, pid_dir));
+    let upstreams = Arc::new(UpstreamSet::start(&cfg.upstreams, pid_dir, store.clone()));
     upstreams.spawn_reaper();
 
     let cfg = Arc::new(cfg);

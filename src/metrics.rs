@@ -14,7 +14,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::store::{
     Created, Expired, IdempotencyEntry, RequestRoute, StoreError, TaskRecord, TaskStatus,
-    TaskStore, Tombstone, now_ms,
+    TaskStore, Tombstone, UpstreamIdentity, now_ms,
 };
 use crate::upstream::BoxFuture;
 
@@ -331,6 +331,16 @@ impl TaskStore for MeteredStore {
     }
     fn live_tasks(&self, tenant: &str) -> Result<u64, StoreError> {
         self.inner.live_tasks(tenant)
+    }
+    fn upstream_identity(&self, name: &str) -> Result<Option<UpstreamIdentity>, StoreError> {
+        self.inner.upstream_identity(name)
+    }
+    fn put_upstream_identity(
+        &self,
+        name: &str,
+        identity: &UpstreamIdentity,
+    ) -> Result<bool, StoreError> {
+        self.inner.put_upstream_identity(name, identity)
     }
     fn secret(&self, name: &str) -> Result<[u8; 32], StoreError> {
         self.inner.secret(name)

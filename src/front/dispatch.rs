@@ -98,9 +98,21 @@ pub async fn dispatch(
         }
     }
 
-    let info = match upstream.info().await {
-        Ok(i) => i,
-        Err(e) => return inline::upstream_failure(&req.id, upstream.name(), &e).into_response(),
+    // The task plane never depends on the upstream plane (README "Task plane and
+    // upstream plane"): tasks/* and listen answer from the store with the identity
+    // known now, whether the upstream is down, restarting or warming up. Everything
+    // else needs the upstream and gets the retry-safety 503 while it is not there
+    // (front::failure).
+    let task_plane = req.method.starts_with("tasks/") || req.method == "subscriptions/listen";
+    let info = if task_plane {
+        upstream.identity()
+    } else {
+        match upstream.info().await {
+            Ok(i) => i,
+            Err(e) => {
+                return inline::upstream_failure(&req.id, upstream.name(), &e).into_response();
+            }
+        }
     };
 
     if let Some(cap) = required_capability(&req.method)

@@ -16,7 +16,17 @@ use super::wire::ValidRequest;
 use crate::auth::Principal;
 use crate::protocol::{self, META_SUBSCRIPTION_ID};
 use crate::tasks::snapshot;
-use crate::upstream::{Upstream, UpstreamInfo};
+use crate::upstream::{TransportState, Upstream, UpstreamInfo};
+
+/// List-changed filter flags and the server capability each needs: an upstream that
+/// does not declare the feature never sends its list changes, so the flag is not
+/// acknowledged (nor is any while the identity is the placeholder of an upstream that
+/// never answered).
+const LIST_FLAGS: [(&str, &str); 3] = [
+    ("toolsListChanged", "tools"),
+    ("promptsListChanged", "prompts"),
+    ("resourcesListChanged", "resources"),
+];
 
 /// The filter flag that admits an upstream session notification.
 fn flag_for(method: &str) -> Option<&'static str> {
@@ -61,15 +71,18 @@ pub fn open(
         .cloned()
         .unwrap_or_default();
     let mut honoured = Map::new();
-    for flag in [
-        "toolsListChanged",
-        "promptsListChanged",
-        "resourcesListChanged",
-    ] {
-        if filter.get(flag).and_then(Value::as_bool) == Some(true) {
+    for (flag, capability) in LIST_FLAGS {
+        if filter.get(flag).and_then(Value::as_bool) == Some(true)
+            && info.capabilities.contains_key(capability)
+        {
             honoured.insert(flag.into(), Value::Bool(true));
         }
     }
+    // Subscribing needs the upstream to answer `resources/subscribe`; the
+    // acknowledgement never waits for one that is down or still starting (README
+    // "Task plane and upstream plane"): its resources are then acknowledged as not
+    // subscribed, and the client may listen again later.
+    let can_subscribe = can_subscribe && upstream.state() == TransportState::Ready;
     // Only the caller's own tasks are acknowledged; others are dropped silently
     // (policy 7).
     let mut task_ids: Vec<String> = Vec::new();
@@ -96,7 +109,6 @@ pub fn open(
         })
         .unwrap_or_default();
     let sub_id = req.id.clone();
-    let opened_with = info.server_info.clone();
     let mut rx = upstream.session_notifications(principal);
     let up = upstream.clone();
     let who = principal.clone();
@@ -131,7 +143,6 @@ pub fn open(
                 &mut task_rx,
                 &engine,
                 &up,
-                &opened_with,
                 &honoured,
                 &uris,
                 &task_ids,
@@ -171,7 +182,6 @@ async fn relay(
     task_rx: &mut broadcast::Receiver<String>,
     engine: &Arc<crate::tasks::Engine>,
     up: &Arc<Upstream>,
-    opened_with: &Value,
     honoured: &Map<String, Value>,
     uris: &[String],
     task_ids: &[String],
@@ -200,12 +210,11 @@ async fn relay(
                 t = task_rx.recv(), if !task_ids.is_empty() => match t {
                     Ok(id) if task_ids.contains(&id) => {
                         // A full snapshot, equal to what tasks/get returns now (spec B9),
-                        // so a completed result carries the upstream's current identity
-                        // (the one this stream opened with if none is known now).
+                        // so a completed result carries the upstream's current identity.
                         if let Ok(Some(mut rec)) = engine.store.get(&id) {
                             crate::limits::get().adapt_for_owner(&mut rec);
-                            let si = up.known_info().map(|i| i.server_info);
-                            let detailed = snapshot::detailed(&rec, si.as_ref().unwrap_or(opened_with));
+                            let si = up.identity().server_info;
+                            let detailed = snapshot::detailed(&rec, &si);
                             let n = tagged("notifications/tasks", Some(Value::Object(detailed)), sub_id);
                             if tx.send(reply::sse_event(&n)).await.is_err() {
                                 break;

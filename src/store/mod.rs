@@ -2,9 +2,11 @@
 //!
 //! Two tables with two lifetimes: *task routes* (task records, live until TTL expiry)
 //! and *request routes* (in-flight upstream calls, gone when the call ends), plus an
-//! idempotency index, an expiry index, owner-only tombstones and read marks (policy
-//! 23: whether the owner received a task's terminal snapshot). The engine talks to
-//! the [`TaskStore`] trait; `sled.rs` is the embedded single-replica backend (a shared
+//! idempotency index, an expiry index, owner-only tombstones, read marks (policy 23:
+//! whether the owner received a task's terminal snapshot) and the last known identity
+//! of each upstream (what the task plane shows while that upstream is not ready:
+//! README "Task plane and upstream plane"). The engine talks to the
+//! [`TaskStore`] trait; `sled.rs` is the embedded single-replica backend (a shared
 //! backend for several replicas comes later).
 //!
 //! Durability contract: a write is durable once a [`TaskStore::flush`] call that
@@ -123,6 +125,22 @@ pub struct Expired {
     pub seen: bool,
 }
 
+/// An upstream's last `initialize` result as far as clients see it (the *upstream
+/// identities* table, one record per upstream name). `server_info` and `capabilities`
+/// are kept as the upstream sent them: the JSON text keeps key order and number text
+/// (serde_json `preserve_order` + `arbitrary_precision`), so what a client reads while
+/// the upstream is down equals what it read while it was up.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UpstreamIdentity {
+    pub v: u32,
+    /// The legacy protocol version the upstream answered with.
+    pub protocol_version: String,
+    pub server_info: Value,
+    pub capabilities: Map<String, Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instructions: Option<String>,
+}
+
 /// Result of [`TaskStore::create`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum Created {
@@ -218,6 +236,19 @@ pub trait TaskStore: Send + Sync + 'static {
 
     /// Number of non-terminal tasks of a tenant (quota).
     fn live_tasks(&self, tenant: &str) -> Result<u64, StoreError>;
+
+    /// The identity last stored for upstream `name` by
+    /// [`put_upstream_identity`](Self::put_upstream_identity), if any.
+    fn upstream_identity(&self, name: &str) -> Result<Option<UpstreamIdentity>, StoreError>;
+
+    /// Store `identity` for upstream `name` unless the stored record is byte-identical
+    /// (so a re-initialising upstream costs a read, not a write); returns whether it
+    /// wrote. Not durable until [`flush`](Self::flush) resolves.
+    fn put_upstream_identity(
+        &self,
+        name: &str,
+        identity: &UpstreamIdentity,
+    ) -> Result<bool, StoreError>;
 
     /// A 32-byte secret stored under `name`, created from the CSPRNG on first use.
     fn secret(&self, name: &str) -> Result<[u8; 32], StoreError>;

@@ -139,6 +139,7 @@
 //! | `expiry`      | 8-byte big-endian time ++ task id                | empty; one entry per task, at or *before* its `expires_at_ms` (a later expiry is applied lazily: [`TaskStore::expired`] moves an entry that comes due early), so a range scan up to `now` finds every expired task |
 //! | `tombstones`  | task id                                          | [`Tombstone`] JSON |
 //! | `live`        | 4-byte big-endian tenant length ++ tenant ++ task id | empty; one entry per non-terminal task |
+//! | `upstream_identity` | upstream name (UTF-8)                      | [`UpstreamIdentity`] JSON: `{"v", "protocol_version", "server_info", "capabilities", "instructions"?}`, the upstream's last `initialize` result; `server_info` and `capabilities` byte-exact as the upstream sent them (key order and number text kept) |
 //! | `meta`        | `schema`                                         | 4-byte big-endian schema version of the store as a whole |
 //! | `meta`        | `secret/<name>`                                  | 32 raw random bytes (see [`TaskStore::secret`]) |
 //! | `meta`        | `layout/live_index`                              | `[1]`: the `live` tree is built (stores without it are migrated at open) |
@@ -149,7 +150,9 @@
 //! Lifetimes: a task, its `expiry` entry and its `seen` mark live until
 //! [`TaskStore::expire`]; its idempotency entry lives as long as the task *and* its
 //! tombstone (policy 9) and is deleted by [`TaskStore::sweep_tombstones`] together
-//! with the tombstone. Request routes live until [`TaskStore::remove_route`].
+//! with the tombstone. Request routes live until [`TaskStore::remove_route`]. An
+//! upstream identity is rewritten only when an `initialize` answers differently and is
+//! never deleted (an upstream removed from the configuration leaves one small record).
 //!
 //! # Performance (measured by `tests::group_commit_throughput`)
 //!
@@ -187,7 +190,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::{
     Created, Expired, IdempotencyEntry, RequestRoute, SCHEMA_VERSION, StoreError, TaskRecord,
-    TaskStore, Tombstone,
+    TaskStore, Tombstone, UpstreamIdentity,
 };
 use crate::config::StoreConfig;
 use crate::upstream::BoxFuture;
@@ -230,6 +233,7 @@ pub struct SledStore {
     seen: sled::Tree,
     /// `meta/layout/seen_since`: tasks that turned terminal before it count as seen.
     seen_since_ms: u64,
+    upstream_identity: sled::Tree,
     /// Non-terminal tasks per tenant: the `live` tree counted at open, then kept in
     /// step with it.
     live_counts: Mutex<HashMap<String, i64>>,
@@ -308,6 +312,7 @@ impl SledStore {
         let meta = tree("meta")?;
         let live = tree("live")?;
         let seen = tree("seen")?;
+        let upstream_identity = tree("upstream_identity")?;
 
         // Store-wide schema version: refuse a store written by a newer gateway.
         match meta
@@ -377,6 +382,7 @@ impl SledStore {
             live,
             seen,
             seen_since_ms,
+            upstream_identity,
             live_counts: Mutex::new(HashMap::new()),
             path: path.clone(),
             strict_fsync: cfg.strict_fsync,
@@ -602,7 +608,13 @@ macro_rules! records {
         })*
     };
 }
-records!(TaskRecord, RequestRoute, Tombstone, StoredIdempotency);
+records!(
+    TaskRecord,
+    RequestRoute,
+    Tombstone,
+    StoredIdempotency,
+    UpstreamIdentity
+);
 
 /// Decode a versioned JSON record of `tree` at `key`. A current-version record is
 /// parsed once (every `tasks/get` reads one); older ones are upgraded via `upgrade`
@@ -1298,6 +1310,44 @@ impl TaskStore for SledStore {
             .map_or(0, |n| u64::try_from(*n).unwrap_or(0)))
     }
 
+    fn upstream_identity(&self, name: &str) -> Result<Option<UpstreamIdentity>, StoreError> {
+        let key = name.as_bytes();
+        match self.upstream_identity.get(key) {
+            Ok(None) => Ok(None),
+            Ok(Some(b)) => decode("upstream_identity", key, &b, upgrade_none).map(Some),
+            Err(e) => Err(self.read_failed("get upstream identity", &e)),
+        }
+    }
+
+    fn put_upstream_identity(
+        &self,
+        name: &str,
+        identity: &UpstreamIdentity,
+    ) -> Result<bool, StoreError> {
+        let bytes = if identity.v == SCHEMA_VERSION {
+            encode("upstream_identity", name, identity)?
+        } else {
+            let mut i = identity.clone();
+            i.v = SCHEMA_VERSION;
+            encode("upstream_identity", name, &i)?
+        };
+        let key = name.as_bytes();
+        let stored = self
+            .upstream_identity
+            .get(key)
+            .map_err(|e| self.read_failed("get upstream identity", &e))?;
+        if stored.as_deref() == Some(bytes.as_slice()) {
+            return Ok(false);
+        }
+        self.put(
+            &self.upstream_identity,
+            "put upstream identity",
+            key,
+            &bytes,
+        )?;
+        Ok(true)
+    }
+
     /// Get-or-create; creation is a compare-and-swap (concurrent first calls agree on
     /// one secret) followed by a blocking flush, so the secret is durable before it is
     /// returned the first time. Call it at start-up, not on a hot path.
@@ -1902,6 +1952,67 @@ mod tests {
         let store = SledStore::open(&cfg(dir.path(), false)).unwrap();
         assert_eq!(store.secret("request_state").unwrap(), s1);
         assert_eq!(store.secret("other").unwrap(), other);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn upstream_identity_is_byte_exact_written_only_on_change_and_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(&cfg(dir.path(), false)).unwrap();
+        assert_eq!(store.upstream_identity("demo").unwrap(), None);
+        // Key order and number text exactly as the upstream sent them.
+        let sent =
+            r#"{"version":"1.0e0","name":"z-first","n":1.50,"big":123456789012345678901234567890}"#;
+        let caps = r#"{"tools":{"listChanged":true},"experimental":{"b":1,"a":-0}}"#;
+        let identity = UpstreamIdentity {
+            v: SCHEMA_VERSION,
+            protocol_version: "2025-06-18".into(),
+            server_info: serde_json::from_str(sent).unwrap(),
+            capabilities: serde_json::from_str(caps).unwrap(),
+            instructions: Some("hi".into()),
+        };
+        assert!(store.put_upstream_identity("demo", &identity).unwrap());
+        // The same answer again (a re-initialising upstream) writes nothing.
+        assert!(!store.put_upstream_identity("demo", &identity).unwrap());
+        let other = UpstreamIdentity {
+            instructions: None,
+            ..identity.clone()
+        };
+        assert!(store.put_upstream_identity("other", &other).unwrap());
+        let raw = store.upstream_identity.get("other").unwrap().unwrap();
+        let text = std::str::from_utf8(&raw).unwrap();
+        assert!(!text.contains("instructions"), "{text}");
+        store.flush().await.unwrap();
+        drop(store);
+
+        let store = SledStore::open(&cfg(dir.path(), false)).unwrap();
+        let got = store.upstream_identity("demo").unwrap().unwrap();
+        assert_eq!(got, identity);
+        assert_eq!(serde_json::to_string(&got.server_info).unwrap(), sent);
+        assert_eq!(
+            serde_json::to_string(&Value::Object(got.capabilities)).unwrap(),
+            caps
+        );
+        assert_eq!(store.upstream_identity("other").unwrap().unwrap(), other);
+        // A different answer replaces the record.
+        let changed = UpstreamIdentity {
+            server_info: serde_json::json!({"name": "z-first", "version": "2"}),
+            ..identity
+        };
+        assert!(store.put_upstream_identity("demo", &changed).unwrap());
+        assert_eq!(store.upstream_identity("demo").unwrap().unwrap(), changed);
+        // A record of a newer schema is refused, naming tree and key.
+        let mut newer = serde_json::to_value(&changed).unwrap();
+        newer["v"] = Value::from(SCHEMA_VERSION + 1);
+        store
+            .upstream_identity
+            .insert("demo", serde_json::to_vec(&newer).unwrap())
+            .unwrap();
+        match store.upstream_identity("demo") {
+            Err(StoreError::Corrupt(msg)) => {
+                assert!(msg.contains("upstream_identity/demo"), "{msg}")
+            }
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
     }
 
     #[tokio::test(flavor = "multi_thread")]

@@ -66,6 +66,7 @@ use serde_json::{Map, Value};
 use tokio::sync::{Notify, broadcast, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use super::identity::Identity;
 use super::session::{self, Inbound};
 use super::sse::SseParser;
 use super::{
@@ -85,6 +86,8 @@ pub struct HttpOptions {
     pub headers: Vec<(String, String)>,
     /// Largest JSON body or SSE event accepted from the upstream.
     pub max_message_bytes: usize,
+    /// Told about every completed `initialize` (the task plane's identity).
+    pub identity: Option<Arc<Identity>>,
 }
 
 const ACCEPT_POST: &str = "application/json, text/event-stream";
@@ -162,6 +165,7 @@ pub struct HttpUpstream {
     name: String,
     headers: Vec<(HeaderName, HeaderValue)>,
     max_message_bytes: usize,
+    identity: Option<Arc<Identity>>,
     client: Client<HttpConnector, Full<Bytes>>,
     inner: Mutex<Inner>,
     /// Serialises handshakes (first start, recovery, re-init after 404).
@@ -215,6 +219,7 @@ impl HttpUpstream {
             name: opts.name,
             headers,
             max_message_bytes: opts.max_message_bytes.max(1),
+            identity: opts.identity,
             client,
             inner: Mutex::new(Inner {
                 url: opts.url,
@@ -490,6 +495,9 @@ impl HttpUpstream {
         };
         match result {
             Ok((mut session, info)) => {
+                if let Some(id) = &self.identity {
+                    id.learned(&info);
+                }
                 let session = {
                     let mut inner = self.inner();
                     inner.generation += 1;
@@ -1719,6 +1727,7 @@ mod tests {
             url,
             headers: vec![("X-Api-Key".into(), "k".into())],
             max_message_bytes: 64 * 1024,
+            identity: None,
         }
     }
 

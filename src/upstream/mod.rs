@@ -11,6 +11,7 @@
 //! late answer is discarded.
 
 pub mod http;
+pub mod identity;
 pub mod registry;
 pub mod session;
 pub mod sse;
@@ -29,7 +30,7 @@ pub use registry::{Upstream, UpstreamSet};
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// What the upstream told us in its `initialize` result (spec C2).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct UpstreamInfo {
     pub protocol_version: String,
     pub capabilities: Map<String, Value>,

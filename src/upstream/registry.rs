@@ -11,6 +11,7 @@ use serde_json::{Map, Value};
 use tokio::sync::mpsc;
 
 use super::http::{HttpOptions, HttpUpstream};
+use super::identity::Identity;
 use super::stdio::{StdioOptions, StdioPool};
 use super::{
     CallEvent, CallOutcome, CallSpec, LegacyTransport, TransportState, UpstreamError, UpstreamInfo,
@@ -18,6 +19,7 @@ use super::{
 use crate::auth::Principal;
 use crate::config::{Isolation, UpstreamConfig, UpstreamTarget};
 use crate::protocol::RpcError;
+use crate::store::TaskStore;
 
 /// Scope key for upstream state isolation: "" (shared), tenant, or tenant + subject.
 fn scope_key(isolation: Isolation, principal: &Principal) -> String {
@@ -46,12 +48,15 @@ pub struct Upstream {
     boot_tools: ToolsCache,
     scopes: Mutex<HashMap<String, Scoped>>,
     pid_dir: PathBuf,
+    /// The last `initialize` result of any scope, persisted (the task plane's view).
+    identity: Arc<Identity>,
 }
 
 impl Upstream {
     fn start_transport(
         cfg: &UpstreamConfig,
         pid_dir: &std::path::Path,
+        identity: &Arc<Identity>,
     ) -> Arc<dyn LegacyTransport> {
         match cfg.target() {
             UpstreamTarget::Stdio { program, args } => StdioPool::start(StdioOptions {
@@ -64,6 +69,7 @@ impl Upstream {
                 idle_reap_ms: cfg.idle_reap_ms,
                 max_message_bytes: cfg.max_message_bytes,
                 pid_dir: pid_dir.to_path_buf(),
+                identity: Some(identity.clone()),
             }),
             UpstreamTarget::Http { url } => HttpUpstream::start(HttpOptions {
                 name: cfg.name.clone(),
@@ -72,6 +78,7 @@ impl Upstream {
                 // here unless the environment changed in between.
                 headers: cfg.resolved_headers().unwrap_or_default(),
                 max_message_bytes: cfg.max_message_bytes,
+                identity: Some(identity.clone()),
             }),
         }
     }
@@ -100,8 +107,10 @@ impl Upstream {
         });
     }
 
-    pub fn start(cfg: UpstreamConfig, pid_dir: PathBuf) -> Arc<Self> {
-        let boot = Self::start_transport(&cfg, &pid_dir);
+    /// Start the boot transport; `store` holds the identity learned by earlier runs.
+    pub fn start(cfg: UpstreamConfig, pid_dir: PathBuf, store: Arc<dyn TaskStore>) -> Arc<Self> {
+        let identity = Identity::load(&cfg.name, store);
+        let boot = Self::start_transport(&cfg, &pid_dir, &identity);
         let boot_tools = Arc::new(Mutex::new(None));
         Self::watch_tools(&boot, boot_tools.clone());
         Arc::new(Self {
@@ -110,6 +119,7 @@ impl Upstream {
             boot_tools,
             scopes: Mutex::new(HashMap::new()),
             pid_dir,
+            identity,
         })
     }
 
@@ -127,7 +137,7 @@ impl Upstream {
             return (self.boot.clone(), self.boot_tools.clone());
         };
         let entry = scopes.entry(key).or_insert_with(|| {
-            let transport = Self::start_transport(&self.cfg, &self.pid_dir);
+            let transport = Self::start_transport(&self.cfg, &self.pid_dir, &self.identity);
             let tools = Arc::new(Mutex::new(None));
             Self::watch_tools(&transport, tools.clone());
             Scoped {
@@ -156,11 +166,13 @@ impl Upstream {
         self.boot.ensure_ready().await
     }
 
-    /// The identity learned at the boot transport's last initialisation, without
-    /// starting one (`None` before the first). For long-lived streams that render
-    /// results long after the request that opened them.
-    pub fn known_info(&self) -> Option<UpstreamInfo> {
-        self.boot.info()
+    /// The identity for the task plane, without waiting for (or starting) anything:
+    /// the boot transport's once it has initialised, else the last one any scope
+    /// learned (in this run or, from the store, an earlier one), else
+    /// `{name, version: "unknown"}` with no capabilities (README "Task plane and
+    /// upstream plane").
+    pub fn identity(&self) -> UpstreamInfo {
+        self.boot.info().unwrap_or_else(|| self.identity.current())
     }
 
     pub fn state(&self) -> TransportState {
@@ -287,10 +299,10 @@ pub struct UpstreamSet {
 }
 
 impl UpstreamSet {
-    pub fn start(cfgs: &[UpstreamConfig], pid_dir: PathBuf) -> Self {
+    pub fn start(cfgs: &[UpstreamConfig], pid_dir: PathBuf, store: Arc<dyn TaskStore>) -> Self {
         let upstreams = cfgs
             .iter()
-            .map(|c| Upstream::start(c.clone(), pid_dir.clone()))
+            .map(|c| Upstream::start(c.clone(), pid_dir.clone(), store.clone()))
             .collect();
         Self { upstreams }
     }

@@ -44,6 +44,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use process::{Leftovers, kill_leftovers, kill_legacy_leftovers};
 
+use super::identity::Identity;
 use super::session::{self, Inbound};
 use super::{
     BoxFuture, CallEvent, CallOutcome, CallSpec, InputAnswer, InputRequest, LegacyTransport,
@@ -88,6 +89,8 @@ pub struct StdioOptions {
     /// Directory where child pids are recorded so leftovers of a previous (kill -9'd)
     /// gateway run can be killed at start-up: `<store.runtime_dir>/<replica id>`.
     pub pid_dir: PathBuf,
+    /// Told about every completed `initialize` (the task plane's identity).
+    pub identity: Option<Arc<Identity>>,
 }
 
 /// A pool of stdio children speaking legacy MCP; see the module docs.
@@ -817,6 +820,9 @@ async fn spawn_child(shared: &Arc<Shared>) -> Result<Arc<Child>, String> {
     };
     match outcome {
         Ok(info) => {
+            if let Some(id) = &shared.opts.identity {
+                id.learned(&info);
+            }
             if let Ok(mut i) = child.info.lock() {
                 *i = Some(info);
             }

@@ -64,6 +64,7 @@ impl Fixture {
             idle_reap_ms: 600_000,
             max_message_bytes: 1 << 20,
             pid_dir: self.pid_dir(),
+            identity: None,
         }
     }
 
