@@ -25,6 +25,13 @@ struct Seen {
 
 /// A pass-through HTTP proxy to `target` (http://host:port) recording each request.
 async fn recording_proxy(target: String) -> (String, Arc<Mutex<Vec<Seen>>>) {
+    proxy(target, |_| false).await
+}
+
+/// [`recording_proxy`], except that a POST whose JSON body matches `stall` is not
+/// forwarded: it is answered with SSE headers and then nothing, ever — an upstream
+/// session that stopped answering.
+async fn proxy(target: String, stall: fn(&Value) -> bool) -> (String, Arc<Mutex<Vec<Seen>>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let seen = Arc::new(Mutex::new(Vec::new()));
@@ -51,6 +58,17 @@ async fn recording_proxy(target: String) -> (String, Arc<Mutex<Vec<Seen>>>) {
                             headers: parts.headers.clone(),
                             body: body.clone(),
                         });
+                        let msg: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                        if stall(&msg) {
+                            let silent = futures_util::stream::pending::<
+                                Result<hyper::body::Frame<Bytes>, hyper::Error>,
+                            >();
+                            let resp = http::Response::builder()
+                                .header("content-type", "text/event-stream")
+                                .body(http_body_util::StreamBody::new(silent).boxed())
+                                .unwrap();
+                            return Ok::<_, Infallible>(resp);
+                        }
                         let uri = format!(
                             "{target}{}",
                             parts
@@ -180,4 +198,56 @@ async fn upstream_sees_static_credentials_never_the_client_token() {
     }
     assert!(saw_initialize && saw_call, "{seen:?}");
     drop(demo);
+}
+
+/// The demo upstream behind a proxy that never answers `tools/list`, and a gateway
+/// with `sync_timeout_ms = 1500` in front of it.
+async fn gateway_with_stalled_tools_list() -> (DemoHttp, Gateway) {
+    let demo = DemoHttp::start().await;
+    let (proxy_url, _seen) = proxy(format!("http://127.0.0.1:{}", demo.port), |m| {
+        m["method"] == "tools/list"
+    })
+    .await;
+    let body = format!(
+        "{}[tasks]\nsync_timeout_ms = 1500\n{}",
+        jwt_auth(),
+        http_upstream("demo", "/mcp", &proxy_url, "")
+    );
+    let gw = Gateway::start(&body).await;
+    gw.wait_ready().await;
+    (demo, gw)
+}
+
+const PROMPTLY: std::time::Duration = std::time::Duration::from_secs(20);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_tools_list_is_bounded_by_sync_timeout_ms() {
+    let (_demo, gw) = gateway_with_stalled_tools_list().await;
+    let limit = PROMPTLY;
+    // The cached tools/list is served outside the inline race, but not without a bound.
+    let plain = Client2026::new(&gw, "/mcp", Some(token("alice", "acme")));
+    let started = std::time::Instant::now();
+    let r = tokio::time::timeout(limit, plain.request("tools/list", json!({})))
+        .await
+        .expect("tools/list hung on the stalled upstream");
+    let v = r.json();
+    assert_eq!(r.status, 400, "{v}");
+    assert_eq!(v["error"]["code"], -32021, "{v}");
+    assert!(
+        started.elapsed() >= std::time::Duration::from_millis(1500),
+        "answered before sync_timeout_ms: {v}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_client_call_does_not_wait_on_the_tools_lookup() {
+    let (_demo, gw) = gateway_with_stalled_tools_list().await;
+    // Only a client without the tasks extension can be refused for a task-only tool,
+    // so a client with it never waits on that lookup (a cold cache asks tools/list).
+    let tasks = Client2026::new(&gw, "/mcp", Some(token("bob", "acme")))
+        .with_caps(json!({"extensions": {"io.modelcontextprotocol/tasks": {}}}));
+    let r = tokio::time::timeout(PROMPTLY, tasks.call_tool("echo", json!({"text": "hi"})))
+        .await
+        .expect("the call hung on the stalled tools lookup");
+    assert_eq!(first_text(&r.json()["result"]), "hi", "{}", r.json());
 }

@@ -125,3 +125,102 @@ async fn inline_call_with_client_progress_token_streams_progress_sent_on_get_str
     assert_eq!(last["result"]["resultType"], "complete", "{last}");
     assert_eq!(first_text(&last["result"]), "done after 4 steps", "{last}");
 }
+
+// ----- a cancel breaks 1.9.4's session ------------------------------------------------
+//
+// mcp 1.9.4 answers `notifications/cancelled` for a running call with
+// `{"error":{"code":0,"message":"Request cancelled"}}` and then its session is dead:
+// every later POST on that session gets `200` SSE headers and a chunked body cut off
+// without its last chunk, and a later GET gets headers and then nothing. The gateway
+// must stop using such a session and carry on in a fresh one, so the calls after the
+// cancel succeed — never "the stream broke", never a hang.
+
+/// Generous bound for one call after the cancel (a fresh `initialize` included).
+const PROMPTLY: Duration = Duration::from_secs(20);
+
+/// `echo` inline, bounded by [`PROMPTLY`]: the echoed text, or a panic saying what the
+/// gateway answered instead.
+async fn echo_promptly(c: &Client2026, text: &str) -> String {
+    let started = std::time::Instant::now();
+    let r = tokio::time::timeout(PROMPTLY, c.call_tool("echo", json!({ "text": text })))
+        .await
+        .unwrap_or_else(|_| panic!("echo {text:?} hung for {PROMPTLY:?}"));
+    let v = r.json();
+    assert_eq!(r.status, 200, "echo {text:?}: {v}");
+    assert!(
+        v.get("error").is_none(),
+        "echo {text:?} failed after {:?}: {v}",
+        started.elapsed()
+    );
+    first_text(&v["result"])
+}
+
+/// The calls a client makes once a cancel has reached the fixture: several inline
+/// calls in a row, then a promoted one whose progress comes on the (new) session's GET
+/// stream, all within [`PROMPTLY`] each.
+async fn later_calls_succeed(gw: &Gateway) {
+    let plain = plain_client(gw, "carol", "acme", json!({}));
+    for i in 0..3 {
+        let text = format!("after cancel {i}");
+        assert_eq!(echo_promptly(&plain, &text).await, text);
+    }
+    let c = tasks_client(gw, "carol", "acme");
+    let id = task_id(&create_task(&c, "slow", json!({"steps": 3, "step_s": 0.3})).await);
+    let done = poll_until(&c, &id, PROMPTLY, |r| {
+        is_terminal(r["status"].as_str().unwrap_or_default())
+    })
+    .await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(first_text(&done["result"]), "done after 3 steps", "{done}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_after_a_cancelled_task_run_in_a_fresh_session() {
+    let (fixture, gw) = fixture_and_gateway().await;
+    let c = tasks_client(&gw, "alice", "acme");
+    // A long call, surely running upstream once its progress shows.
+    let id = task_id(&create_task(&c, "slow", json!({"steps": 200, "step_s": 0.1})).await);
+    poll_until(&c, &id, Duration::from_secs(60), |r| {
+        r["statusMessage"]
+            .as_str()
+            .is_some_and(|m| m.contains("step "))
+    })
+    .await;
+    let ack = tasks_cancel(&c, &id).await;
+    assert_eq!(ack.status, 200, "{}", ack.json());
+    assert!(
+        fixture
+            .wait_log("slow cancelled", Duration::from_secs(30))
+            .await
+            .is_some(),
+        "the cancel never reached the fixture:\n{}",
+        fixture.log_text()
+    );
+    let r = poll_terminal(&c, &id).await;
+    assert_eq!(r["status"], "cancelled", "{r}");
+    later_calls_succeed(&gw).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_after_a_client_left_an_inline_call_run_in_a_fresh_session() {
+    let (fixture, gw) = fixture_and_gateway().await;
+    let c = plain_client(&gw, "bob", "acme", json!({}));
+    // The client gives up on an inline call after 2 s (the gateway has switched to SSE
+    // after keepalive_ms = 1000); the gateway notices at its next keep-alive and
+    // cancels the upstream call.
+    let gave_up = tokio::time::timeout(
+        Duration::from_secs(2),
+        c.call_tool("slow", json!({"steps": 200, "step_s": 0.1})),
+    )
+    .await;
+    assert!(gave_up.is_err(), "the slow call finished: {gave_up:?}");
+    assert!(
+        fixture
+            .wait_log("slow cancelled", Duration::from_secs(30))
+            .await
+            .is_some(),
+        "the disconnect never cancelled the upstream call:\n{}",
+        fixture.log_text()
+    );
+    later_calls_succeed(&gw).await;
+}

@@ -143,7 +143,17 @@ pub async fn dispatch(
         "tools/call" => tools_call(gw, upstream, principal, req, info, received).await,
         _ => {
             if req.method == "tools/list" && !req.params.contains_key("cursor") {
-                return match upstream.tools_list(&principal).await {
+                // Served from the session's cache, outside the inline race: bounded by
+                // the same `sync_timeout_ms` here, or a stalled upstream would hold
+                // the request forever.
+                let listed = tokio::time::timeout_at(
+                    sync_deadline(gw, received),
+                    upstream.tools_list(&principal),
+                );
+                let Ok(listed) = listed.await else {
+                    return sync_timed_out(gw, &req, upstream);
+                };
+                return match listed {
                     Ok(crate::upstream::CallOutcome::Result(v)) => reply::json(
                         StatusCode::OK,
                         &protocol::response(
@@ -251,12 +261,21 @@ async fn tools_call(
         .get(&tool)
         .map(|t| t.task)
         .unwrap_or_default();
+    // Only a client without the tasks extension can be refused for a tool that runs
+    // only as a task, so only its calls look the tool up (a `tools/list` upstream when
+    // the cache is cold). The lookup runs before the inline race, so it is bounded by
+    // the request's `sync_timeout_ms` itself; past it the race answers at once.
     let required = configured == TaskMode::Required
         || (configured != TaskMode::Never
-            && upstream
-                .tool_task_support(&principal, &tool)
-                .await
-                .as_deref()
+            && !req.meta.caps.declares_tasks()
+            && tokio::time::timeout_at(
+                sync_deadline(gw, received),
+                upstream.tool_task_support(&principal, &tool),
+            )
+            .await
+            .ok()
+            .flatten()
+            .as_deref()
                 == Some("required"));
     let promotion = Promotion::resolve(&gw.cfg.tasks, &upstream.cfg, &tool);
     let keyed = req.idempotency_key.is_some()
@@ -299,6 +318,23 @@ async fn tools_call(
         );
     }
     inline_or_resume(gw, upstream, principal, req, info.server_info, received).await
+}
+
+/// When `sync_timeout_ms` runs out for a request that arrived at `received` (README
+/// "Tasks walkthrough": clients without the extension are held up to it).
+fn sync_deadline(gw: &Gateway, received: Instant) -> Instant {
+    received + std::time::Duration::from_millis(gw.cfg.tasks.sync_timeout_ms)
+}
+
+/// The answer once `sync_timeout_ms` passed outside the inline race.
+fn sync_timed_out(gw: &Gateway, req: &ValidRequest, upstream: &Upstream) -> Response<Body> {
+    let after = std::time::Duration::from_millis(gw.cfg.tasks.sync_timeout_ms);
+    inline::Final::failed(
+        &req.id,
+        upstream.name(),
+        super::failure::CallFailure::SyncTimeout(after),
+    )
+    .into_response()
 }
 
 impl Gateway {

@@ -42,15 +42,43 @@
 //!   (python-sdk 1.9, see shared/peers.md) send a call's progress on the GET stream.
 //! - **Cancellation.** Dropping a [`LegacyTransport::call`] future once its request may
 //!   have reached the upstream (sending started, answer not complete) POSTs
-//!   `notifications/cancelled` (spawned, fire and forget); late answers vanish with the
-//!   dropped stream. A call that fails mid-stream is cancelled the same way, so the
-//!   upstream stops work nobody will read. After `shutdown` nothing more is sent.
+//!   `notifications/cancelled` (spawned); late answers vanish with the dropped stream.
+//!   A call that fails mid-stream is cancelled the same way, so the upstream stops work
+//!   nobody will read. After `shutdown` nothing more is sent.
+//! - **A broken session is never reused.** A transport-level failure on a session —
+//!   the connection reset or closed while or after the request was written, a body or
+//!   stream that breaks or ends without the response, an answer that is not JSON-RPC,
+//!   a message POST that fails or stalls — makes the session *suspect*: it stops being
+//!   the current session, new calls run `initialize` again and go to a fresh one, and
+//!   the supervisor starts that handshake at once. Calls still in flight on the old
+//!   session carry on there (it may be healthy after all); once the last of them ends,
+//!   its GET stream is stopped and it is ended with `DELETE`. An HTTP error status is
+//!   an answer, not a broken session, and keeps it. The failed call itself is not
+//!   retried: its request was written and may have run, and the gateway never sends
+//!   a call twice by itself.
+//! - **A cancel is verified.** Cancelling a running call is when some servers break
+//!   the whole session: python-sdk 1.9.4 answers `{"error":{"code":0}}` and then every
+//!   later POST in that session gets SSE headers and a truncated chunked body, every
+//!   later GET headers and then nothing (`tests/upstream_mcp194.rs`).
+//!   So after `notifications/cancelled` the transport sends a `ping` in that session;
+//!   until it is answered (any JSON-RPC answer will do) new calls wait for the verdict
+//!   rather than being sent into a session that may be dead. No answer within
+//!   `VERIFY_TIMEOUT` (cancel and ping together) — a transport failure or a stall —
+//!   makes the session suspect. Calls in flight are not affected by a verification.
+//! - **Bounds.** No exchange the transport starts on its own waits forever: the
+//!   handshake is bounded by `INIT_TIMEOUT`, message POSTs (notifications, answers)
+//!   by `MESSAGE_TIMEOUT`, a verification by `VERIFY_TIMEOUT`, a `DELETE` by
+//!   `DELETE_TIMEOUT`. A call's own stream has no idle limit — a legacy server may be
+//!   silent on it for the whole run of a long tool (python-sdk 1.9 sends progress on
+//!   the GET stream) — so a call is bounded by its caller (`call_timeout_ms`,
+//!   `sync_timeout_ms`, the task's ttl); dropping it cancels it, and the verification
+//!   that follows finds a session that stopped answering.
 //! - **Bounded memory.** A JSON body or SSE event larger than `max_message_bytes` fails
 //!   the call with [`UpstreamError::Protocol`].
 //! - **No panics on upstream input.** Every upstream-controlled path returns an error.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
@@ -63,7 +91,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{Map, Value};
-use tokio::sync::{Notify, broadcast, mpsc, oneshot};
+use tokio::sync::{Notify, broadcast, mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::identity::Identity;
@@ -103,7 +131,12 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 const FAIL_FAST: Duration = Duration::from_millis(250);
 const INIT_TIMEOUT: Duration = Duration::from_secs(30);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-const SHUTDOWN_DELETE_TIMEOUT: Duration = Duration::from_secs(2);
+/// A notification or response POST is answered `202` at once by any live server.
+const MESSAGE_TIMEOUT: Duration = Duration::from_secs(10);
+/// `notifications/cancelled` plus the `ping` that verifies the session afterwards;
+/// new calls wait at most this long for the verdict.
+const VERIFY_TIMEOUT: Duration = Duration::from_secs(5);
+const DELETE_TIMEOUT: Duration = Duration::from_secs(2);
 const MAX_REDIRECTS: usize = 5;
 /// When a stream ends without `retry:` but with an id, wait this long before resuming.
 const DEFAULT_RESUME_DELAY_MS: u64 = 500;
@@ -122,6 +155,113 @@ struct Session {
     version: Option<String>,
     /// Increments with every successful `initialize`; tells a stale session apart.
     generation: u64,
+    /// Shared by every clone: whether the session is still trusted, and who uses it.
+    live: Arc<Liveness>,
+}
+
+impl Session {
+    fn new(id: Option<String>, version: Option<String>) -> Self {
+        Self {
+            id,
+            version,
+            generation: 0,
+            live: Arc::new(Liveness::default()),
+        }
+    }
+
+    /// Count a user (call, verification) of this session until the lease drops.
+    fn lease(&self, upstream: &HttpUpstream) -> Lease {
+        self.live.users.fetch_add(1, Ordering::SeqCst);
+        Lease {
+            upstream: upstream.me.clone(),
+            session: self.clone(),
+        }
+    }
+}
+
+/// What a session's users need to know about its health (see the module docs).
+#[derive(Debug, Clone, Copy, Default)]
+struct Health {
+    /// Verifications (cancel + ping) in progress; new calls wait while this is > 0.
+    verifying: usize,
+    /// No longer the current session: new calls go elsewhere.
+    retired: bool,
+}
+
+#[derive(Debug)]
+struct Liveness {
+    health: watch::Sender<Health>,
+    /// Calls and verifications using the session right now.
+    users: AtomicUsize,
+    /// Whether ending a retired session sends `DELETE` (not when the server already
+    /// forgot it or cannot be reached).
+    delete_when_closed: AtomicBool,
+    /// Set once the session was ended (at most once).
+    closed: AtomicBool,
+    /// Cancelled when the session is ended: stops its GET stream.
+    ended: CancellationToken,
+}
+
+impl Default for Liveness {
+    fn default() -> Self {
+        Self {
+            health: watch::Sender::new(Health::default()),
+            users: AtomicUsize::new(0),
+            delete_when_closed: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            ended: CancellationToken::new(),
+        }
+    }
+}
+
+impl Liveness {
+    fn health(&self) -> Health {
+        *self.health.borrow()
+    }
+
+    /// A verification starts; callers that arrive now wait for its verdict.
+    fn begin_verify(self: &Arc<Self>) -> Verifying {
+        self.health.send_modify(|h| h.verifying += 1);
+        Verifying(self.clone())
+    }
+}
+
+/// One verification in progress; its end (however it ends) releases the waiters.
+struct Verifying(Arc<Liveness>);
+
+impl Drop for Verifying {
+    fn drop(&mut self) {
+        self.0
+            .health
+            .send_modify(|h| h.verifying = h.verifying.saturating_sub(1));
+    }
+}
+
+/// One user of a session. The last lease of a retired session ends it.
+struct Lease {
+    upstream: Weak<HttpUpstream>,
+    session: Session,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let live = &self.session.live;
+        if live.users.fetch_sub(1, Ordering::SeqCst) == 1
+            && live.health().retired
+            && let Some(up) = self.upstream.upgrade()
+        {
+            up.end_session(&self.session);
+        }
+    }
+}
+
+/// How a session stopped being current.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Retire {
+    /// A transport failure: the server may still hold it, so it is ended with DELETE.
+    Suspect,
+    /// Unreachable, or the server said it no longer knows it: nothing to DELETE.
+    Gone,
 }
 
 struct Inner {
@@ -148,6 +288,20 @@ impl SendError {
             Self::Unreachable(r) | Self::Failed(r) => r,
         }
     }
+}
+
+/// Why a notification or response POST failed.
+#[derive(Debug, thiserror::Error)]
+enum PostError {
+    /// Nothing reached the upstream.
+    #[error("{0}")]
+    Unreachable(String),
+    /// The exchange broke or stalled: a transport-level failure of the session.
+    #[error("{0}")]
+    Transport(String),
+    /// The upstream answered with an error status.
+    #[error("HTTP {0}: {1}")]
+    Status(StatusCode, String),
 }
 
 /// Who asks for a handshake; decides whether a recent failure is reused.
@@ -286,20 +440,128 @@ impl HttpUpstream {
         }
     }
 
-    /// Forget `session` (if still current) and let the supervisor re-initialise.
+    /// Forget `session` (if still current) after the upstream could not be reached or
+    /// said it no longer knows the session: the supervisor re-initialises with backoff,
+    /// and callers within `FAIL_FAST` get this failure instead of a new attempt.
     fn lose_session(&self, session: &Session, reason: &str) {
-        let mut inner = self.inner();
-        if inner
-            .session
-            .as_ref()
-            .is_some_and(|s| s.generation == session.generation)
-        {
-            inner.session = None;
-            inner.state = TransportState::Down(reason.to_string());
-            inner.last_failure = Some((Instant::now(), reason.to_string()));
-            drop(inner);
+        if self.retire(session, Retire::Gone) {
+            {
+                let mut inner = self.inner();
+                inner.state = TransportState::Down(reason.to_string());
+                inner.last_failure = Some((Instant::now(), reason.to_string()));
+            }
             self.session_lost.notify_one();
         }
+    }
+
+    /// A transport-level failure on `session` (module docs): new calls go to a fresh
+    /// session, which the supervisor starts initialising at once. Not a reason to
+    /// refuse calls: the upstream answered the connection, so no `FAIL_FAST`.
+    fn suspect(&self, session: &Session, reason: &str) {
+        // Our own DELETE at shutdown breaks the streams: not the session's fault.
+        if self.is_shutting_down() {
+            return;
+        }
+        if self.retire(session, Retire::Suspect) {
+            tracing::warn!(
+                upstream = %self.name,
+                session = session.id.as_deref().unwrap_or("-"),
+                "upstream session is suspect, new calls use a fresh session: {reason}"
+            );
+            self.session_lost.notify_one();
+        }
+    }
+
+    /// Stop sending new calls to `session`; it ends once its last user is done.
+    /// Returns whether it was the current session.
+    fn retire(&self, session: &Session, how: Retire) -> bool {
+        let was_current = {
+            let mut inner = self.inner();
+            let current = inner
+                .session
+                .as_ref()
+                .is_some_and(|s| s.generation == session.generation);
+            if current {
+                inner.session = None;
+            }
+            current
+        };
+        let live = &session.live;
+        if how == Retire::Suspect {
+            live.delete_when_closed.store(true, Ordering::SeqCst);
+        }
+        let mut newly = false;
+        live.health.send_modify(|h| {
+            newly = !h.retired;
+            h.retired = true;
+        });
+        // Either this sees no users, or the last lease to go sees `retired`.
+        if newly && live.users.load(Ordering::SeqCst) == 0 {
+            self.end_session(session);
+        }
+        was_current
+    }
+
+    /// End a retired session nobody uses any more: stop its GET stream and, when the
+    /// server may still hold it, `DELETE` it (detached, bounded) so it frees it.
+    fn end_session(&self, session: &Session) {
+        let live = &session.live;
+        if live.closed.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        live.ended.cancel();
+        if !live.delete_when_closed.load(Ordering::SeqCst)
+            || session.id.is_none()
+            || self.is_shutting_down()
+        {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let me = self.me.clone();
+        let session = session.clone();
+        rt.spawn(async move {
+            let Some(me) = me.upgrade() else { return };
+            let delete = me.send(Method::DELETE, None, Some(&session), ACCEPT_POST, None);
+            let sid = session.id.as_deref().unwrap_or("-");
+            match tokio::time::timeout(DELETE_TIMEOUT, delete).await {
+                Ok(Ok(resp)) => {
+                    tracing::debug!(upstream = %me.name, session = sid, status = %resp.status(), "retired session deleted");
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!(upstream = %me.name, session = sid, "DELETE of a retired session failed: {}", e.reason());
+                }
+                Err(_) => {
+                    tracing::debug!(upstream = %me.name, session = sid, "DELETE of a retired session timed out");
+                }
+            }
+        });
+    }
+
+    /// `err` happened to the `what` request on `session` at the transport level (module
+    /// docs): the session is suspect. Returns `err` for the caller.
+    fn session_failure(&self, session: &Session, what: &str, err: UpstreamError) -> UpstreamError {
+        self.suspect(session, &format!("{what}: {err}"));
+        err
+    }
+
+    /// Decide what a failed message POST (notification or answer) says about the
+    /// session it was sent in.
+    fn message_failed(&self, session: &Session, what: &str, err: &PostError) {
+        match err {
+            PostError::Unreachable(reason) => self.lose_session(session, reason),
+            PostError::Transport(reason) => self.suspect(session, &format!("{what}: {reason}")),
+            PostError::Status(status, _)
+                if *status == StatusCode::NOT_FOUND && session.id.is_some() =>
+            {
+                if self.retire(session, Retire::Gone) {
+                    self.session_lost.notify_one();
+                }
+            }
+            PostError::Status(..) => {}
+        }
+        tracing::debug!(upstream = %self.name, "{what} failed: {err}");
     }
 
     // ----- HTTP plumbing -------------------------------------------------------------
@@ -408,20 +670,29 @@ impl HttpUpstream {
         }
     }
 
-    /// POST a notification or response; expects 202 (any 2xx is accepted).
-    async fn post_message(&self, session: &Session, msg: &Value) -> Result<(), String> {
-        let body = Bytes::from(serde_json::to_vec(msg).map_err(|e| e.to_string())?);
-        let resp = self
-            .send(Method::POST, Some(body), Some(session), ACCEPT_POST, None)
-            .await
-            .map_err(SendError::reason)?;
+    /// POST a notification or response; expects 202 (any 2xx is accepted). Bounded by
+    /// `MESSAGE_TIMEOUT`: a live server acknowledges a message at once.
+    async fn post_message(&self, session: &Session, msg: &Value) -> Result<(), PostError> {
+        let body =
+            Bytes::from(serde_json::to_vec(msg).map_err(|e| PostError::Transport(e.to_string()))?);
+        let send = self.send(Method::POST, Some(body), Some(session), ACCEPT_POST, None);
+        let resp = match tokio::time::timeout(MESSAGE_TIMEOUT, send).await {
+            Ok(Ok(resp)) => resp,
+            Ok(Err(SendError::Unreachable(reason))) => return Err(PostError::Unreachable(reason)),
+            Ok(Err(SendError::Failed(reason))) => return Err(PostError::Transport(reason)),
+            Err(_) => {
+                return Err(PostError::Transport(format!(
+                    "not acknowledged within {MESSAGE_TIMEOUT:?}"
+                )));
+            }
+        };
         let status = resp.status();
         if status.is_success() {
             Ok(())
         } else {
-            Err(format!(
-                "HTTP {status}: {}",
-                body_snippet(resp.into_body()).await
+            Err(PostError::Status(
+                status,
+                body_snippet(resp.into_body()).await,
             ))
         }
     }
@@ -443,19 +714,95 @@ impl HttpUpstream {
             let msg = session::answer(&id, &answer);
             if let Err(e) = me.post_message(&session, &msg).await {
                 tracing::warn!(upstream = %me.name, id = %id, "answering upstream request failed: {e}");
+                me.message_failed(&session, "answering an upstream request", &e);
             }
         });
     }
 
+    /// Cancel `request_id` in `session`, then make sure the session still answers
+    /// (module docs, "A cancel is verified"). Both steps together are bounded by
+    /// `VERIFY_TIMEOUT`; callers waiting in [`Self::ensure_session`] are released when
+    /// this returns (by the caller's `Verifying` guard).
+    async fn cancel_and_verify(&self, session: &Session, request_id: u64) {
+        let msg = session::cancelled(request_id, "request cancelled by the gateway");
+        let check = async {
+            if let Err(e) = self.post_message(session, &msg).await {
+                self.message_failed(session, "notifications/cancelled", &e);
+                // Lost or suspect is decided; an error status still asks the ping.
+                if !matches!(e, PostError::Status(..)) {
+                    return Ok(());
+                }
+            }
+            if session.live.health().retired {
+                return Ok(()); // nothing left to decide
+            }
+            self.ping(session).await
+        };
+        let reason = match tokio::time::timeout(VERIFY_TIMEOUT, check).await {
+            Ok(Ok(())) => return,
+            Ok(Err(reason)) => reason,
+            Err(_) => format!("no answer to ping within {VERIFY_TIMEOUT:?}"),
+        };
+        self.suspect(
+            session,
+            &format!("after cancelling request {request_id}: {reason}"),
+        );
+    }
+
+    /// `ping` in `session`. Any JSON-RPC answer — an error too — or an HTTP error status
+    /// other than "unknown session" shows that the session is served.
+    async fn ping(&self, session: &Session) -> Result<(), String> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let body = Bytes::from(
+            serde_json::to_vec(&session::request(id, "ping", Map::new()))
+                .map_err(|e| e.to_string())?,
+        );
+        let resp = self
+            .send(Method::POST, Some(body), Some(session), ACCEPT_POST, None)
+            .await
+            .map_err(|e| format!("ping: {}", e.reason()))?;
+        let status = resp.status();
+        if !status.is_success() {
+            let text = body_snippet(resp.into_body()).await;
+            let unknown = status == StatusCode::NOT_FOUND
+                || (status == StatusCode::BAD_REQUEST
+                    && text.to_ascii_lowercase().contains("session"));
+            return if unknown && session.id.is_some() {
+                Err(format!("ping: HTTP {status}: {text}"))
+            } else {
+                Ok(())
+            };
+        }
+        let mut ctx = CallCtx::new("ping", id, None, None, session.clone());
+        self.read_answer(resp, &mut ctx)
+            .await
+            .map(drop)
+            .map_err(|e| format!("ping: {e}"))
+    }
+
     // ----- session lifecycle ---------------------------------------------------------
 
-    /// The current session, running a (shared) handshake when there is none.
+    /// The current session, running a (shared) handshake when there is none. While a
+    /// cancel in the current session is being verified, waits for the verdict (bounded
+    /// by the verification's own bound) so a call is not sent into a session the cancel
+    /// may have broken.
     async fn ensure_session(&self) -> Result<Session, UpstreamError> {
         if self.is_shutting_down() {
             return Err(UpstreamError::ShuttingDown);
         }
         if let Some(s) = self.current_session() {
-            return Ok(s);
+            if s.live.health().verifying == 0 {
+                return Ok(s);
+            }
+            let mut health = s.live.health.subscribe();
+            let verdict = health.wait_for(|h| h.verifying == 0 || h.retired);
+            // A verification cannot outlive VERIFY_TIMEOUT; the slack only covers
+            // scheduling, so a lost verdict delays a call, never parks it.
+            let _ = tokio::time::timeout(VERIFY_TIMEOUT + Duration::from_secs(1), verdict).await;
+            // A suspect session was replaced meanwhile: use whatever is current now.
+            if let Some(s) = self.current_session() {
+                return Ok(s);
+            }
         }
         self.initialize_shared(Trigger::Caller).await
     }
@@ -474,20 +821,24 @@ impl HttpUpstream {
         if self.is_shutting_down() {
             return Err(UpstreamError::ShuttingDown);
         }
-        {
-            let mut inner = self.inner();
+        let expired = {
+            let inner = self.inner();
             match (&inner.session, trigger) {
                 // Someone else already replaced the expired session: use theirs.
                 (Some(s), Trigger::Expired(g)) if s.generation != g => return Ok(s.clone()),
                 (Some(s), Trigger::Caller | Trigger::Supervisor) => return Ok(s.clone()),
-                (Some(_), Trigger::Expired(_)) => inner.session = None,
-                (None, _) => {}
+                (Some(s), Trigger::Expired(_)) => Some(s.clone()),
+                (None, _) => None,
             }
-            if let (Trigger::Caller, Some((at, reason))) = (trigger, &inner.last_failure)
-                && at.elapsed() < FAIL_FAST
-            {
-                return Err(self.unavailable(reason.clone()));
-            }
+        };
+        if let Some(s) = expired {
+            // The server no longer knows it: nothing to DELETE.
+            self.retire(&s, Retire::Gone);
+        }
+        if let (Trigger::Caller, Some((at, reason))) = (trigger, &self.inner().last_failure)
+            && at.elapsed() < FAIL_FAST
+        {
+            return Err(self.unavailable(reason.clone()));
         }
         let result = match tokio::time::timeout(INIT_TIMEOUT, self.handshake()).await {
             Ok(r) => r,
@@ -557,12 +908,8 @@ impl HttpUpstream {
             .map(str::to_string);
         // Requests the server sends before answering (ping) are answered within the
         // new session; the version is not known yet.
-        let provisional = Session {
-            id: session_id.clone(),
-            version: None,
-            generation: 0,
-        };
-        let mut ctx = CallCtx::new(id, None, None, provisional);
+        let provisional = Session::new(session_id, None);
+        let mut ctx = CallCtx::new("initialize", id, None, None, provisional.clone());
         let outcome = self
             .read_answer(resp, &mut ctx)
             .await
@@ -573,13 +920,17 @@ impl HttpUpstream {
         };
         let info = session::parse_initialize_result(&result)?;
         let session = Session {
-            id: session_id,
             version: Some(info.protocol_version.clone()),
-            generation: 0,
+            ..provisional
         };
-        self.post_message(&session, &session::initialized_notification())
+        if let Err(e) = self
+            .post_message(&session, &session::initialized_notification())
             .await
-            .map_err(|e| format!("notifications/initialized: {e}"))?;
+        {
+            // Never current, but the server may hold it: end it.
+            self.retire(&session, Retire::Suspect);
+            return Err(format!("notifications/initialized: {e}"));
+        }
         Ok((session, info))
     }
 
@@ -611,7 +962,7 @@ impl HttpUpstream {
         let mut guard = CancelGuard {
             upstream: self.me.clone(),
             request_id,
-            session: None,
+            sent: None,
             stop: self.stop.clone(),
         };
         for attempt in 0..2 {
@@ -621,7 +972,7 @@ impl HttpUpstream {
                 r.register(session.generation, &events);
             }
             // From here on the request may reach the upstream: dropping us cancels it.
-            guard.session = Some(session.clone());
+            guard.arm(self, &session);
             let resp = match self
                 .send(
                     Method::POST,
@@ -634,16 +985,20 @@ impl HttpUpstream {
             {
                 Ok(r) => r,
                 Err(SendError::Unreachable(reason)) => {
-                    guard.session = None;
+                    guard.disarm();
                     self.lose_session(&session, &reason);
                     return Err(self.unavailable(reason));
                 }
-                Err(SendError::Failed(reason)) => return Err(self.broken(reason)),
+                // Reset or closed while or after the request was written.
+                Err(SendError::Failed(reason)) => {
+                    let e = self.broken(reason);
+                    return Err(self.session_failure(&session, &spec.method, e));
+                }
             };
             let status = resp.status();
             if !status.is_success() {
                 // Nothing runs upstream for a refused request: no cancellation needed.
-                guard.session = None;
+                guard.disarm();
                 let (expired, detail) = match status {
                     // python-sdk ≤ 1.9 answers an unknown session id with 400 and a body
                     // naming the session instead of 404; treat it the same.
@@ -669,12 +1024,18 @@ impl HttpUpstream {
                 }
                 return Err(self.protocol(format!("{}: HTTP {status}: {detail}", spec.method)));
             }
-            let mut ctx = CallCtx::new(request_id, token.clone(), Some(&events), session);
+            let mut ctx = CallCtx::new(
+                &spec.method,
+                request_id,
+                token.clone(),
+                Some(&events),
+                session,
+            );
             let outcome = self.read_answer(resp, &mut ctx).await?;
-            guard.session = None;
+            guard.disarm();
             return Ok(outcome);
         }
-        guard.session = None;
+        guard.disarm();
         // Both sessions refused the request as unknown before running it: never sent.
         Err(self.unavailable(
             "session expired again right after re-initialization; the request was not accepted",
@@ -690,27 +1051,39 @@ impl HttpUpstream {
         if is_event_stream(&resp) {
             return self.read_stream(resp.into_body(), ctx).await;
         }
+        // Every failure below but an oversized body (our own limit) means the session
+        // did not speak JSON-RPC or the transport broke: the session is suspect.
         if resp.status() == StatusCode::ACCEPTED {
-            return Err(self.protocol("upstream answered a request with 202 and no response"));
+            let e = self.protocol("upstream answered a request with 202 and no response");
+            return Err(self.session_failure(&ctx.session, ctx.what, e));
         }
-        let body = read_capped(resp.into_body(), self.max_message_bytes)
-            .await
-            .map_err(|e| match e {
-                ReadError::TooLarge => self.protocol(format!(
+        let body = match read_capped(resp.into_body(), self.max_message_bytes).await {
+            Ok(body) => body,
+            Err(ReadError::TooLarge) => {
+                return Err(self.protocol(format!(
                     "response body exceeds max_message_bytes ({})",
                     self.max_message_bytes
-                )),
-                ReadError::Io(e) => self.broken(format!("reading response body: {e}")),
-            })?;
-        let value: Value = serde_json::from_slice(&body).map_err(|e| {
-            self.protocol(format!("invalid JSON response: {e}: {}", snippet(&body)))
-        })?;
+                )));
+            }
+            Err(ReadError::Io(e)) => {
+                let e = self.broken(format!("reading response body: {e}"));
+                return Err(self.session_failure(&ctx.session, ctx.what, e));
+            }
+        };
+        let value: Value = match serde_json::from_slice(&body) {
+            Ok(v) => v,
+            Err(e) => {
+                let e = self.protocol(format!("invalid JSON response: {e}: {}", snippet(&body)));
+                return Err(self.session_failure(&ctx.session, ctx.what, e));
+            }
+        };
         for msg in split_batch(value) {
             if let Some(outcome) = self.handle_inbound(msg, ctx).await {
                 return Ok(outcome);
             }
         }
-        Err(self.protocol("JSON answer does not contain the response to the request"))
+        let e = self.protocol("JSON answer does not contain the response to the request");
+        Err(self.session_failure(&ctx.session, ctx.what, e))
     }
 
     async fn read_stream(
@@ -747,12 +1120,16 @@ impl HttpUpstream {
                     if ev.data.is_empty() {
                         continue; // priming event: only its id matters
                     }
-                    let value: Value = serde_json::from_str(&ev.data).map_err(|e| {
-                        self.protocol(format!(
-                            "invalid JSON in SSE event: {e}: {}",
-                            snippet(ev.data.as_bytes())
-                        ))
-                    })?;
+                    let value: Value = match serde_json::from_str(&ev.data) {
+                        Ok(v) => v,
+                        Err(e) => {
+                            let e = self.protocol(format!(
+                                "invalid JSON in SSE event: {e}: {}",
+                                snippet(ev.data.as_bytes())
+                            ));
+                            return Err(self.session_failure(&ctx.session, ctx.what, e));
+                        }
+                    };
                     for msg in split_batch(value) {
                         if let Some(outcome) = self.handle_inbound(msg, ctx).await {
                             return Ok(outcome);
@@ -769,15 +1146,20 @@ impl HttpUpstream {
             } else {
                 empty_resumes += 1;
             }
+            // A stream that broke or ended for good without the response: the
+            // session is suspect (python-sdk 1.9 ends every stream of a session it
+            // broke this way).
             let Some(last_id) = ctx.last_event_id.clone() else {
-                return Err(self.broken(format!(
+                let e = self.broken(format!(
                     "{end} before the response arrived (no event id to resume from)"
-                )));
+                ));
+                return Err(self.session_failure(&ctx.session, ctx.what, e));
             };
             if empty_resumes > MAX_EMPTY_RESUMES {
-                return Err(self.broken(format!(
+                let e = self.broken(format!(
                     "{end}; {MAX_EMPTY_RESUMES} resumptions brought nothing new"
-                )));
+                ));
+                return Err(self.session_failure(&ctx.session, ctx.what, e));
             }
             let delay = ctx
                 .retry_ms
@@ -923,6 +1305,8 @@ impl HttpUpstream {
 
 /// Per-call routing context.
 struct CallCtx<'a> {
+    /// The request's method, for what the logs say about a failure.
+    what: &'a str,
     request_id: u64,
     token: Option<Value>,
     events: Option<&'a mpsc::Sender<CallEvent>>,
@@ -933,12 +1317,14 @@ struct CallCtx<'a> {
 
 impl<'a> CallCtx<'a> {
     fn new(
+        what: &'a str,
         request_id: u64,
         token: Option<Value>,
         events: Option<&'a mpsc::Sender<CallEvent>>,
         session: Session,
     ) -> Self {
         Self {
+            what,
             request_id,
             token,
             events,
@@ -983,17 +1369,30 @@ impl Drop for ProgressRoute<'_> {
 }
 
 /// Sends `notifications/cancelled` when a call is dropped while its request may be at
-/// the upstream (`session` is `Some`).
+/// the upstream (`sent` is `Some`), then verifies the session (module docs). Holds the
+/// call's lease on that session, so a retired session is not ended under the call.
 struct CancelGuard {
     upstream: Weak<HttpUpstream>,
     request_id: u64,
-    session: Option<Session>,
+    sent: Option<(Session, Lease)>,
     stop: CancellationToken,
+}
+
+impl CancelGuard {
+    /// The request is about to be sent in `session`.
+    fn arm(&mut self, upstream: &HttpUpstream, session: &Session) {
+        self.sent = Some((session.clone(), session.lease(upstream)));
+    }
+
+    /// Nothing of the request is left upstream (answered or refused).
+    fn disarm(&mut self) {
+        self.sent = None;
+    }
 }
 
 impl Drop for CancelGuard {
     fn drop(&mut self) {
-        let Some(session) = self.session.take() else {
+        let Some((session, lease)) = self.sent.take() else {
             return;
         };
         if self.stop.is_cancelled() {
@@ -1002,17 +1401,19 @@ impl Drop for CancelGuard {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
+        // Registered before the call is gone, so a call that starts right after this
+        // one was cancelled already waits for the verdict.
+        let verifying = session.live.begin_verify();
         let upstream = self.upstream.clone();
         let id = self.request_id;
         rt.spawn(async move {
+            let _lease = lease;
+            let _verifying = verifying;
             let Some(me) = upstream.upgrade() else { return };
             if me.is_shutting_down() {
                 return;
             }
-            let msg = session::cancelled(id, "request cancelled by the gateway");
-            if let Err(e) = me.post_message(&session, &msg).await {
-                tracing::debug!(upstream = %me.name, id, "sending notifications/cancelled failed: {e}");
-            }
+            me.cancel_and_verify(&session, id).await;
         });
     }
 }
@@ -1074,7 +1475,7 @@ impl LegacyTransport for HttpUpstream {
             };
             if let Some(s) = session.filter(|s| s.id.is_some()) {
                 let delete = self.send(Method::DELETE, None, Some(&s), ACCEPT_POST, None);
-                match tokio::time::timeout(SHUTDOWN_DELETE_TIMEOUT, delete).await {
+                match tokio::time::timeout(DELETE_TIMEOUT, delete).await {
                     Ok(Ok(resp)) => {
                         tracing::debug!(upstream = %self.name, status = %resp.status(), "session deleted");
                     }
@@ -1145,6 +1546,10 @@ async fn supervise(me: Weak<HttpUpstream>, lost: Arc<Notify>, stop: Cancellation
 async fn listen(me: Weak<HttpUpstream>, session: Session, stop: CancellationToken) {
     let mut backoff = INITIAL_BACKOFF;
     let mut last_id: Option<String> = None;
+    // Ended with the session (retired and unused): a dead session's GET stream may
+    // stay open without a byte forever (python-sdk 1.9), so waiting for it to close
+    // would leak the connection.
+    let ended = session.live.ended.clone();
     loop {
         let (resp, max) = {
             let Some(up) = me.upgrade() else { return };
@@ -1156,6 +1561,7 @@ async fn listen(me: Weak<HttpUpstream>, session: Session, stop: CancellationToke
             }
             let resp = tokio::select! {
                 _ = stop.cancelled() => return,
+                _ = ended.cancelled() => return,
                 r = up.send(Method::GET, None, Some(&session), ACCEPT_SSE, last_id.as_deref()) => r,
             };
             match resp {
@@ -1192,6 +1598,7 @@ async fn listen(me: Weak<HttpUpstream>, session: Session, stop: CancellationToke
             loop {
                 let frame = tokio::select! {
                     _ = stop.cancelled() => return,
+                _ = ended.cancelled() => return,
                     f = body.frame() => f,
                 };
                 let Some(Ok(frame)) = frame else { break };
@@ -1242,6 +1649,7 @@ async fn listen(me: Weak<HttpUpstream>, session: Session, stop: CancellationToke
         }
         tokio::select! {
             _ = stop.cancelled() => return,
+                _ = ended.cancelled() => return,
             _ = tokio::time::sleep(backoff) => {}
         }
         backoff = (backoff * 2).min(MAX_BACKOFF);
@@ -1372,7 +1780,8 @@ mod tests {
     use std::net::SocketAddr;
     use tokio::net::TcpListener;
 
-    type Body = UnsyncBoxBody<Bytes, Infallible>;
+    /// Response bodies may fail, which makes hyper cut a chunked body short.
+    type Body = UnsyncBoxBody<Bytes, std::io::Error>;
 
     #[derive(Debug, Clone)]
     struct Recorded {
@@ -1412,6 +1821,23 @@ mod tests {
         release: Notify,
         /// Answer every `tools/call` with 404, as if its session had just expired.
         forget_sessions: AtomicBool,
+        /// What `notifications/cancelled` does to its session (python-sdk 1.9: breaks it).
+        on_cancel: OnCancel,
+        /// Sessions broken that way: POSTs get SSE headers and a truncated body, GETs get
+        /// headers and then nothing.
+        broken: Mutex<HashSet<String>>,
+        /// Sessions that stopped answering: every request gets headers, then nothing.
+        stalled: Mutex<HashSet<String>>,
+        /// Standalone GET streams the client has closed.
+        get_closed: AtomicU64,
+    }
+
+    #[derive(Default, Clone, Copy, PartialEq, Eq)]
+    enum OnCancel {
+        #[default]
+        Nothing,
+        Break,
+        Stall,
     }
 
     impl MockState {
@@ -1431,12 +1857,45 @@ mod tests {
             .header("cache-control", "no-cache")
     }
 
+    fn full(b: impl Into<Bytes>) -> Body {
+        Full::new(b.into())
+            .map_err(|never| match never {})
+            .boxed_unsync()
+    }
+
     fn json_body(v: &Value) -> Body {
-        Full::new(Bytes::from(v.to_string())).boxed_unsync()
+        full(v.to_string())
     }
 
     fn empty() -> Body {
-        Full::new(Bytes::new()).boxed_unsync()
+        full(Bytes::new())
+    }
+
+    /// SSE headers, then `first` (if any), then the body fails: hyper closes the
+    /// connection without the terminating chunk.
+    fn truncated(first: Option<Bytes>) -> Response<Body> {
+        let items: Vec<Result<Frame<Bytes>, std::io::Error>> = first
+            .into_iter()
+            .map(|b| Ok(Frame::data(b)))
+            .chain([Err(std::io::Error::other("cut short"))])
+            .collect();
+        // Paced, so hyper flushes headers and data before the failure (as a server
+        // whose session died mid-answer does), rather than never answering at all.
+        let paced = futures_util::stream::iter(items).then(|item| async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            item
+        });
+        let body = StreamBody::new(paced.boxed());
+        sse_headers(Response::builder())
+            .body(body.boxed_unsync())
+            .unwrap()
+    }
+
+    /// SSE headers, then nothing, never.
+    fn stalled() -> Response<Body> {
+        let (tx, body) = channel_body();
+        tokio::spawn(async move { tx.closed().await });
+        sse_headers(Response::builder()).body(body).unwrap()
     }
 
     /// A streaming body fed through a channel; dropping the sender ends the stream.
@@ -1445,7 +1904,7 @@ mod tests {
         let stream = futures_util::stream::unfold(rx, |mut rx| async move {
             rx.recv()
                 .await
-                .map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
+                .map(|b| (Ok::<_, std::io::Error>(Frame::data(b)), rx))
         });
         (tx, StreamBody::new(stream.boxed()).boxed_unsync())
     }
@@ -1463,8 +1922,12 @@ mod tests {
         json!({"jsonrpc":"2.0","id":id,"result":result})
     }
 
+    /// Aborts the connection a request came on (with RST: linger 0).
+    type Abort = Arc<Mutex<Option<oneshot::Sender<()>>>>;
+
     async fn handle(
         st: Arc<MockState>,
+        abort: Abort,
         req: Request<Incoming>,
     ) -> Result<Response<Body>, Infallible> {
         let path = req.uri().path().to_string();
@@ -1504,9 +1967,15 @@ mod tests {
         if method == Method::DELETE {
             return reply(200);
         }
+        let sid = headers.get(SESSION_HEADER).cloned().unwrap_or_default();
+        let dead =
+            st.broken.lock().unwrap().contains(&sid) || st.stalled.lock().unwrap().contains(&sid);
         if method == Method::GET {
             if !session_ok {
                 return reply(404);
+            }
+            if dead {
+                return Ok(stalled());
             }
             if let Some(last) = headers.get(LAST_EVENT_ID) {
                 if last == "busy-1" {
@@ -1526,6 +1995,7 @@ mod tests {
             }
             let (tx, body) = channel_body();
             *st.get_tx.lock().unwrap() = Some(tx.clone());
+            let st = st.clone();
             tokio::spawn(async move {
                 let _ = tx
                     .send(event(
@@ -1540,6 +2010,7 @@ mod tests {
                     ))
                     .await;
                 tx.closed().await;
+                st.get_closed.fetch_add(1, Ordering::SeqCst);
             });
             return Ok(sse_headers(Response::builder()).body(body).unwrap());
         }
@@ -1569,10 +2040,7 @@ mod tests {
             if st.unknown_session_400 {
                 return Ok(Response::builder()
                     .status(400)
-                    .body(
-                        Full::new(Bytes::from("Bad Request: No valid session ID provided"))
-                            .boxed_unsync(),
-                    )
+                    .body(full("Bad Request: No valid session ID provided"))
                     .unwrap());
             }
             return reply(404);
@@ -1580,6 +2048,34 @@ mod tests {
         if st.forget_sessions.load(Ordering::SeqCst) && rpc_method.as_deref() == Some("tools/call")
         {
             return reply(404);
+        }
+        if st.stalled.lock().unwrap().contains(&sid) {
+            return Ok(stalled());
+        }
+        if st.broken.lock().unwrap().contains(&sid) {
+            return Ok(truncated(None));
+        }
+        match rpc_method.as_deref() {
+            Some("notifications/cancelled") => {
+                match st.on_cancel {
+                    OnCancel::Nothing => {}
+                    OnCancel::Break => {
+                        st.broken.lock().unwrap().insert(sid);
+                    }
+                    OnCancel::Stall => {
+                        st.stalled.lock().unwrap().insert(sid);
+                    }
+                }
+                return reply(202);
+            }
+            Some("ping") => {
+                let res = result(&id.unwrap_or(Value::Null), json!({}));
+                return Ok(Response::builder()
+                    .header(CONTENT_TYPE, "application/json")
+                    .body(json_body(&res))
+                    .unwrap());
+            }
+            _ => {}
         }
         if rpc_method.is_none() {
             // A response to one of our server→client requests.
@@ -1640,15 +2136,13 @@ mod tests {
                 );
                 // Priming event, then a retry hint, then the connection closes.
                 let chunk = Bytes::from("id: prime-1\ndata:\n\nretry: 50\n\n");
-                Ok(sse_headers(Response::builder())
-                    .body(Full::new(chunk).boxed_unsync())
-                    .unwrap())
+                Ok(sse_headers(Response::builder()).body(full(chunk)).unwrap())
             }
             "broken" => {
                 // A notification, then the stream ends: no id, no response.
                 let note = json!({"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":"bye"}});
                 Ok(sse_headers(Response::builder())
-                    .body(Full::new(event(None, &note)).boxed_unsync())
+                    .body(full(event(None, &note)))
                     .unwrap())
             }
             "get_progress" => {
@@ -1672,14 +2166,37 @@ mod tests {
             // A proxy (or the server) that is overloaded, after reading the request.
             "busy" => Ok(Response::builder()
                 .status(503)
-                .body(Full::new(Bytes::from("overloaded")).boxed_unsync())
+                .body(full("overloaded"))
                 .unwrap()),
             // The stream closes after priming; the resumption GET is answered 503.
             "busy_resume" => {
                 let chunk = Bytes::from("id: busy-1\ndata:\n\nretry: 50\n\n");
-                Ok(sse_headers(Response::builder())
-                    .body(Full::new(chunk).boxed_unsync())
-                    .unwrap())
+                Ok(sse_headers(Response::builder()).body(full(chunk)).unwrap())
+            }
+            // An SSE comment, then the chunked body is cut short.
+            "truncated" => Ok(truncated(Some(Bytes::from(": working\n\n")))),
+            // The connection is reset before any answer.
+            "reset" => {
+                if let Some(tx) = abort.lock().unwrap().take() {
+                    let _ = tx.send(());
+                }
+                std::future::pending::<()>().await;
+                reply(500)
+            }
+            // Something in front of the server answered, but not in JSON-RPC.
+            "garbage" => Ok(Response::builder()
+                .header(CONTENT_TYPE, "application/json")
+                .body(full("<html>bad gateway</html>"))
+                .unwrap()),
+            // Answers once `release` is notified.
+            "held" => {
+                let (tx, out) = channel_body();
+                tokio::spawn(async move {
+                    st.release.notified().await;
+                    let res = result(&id, json!({"content":[{"type":"text","text":"held"}]}));
+                    let _ = tx.send(event(None, &res)).await;
+                });
+                Ok(sse_headers(Response::builder()).body(out).unwrap())
             }
             "hang" => {
                 let (tx, out) = channel_body();
@@ -1704,10 +2221,32 @@ mod tests {
                 };
                 let st = st.clone();
                 tokio::spawn(async move {
-                    let svc = service_fn(move |req| handle(st.clone(), req));
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
+                    // A second handle on the socket, to turn an abort into a reset.
+                    let Ok(std_stream) = stream.into_std() else {
+                        return;
+                    };
+                    let Ok(dup) = std_stream.try_clone() else {
+                        return;
+                    };
+                    let Ok(stream) = tokio::net::TcpStream::from_std(std_stream) else {
+                        return;
+                    };
+                    let (abort_tx, mut abort_rx) = oneshot::channel();
+                    let abort: Abort = Arc::new(Mutex::new(Some(abort_tx)));
+                    let svc = service_fn(move |req| handle(st.clone(), abort.clone(), req));
+                    let conn = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc);
+                    tokio::pin!(conn);
+                    tokio::select! {
+                        _ = &mut conn => {}
+                        Ok(()) = &mut abort_rx => {
+                            // Linger 0: closing sends RST instead of FIN. The connection
+                            // (the last handle) closes when this task ends.
+                            if let Ok(d) = tokio::net::TcpStream::from_std(dup) {
+                                let _ = d.set_zero_linger();
+                            }
+                        }
+                    }
                 });
             }
         });
@@ -2195,6 +2734,161 @@ mod tests {
             reason.contains("500") && reason.contains("unknown tool"),
             "{reason}"
         );
+    }
+
+    // ----- a broken session is never reused (module docs) -----------------------------
+
+    fn sent_in<'a>(recs: &'a [Recorded], rpc_method: &str) -> Vec<&'a Recorded> {
+        recs.iter()
+            .filter(|r| r.rpc_method() == Some(rpc_method))
+            .collect()
+    }
+
+    fn deleted(st: &MockState, sid: &str) -> bool {
+        st.records()
+            .iter()
+            .any(|r| r.method == "DELETE" && r.header(SESSION_HEADER) == Some(sid))
+    }
+
+    /// `tool` fails the call it answers; the next call runs `initialize` again and goes
+    /// to a new session, and the old one is ended with DELETE.
+    async fn next_call_after(tool: &str) -> UpstreamError {
+        let (addr, st) = mock(MockState::default()).await;
+        let up = HttpUpstream::start(opts(format!("http://{addr}/mcp")));
+        let (tx, _rx) = mpsc::channel(8);
+        ok_result(up.call(spec("json", false), tx.clone()).await);
+        let err = up.call(spec(tool, false), tx.clone()).await.unwrap_err();
+        assert_eq!(err.delivery(), Delivery::SentThenFailed, "{tool}: {err:?}");
+        ok_result(up.call(spec("json", false), tx).await);
+        assert_eq!(st.count("initialize"), 2, "{tool}: a fresh session");
+        let recs = st.records();
+        let calls = sent_in(&recs, "tools/call");
+        assert_eq!(calls.len(), 3, "{tool}: the failed call is not re-sent");
+        assert_eq!(calls[1].header(SESSION_HEADER), Some("s-1"), "{tool}");
+        assert_eq!(calls[2].header(SESSION_HEADER), Some("s-2"), "{tool}");
+        eventually("DELETE of the suspect session", || deleted(&st, "s-1")).await;
+        assert_eq!(up.state(), TransportState::Ready);
+        err
+    }
+
+    #[tokio::test]
+    async fn truncated_chunked_body_makes_the_session_suspect() {
+        let err = next_call_after("truncated").await;
+        assert!(matches!(err, UpstreamError::Broken { .. }), "{err:?}");
+        assert!(err.to_string().contains("the stream broke"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn connection_reset_makes_the_session_suspect() {
+        let err = next_call_after("reset").await;
+        assert!(matches!(err, UpstreamError::Broken { .. }), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn non_jsonrpc_answer_makes_the_session_suspect() {
+        let err = next_call_after("garbage").await;
+        assert!(matches!(err, UpstreamError::Protocol { .. }), "{err:?}");
+        assert!(err.to_string().contains("invalid JSON"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn calls_in_flight_on_a_suspect_session_finish_there() {
+        let (addr, st) = mock(MockState::default()).await;
+        let up = HttpUpstream::start(opts(format!("http://{addr}/mcp")));
+        let (tx, _rx) = mpsc::channel(8);
+        let caller = up.clone();
+        let held_tx = tx.clone();
+        let held = tokio::spawn(async move { caller.call(spec("held", false), held_tx).await });
+        eventually("the held call", || st.count("tools/call") == 1).await;
+        up.call(spec("truncated", false), tx.clone())
+            .await
+            .unwrap_err();
+        ok_result(up.call(spec("json", false), tx).await);
+        assert_eq!(st.count("initialize"), 2);
+        assert!(!deleted(&st, "s-1"), "s-1 still serves a call");
+        st.release.notify_one();
+        let v = ok_result(held.await.unwrap());
+        assert_eq!(v["content"][0]["text"], "held");
+        eventually("DELETE once its last call ended", || deleted(&st, "s-1")).await;
+    }
+
+    /// Drop a `hang` call once the upstream has it, and wait until its cancel arrived.
+    async fn cancel_a_running_call(up: &HttpUpstream, st: &MockState) {
+        let (tx, _rx) = mpsc::channel(8);
+        let before = st.count("tools/call");
+        tokio::select! {
+            r = up.call(spec("hang", false), tx) => panic!("the hanging call resolved: {r:?}"),
+            _ = eventually("tools/call", || st.count("tools/call") == before + 1) => {}
+        }
+        eventually("notifications/cancelled", || {
+            st.count("notifications/cancelled") == 1
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_cancel_that_breaks_the_session_is_caught_before_the_next_call() {
+        // python-sdk 1.9: a cancel breaks the session; later POSTs get a truncated
+        // body, and its GET stream stays open without a byte.
+        let (addr, st) = mock(MockState {
+            on_cancel: OnCancel::Break,
+            get_stream: true,
+            ..MockState::default()
+        })
+        .await;
+        let up = HttpUpstream::start(opts(format!("http://{addr}/mcp")));
+        up.ensure_ready().await.unwrap();
+        eventually("GET stream", || st.get_tx.lock().unwrap().is_some()).await;
+        cancel_a_running_call(&up, &st).await;
+        let (tx, _rx) = mpsc::channel(8);
+        ok_result(up.call(spec("json", false), tx).await);
+        assert_eq!(st.count("ping"), 1, "the cancel was verified");
+        assert_eq!(st.count("initialize"), 2);
+        let recs = st.records();
+        let calls = sent_in(&recs, "tools/call");
+        assert_eq!(calls.last().unwrap().header(SESSION_HEADER), Some("s-2"));
+        eventually("the dead session's GET stream let go", || {
+            st.get_closed.load(Ordering::SeqCst) >= 1
+        })
+        .await;
+        eventually("DELETE of the dead session", || deleted(&st, "s-1")).await;
+    }
+
+    #[tokio::test]
+    async fn a_cancel_on_a_healthy_session_keeps_it() {
+        let (addr, st) = mock(MockState::default()).await;
+        let up = HttpUpstream::start(opts(format!("http://{addr}/mcp")));
+        up.ensure_ready().await.unwrap();
+        cancel_a_running_call(&up, &st).await;
+        let (tx, _rx) = mpsc::channel(8);
+        ok_result(up.call(spec("json", false), tx).await);
+        assert_eq!(st.count("ping"), 1, "the cancel was verified");
+        assert_eq!(st.count("initialize"), 1, "and the session kept");
+        assert!(!deleted(&st, "s-1"));
+    }
+
+    #[tokio::test]
+    async fn a_session_that_stops_answering_after_a_cancel_is_replaced() {
+        let (addr, st) = mock(MockState {
+            on_cancel: OnCancel::Stall,
+            ..MockState::default()
+        })
+        .await;
+        let up = HttpUpstream::start(opts(format!("http://{addr}/mcp")));
+        up.ensure_ready().await.unwrap();
+        cancel_a_running_call(&up, &st).await;
+        let (tx, _rx) = mpsc::channel(8);
+        let started = Instant::now();
+        let r = tokio::time::timeout(Duration::from_secs(20), up.call(spec("json", false), tx))
+            .await
+            .expect("a call after the cancel hung on the stalled session");
+        ok_result(r);
+        assert!(
+            started.elapsed() < VERIFY_TIMEOUT + Duration::from_secs(5),
+            "waited {:?}",
+            started.elapsed()
+        );
+        assert_eq!(st.count("initialize"), 2);
     }
 
     #[test]
