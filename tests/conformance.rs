@@ -5,14 +5,9 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::Command;
 
 use common::*;
-
-fn peers() -> PathBuf {
-    repo_root().join(".peers")
-}
 
 fn require_peers() {
     let needed = [

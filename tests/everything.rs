@@ -11,7 +11,6 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -21,18 +20,6 @@ use serde_json::{Value, json};
 use common::*;
 
 const TASKS: &str = "io.modelcontextprotocol/tasks";
-
-fn peers() -> PathBuf {
-    repo_root().join(".peers")
-}
-
-fn node() -> PathBuf {
-    peers().join("node22/node_modules/.bin/node")
-}
-
-fn everything_js() -> PathBuf {
-    peers().join("npm/node_modules/@modelcontextprotocol/server-everything/dist/index.js")
-}
 
 /// Fail (never skip) when the peers are not installed.
 fn require_peers() {

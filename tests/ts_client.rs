@@ -13,7 +13,6 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -22,22 +21,6 @@ use serde_json::{Value, json};
 use common::*;
 
 const SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
-
-fn peers() -> PathBuf {
-    repo_root().join(".peers")
-}
-
-fn node() -> PathBuf {
-    peers().join("node22/node_modules/.bin/node")
-}
-
-fn node_modules() -> PathBuf {
-    peers().join("npm/node_modules")
-}
-
-fn everything_js() -> PathBuf {
-    node_modules().join("@modelcontextprotocol/server-everything/dist/index.js")
-}
 
 /// Fail (never skip) when the peers are not installed.
 fn require_peers() {

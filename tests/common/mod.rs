@@ -25,6 +25,26 @@ pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The third-party peers installed by `scripts/install-peers.sh`.
+pub fn peers() -> PathBuf {
+    repo_root().join(".peers")
+}
+
+/// Node 22 from the peers.
+pub fn node() -> PathBuf {
+    peers().join("node22/node_modules/.bin/node")
+}
+
+/// The npm peers' `node_modules`.
+pub fn node_modules() -> PathBuf {
+    peers().join("npm/node_modules")
+}
+
+/// `@modelcontextprotocol/server-everything`'s entry point.
+pub fn everything_js() -> PathBuf {
+    node_modules().join("@modelcontextprotocol/server-everything/dist/index.js")
+}
+
 /// Poll `cond` until it is true or `limit` passes.
 pub async fn eventually<F: FnMut() -> bool>(limit: Duration, mut cond: F) -> bool {
     let start = Instant::now();
