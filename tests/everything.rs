@@ -11,7 +11,6 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -62,17 +61,7 @@ impl Setup {
                 ),
             ),
             Transport::Http => {
-                let port = free_port();
-                let mut cmd = Command::new(node());
-                cmd.arg(everything_js())
-                    .arg("streamableHttp")
-                    .env("PORT", port.to_string());
-                let p = Proc::spawn(cmd);
-                p.wait_log("listening on port", Duration::from_secs(30))
-                    .await
-                    .unwrap_or_else(|| {
-                        panic!("server-everything (HTTP) did not start:\n{}", p.log_text())
-                    });
+                let (p, port) = start_everything_http().await;
                 (
                     Some(p),
                     format!(

@@ -140,17 +140,7 @@ impl Setup {
         let (everything, upstream) = match up {
             Up::Demo => (None, demo_stdio_upstream("")),
             Up::Everything => {
-                let port = free_port();
-                let mut cmd = Command::new(node());
-                cmd.arg(everything_js())
-                    .arg("streamableHttp")
-                    .env("PORT", port.to_string());
-                let p = Proc::spawn(cmd);
-                p.wait_log("listening on port", Duration::from_secs(30))
-                    .await
-                    .unwrap_or_else(|| {
-                        panic!("server-everything (HTTP) did not start:\n{}", p.log_text())
-                    });
+                let (p, port) = start_everything_http().await;
                 (
                     Some(p),
                     http_upstream(

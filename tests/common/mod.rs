@@ -45,6 +45,21 @@ pub fn everything_js() -> PathBuf {
     node_modules().join("@modelcontextprotocol/server-everything/dist/index.js")
 }
 
+/// server-everything serving legacy Streamable HTTP on a free port: the process and
+/// its port (`http://127.0.0.1:PORT/mcp`).
+pub async fn start_everything_http() -> (Proc, u16) {
+    let port = free_port();
+    let mut cmd = Command::new(node());
+    cmd.arg(everything_js())
+        .arg("streamableHttp")
+        .env("PORT", port.to_string());
+    let p = Proc::spawn(cmd);
+    p.wait_log("listening on port", Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|| panic!("server-everything (HTTP) did not start:\n{}", p.log_text()));
+    (p, port)
+}
+
 /// Poll `cond` until it is true or `limit` passes.
 pub async fn eventually<F: FnMut() -> bool>(limit: Duration, mut cond: F) -> bool {
     let start = Instant::now();
