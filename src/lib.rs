@@ -5,7 +5,6 @@ pub mod auth;
 pub mod config;
 pub mod demo;
 pub mod front;
-pub mod lifecycle;
 pub mod limits;
 pub mod logsink;
 pub mod metrics;

@@ -152,10 +152,11 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
     }
     tracing::info!(replica_id = %cfg.replica_id(), pid_dir = %pid_dir.display(), "stdio pid records");
 
-    // Limits and metrics (issue #4): process-wide, installed before any request.
+    // The metrics recorder is process-wide by design (the `metrics` facade); the
+    // limits belong to this gateway and are handed to what enforces them.
     taskgate::metrics::install();
-    taskgate::limits::install(&cfg);
-    let store = taskgate::metrics::MeteredStore::wrap(store);
+    let limits = taskgate::limits::Limits::from_config(&cfg);
+    let store = taskgate::metrics::MeteredStore::wrap(store, limits.clone());
     let metrics_listener = match &cfg.server.metrics_listen {
         Some(addr) => Some(
             tokio::net::TcpListener::bind(addr)
@@ -179,7 +180,7 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
     upstreams.spawn_reaper();
 
     let cfg = Arc::new(cfg);
-    let engine = Engine::new(store.clone(), cfg.clone());
+    let engine = Engine::new(store.clone(), cfg.clone(), limits);
     let recovered = engine
         .recover()
         .await
@@ -218,7 +219,7 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
     front::serve(gw, listener, shutdown).await;
     // From here a promoted call ended by the upstream shutdown keeps its request
     // route, so the next start resolves its task (policy 10).
-    taskgate::lifecycle::begin_shutdown();
+    engine.begin_shutdown();
     tracing::info!("draining done; stopping upstreams");
     upstreams.shutdown().await;
     // Reads served while draining are marked too (README "Limits and metrics").

@@ -189,11 +189,15 @@ fn task_gauge(status: TaskStatus, delta: f64) {
 /// latency, delegating everything to the backend.
 pub struct MeteredStore {
     inner: Arc<dyn TaskStore>,
+    limits: Arc<crate::limits::Limits>,
 }
 
 impl MeteredStore {
     /// Wrap `inner`, seeding the `taskgate_tasks` gauge from the records it holds.
-    pub fn wrap(inner: Arc<dyn TaskStore>) -> Arc<dyn TaskStore> {
+    pub fn wrap(
+        inner: Arc<dyn TaskStore>,
+        limits: Arc<crate::limits::Limits>,
+    ) -> Arc<dyn TaskStore> {
         // Counting a large store takes seconds (1M records); do it off the start-up
         // path. Transitions that race the count can skew the gauge by a few; the
         // gauge is an operational view, not an invariant.
@@ -231,7 +235,7 @@ impl MeteredStore {
         ] {
             task_gauge(s, 0.0);
         }
-        Arc::new(Self { inner })
+        Arc::new(Self { inner, limits })
     }
 }
 
@@ -283,7 +287,7 @@ impl TaskStore for MeteredStore {
                 let secs = now_ms().saturating_sub(after.created_at_ms) as f64 / 1000.0;
                 histogram!("taskgate_task_duration_seconds", "status" => after.status.as_str())
                     .record(secs);
-                crate::limits::get().task_done(task_id);
+                self.limits.task_done(task_id);
             }
         }
         Ok(r)
@@ -316,7 +320,7 @@ impl TaskStore for MeteredStore {
         let r = self.inner.expire(task_id, now_ms, tombstone_until_ms)?;
         if let Some(gone) = &r {
             task_gauge(gone.record.status, -1.0);
-            crate::limits::get().task_done(task_id);
+            self.limits.task_done(task_id);
         }
         Ok(r)
     }

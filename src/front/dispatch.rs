@@ -178,12 +178,12 @@ pub async fn dispatch(
 /// store read: the limiter runs before the task is resolved, and only for a
 /// well-formed id (a malformed one is rejected by `resolve` without a read).
 fn check_limits(
-    _gw: &Gateway,
+    gw: &Gateway,
     upstream: &Upstream,
     principal: &Principal,
     req: &ValidRequest,
 ) -> Result<(), crate::limits::Throttled> {
-    let limits = crate::limits::get();
+    let limits = &gw.engine.limits;
     limits.check_request(principal)?;
     match req.method.as_str() {
         "tasks/get" => {
@@ -395,6 +395,7 @@ async fn inline_or_resume(
 ) -> Response<Body> {
     let resumed = resume_state(gw, upstream, &principal, &req, &server_info);
     let c = Inline {
+        engine: gw.engine.clone(),
         upstream: upstream.clone(),
         principal,
         req,

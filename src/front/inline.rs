@@ -30,6 +30,7 @@ use crate::auth::Principal;
 use crate::mrtr::{Holds, Pending};
 use crate::protocol::meta::{InputKind, log_level_rank};
 use crate::protocol::{self, ClientCaps, RpcError};
+use crate::tasks::Engine;
 use crate::upstream::{
     CallEvent, CallOutcome, CallSpec, InputAnswer, InputRequest, Upstream, UpstreamError,
 };
@@ -225,6 +226,7 @@ fn client_notification(req: &ValidRequest, ev: CallEvent) -> Option<Value> {
 
 /// Everything one inline request needs.
 pub struct Inline {
+    pub engine: Arc<Engine>,
     pub upstream: Arc<Upstream>,
     pub principal: Principal,
     pub req: ValidRequest,
@@ -249,18 +251,24 @@ pub fn upstream_spec(req: &ValidRequest, want_progress: bool) -> CallSpec {
 }
 
 /// Start the upstream call for `req` in its own task.
-pub fn start(upstream: &Arc<Upstream>, principal: &Principal, req: &ValidRequest) -> Pending {
+pub fn start(
+    engine: &Arc<Engine>,
+    upstream: &Arc<Upstream>,
+    principal: &Principal,
+    req: &ValidRequest,
+) -> Pending {
     let spec = upstream_spec(req, req.meta.progress_token.is_some());
     let (ev_tx, events) = mpsc::channel::<CallEvent>(32);
     let up = upstream.clone();
     let p = principal.clone();
-    let call = tokio::spawn(async move { up.call(&p, spec, ev_tx).await });
+    let engine = engine.clone();
+    let call = tokio::spawn(async move { engine.call_upstream(&up, &p, spec, ev_tx).await });
     Pending { call, events }
 }
 
 /// Run `req` against the upstream and answer inline.
 pub async fn run(c: Inline) -> Response<Body> {
-    let pending = start(&c.upstream, &c.principal, &c.req);
+    let pending = start(&c.engine, &c.upstream, &c.principal, &c.req);
     serve(c, pending).await
 }
 

@@ -123,7 +123,7 @@ pub fn open(
                 if uris.contains(&uri) {
                     continue;
                 }
-                if subscribe(&up, &who, "resources/subscribe", &uri).await {
+                if subscribe(&engine, &up, &who, "resources/subscribe", &uri).await {
                     uris.push(uri);
                 }
             }
@@ -152,14 +152,20 @@ pub fn open(
             .await;
         }
         for uri in &uris {
-            subscribe(&up, &who, "resources/unsubscribe", uri).await;
+            subscribe(&engine, &up, &who, "resources/unsubscribe", uri).await;
         }
     });
     reply::sse(out, ())
 }
 
 /// Ask the upstream to (un)subscribe a resource; `true` when it accepted.
-async fn subscribe(up: &Arc<Upstream>, who: &Principal, method: &str, uri: &str) -> bool {
+async fn subscribe(
+    engine: &crate::tasks::Engine,
+    up: &Upstream,
+    who: &Principal,
+    method: &str,
+    uri: &str,
+) -> bool {
     let mut params = Map::new();
     params.insert("uri".into(), Value::from(uri));
     let (tx, _rx) = mpsc::channel(1);
@@ -169,7 +175,7 @@ async fn subscribe(up: &Arc<Upstream>, who: &Principal, method: &str, uri: &str)
         want_progress: false,
     };
     matches!(
-        up.call(who, spec, tx).await,
+        engine.call_upstream(up, who, spec, tx).await,
         Ok(crate::upstream::CallOutcome::Result(_))
     )
 }
@@ -212,7 +218,7 @@ async fn relay(
                         // A full snapshot, equal to what tasks/get returns now (spec B9),
                         // so a completed result carries the upstream's current identity.
                         if let Ok(Some(mut rec)) = engine.store.get(&id) {
-                            crate::limits::get().adapt_for_owner(&mut rec);
+                            engine.limits.adapt_for_owner(&mut rec);
                             let si = up.identity().server_info;
                             let detailed = snapshot::detailed(&rec, &si);
                             let n = tagged("notifications/tasks", Some(Value::Object(detailed)), sub_id);

@@ -2,12 +2,12 @@
 //! `pollIntervalMs`, the per-principal request rate, the per-tenant live-task quota
 //! and per-upstream admission with fair queueing.
 //!
-//! One process-wide [`Limits`], installed from the config at start-up
-//! ([`install`]); everything the rest of the gateway calls is a small hook:
-//! `front::dispatch` asks [`Limits::check_request`] / [`Limits::check_poll`] /
-//! [`Limits::check_quota`] / [`Limits::check_queue`], `Upstream::call` passes
-//! through [`Limits::admit`], and the engine asks [`Limits::adapt`] for the interval
-//! to advertise.
+//! One [`Limits`] per gateway, built from the config and owned by it (so two gateways
+//! in one process never share limiter state); everything the rest of the gateway
+//! calls is a small hook: `front::dispatch` asks [`Limits::check_request`] /
+//! [`Limits::check_poll`] / [`Limits::check_queue`], the engine asks
+//! [`Limits::check_quota`], runs every upstream call through [`Limits::admit`] and
+//! asks [`Limits::adapt`] for the interval to advertise.
 //!
 //! Every throttle answers JSON-RPC `-32005` with `data.{retryAfterMs, reason}` and
 //! `Retry-After` (whole seconds, ≥ 1): 429 for poll rate, request rate and tenant
@@ -19,7 +19,7 @@ pub mod keyed;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http::{HeaderValue, Response, StatusCode, header};
@@ -114,7 +114,7 @@ struct Cadence {
     gap_ms: Option<u64>,
 }
 
-/// Process-wide flow-control state.
+/// Flow-control state of one gateway.
 pub struct Limits {
     base_ms: u64,
     max_ms: u64,
@@ -129,18 +129,6 @@ pub struct Limits {
     polls_ok: AtomicU64,
     polls_throttled: AtomicU64,
     window: Mutex<(Instant, f64)>,
-}
-
-static LIMITS: OnceLock<Limits> = OnceLock::new();
-
-/// Install the process-wide limits from the config (once, at start-up).
-pub fn install(cfg: &Config) {
-    let _ = LIMITS.set(Limits::new(&cfg.limits, &cfg.tasks, &cfg.upstreams));
-}
-
-/// The process-wide limits (defaults if [`install`] was not called).
-pub fn get() -> &'static Limits {
-    LIMITS.get_or_init(|| Limits::new(&LimitsConfig::default(), &TasksConfig::default(), &[]))
 }
 
 /// Whether a progress event is a queue-position report (see [`QUEUE_EVENT`]).
@@ -160,6 +148,11 @@ fn queue_event(message: String) -> CallEvent {
 }
 
 impl Limits {
+    /// The limits a gateway with configuration `cfg` enforces.
+    pub fn from_config(cfg: &Config) -> Arc<Self> {
+        Arc::new(Self::new(&cfg.limits, &cfg.tasks, &cfg.upstreams))
+    }
+
     pub fn new(l: &LimitsConfig, t: &TasksConfig, upstreams: &[UpstreamConfig]) -> Self {
         let gates = upstreams
             .iter()

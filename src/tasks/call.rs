@@ -59,6 +59,7 @@ fn idempotency_index(p: &Principal, upstream: &str, tool: &str, key: &str) -> Ve
 }
 
 fn start_call(
+    engine: &Arc<Engine>,
     upstream: &Arc<Upstream>,
     principal: &Principal,
     req: &ValidRequest,
@@ -71,8 +72,9 @@ fn start_call(
     let p = principal.clone();
     let limit = promotion.call_timeout;
     let name = upstream.name().to_string();
+    let engine = engine.clone();
     let task = tokio::spawn(async move {
-        let call = up.call(&p, spec, tx);
+        let call = engine.call_upstream(&up, &p, spec, tx);
         match limit {
             None => call.await,
             // The timeout drops the call future, which cancels it upstream.
@@ -192,7 +194,7 @@ impl Engine {
     /// starts — after the idempotency lookup, so a duplicate still gets its task.
     fn over_quota(&self, c: &ToolCall) -> Option<Response<Body>> {
         let live = self.store.live_tasks(&c.principal.tenant).unwrap_or(0);
-        crate::limits::get()
+        self.limits
             .check_quota(live)
             .err()
             .map(|t| t.response(&c.req.id))
@@ -228,7 +230,7 @@ impl Engine {
             let rec = self.new_record(&c, &tool, fp.clone(), None);
             return self.create_then_call(c, rec, None, fp).await;
         }
-        let (call, events) = start_call(&c.upstream, &c.principal, &c.req, &c.promotion);
+        let (call, events) = start_call(self, &c.upstream, &c.principal, &c.req, &c.promotion);
         self.race(c, tool, fp, Pending { call, events }).await
     }
 
@@ -249,7 +251,7 @@ impl Engine {
     ) -> Response<Body> {
         // A call that will wait for an upstream slot says so from the first snapshot
         // on (an estimate: the driver writes the position the queue reports).
-        if let Some(msg) = crate::limits::get().queue_status_if_entered(
+        if let Some(msg) = self.limits.queue_status_if_entered(
             c.upstream.name(),
             c.upstream.cfg.max_concurrency,
             &c.principal,
@@ -265,7 +267,7 @@ impl Engine {
         if let Err(e) = self.store.flush().await {
             return store_failure(&c.req, e);
         }
-        let (call, events) = start_call(&c.upstream, &c.principal, &c.req, &c.promotion);
+        let (call, events) = start_call(self, &c.upstream, &c.principal, &c.req, &c.promotion);
         self.launch(&c, &rec, &route, call, events, Vec::new());
         crate::metrics::promoted(c.upstream.name(), &rec.task_id);
         reply::json(

@@ -192,7 +192,7 @@ impl Engine {
                 r = &mut call => {
                     // Stopping: keep the request route so the next start resolves
                     // the task (issue #4 item 9).
-                    if crate::lifecycle::shutting_down() {
+                    if self.shutting_down() {
                         return;
                     }
                     if let Some(apply) = self.outcome_applier(&upstream, r) {
@@ -265,7 +265,7 @@ impl Engine {
     /// the status message it becomes; the caller coalesces the store write.
     fn on_progress(&self, task_id: &str, p: &Map<String, Value>) -> String {
         if !crate::limits::is_queue_event(p) {
-            crate::limits::get().progress_seen(task_id);
+            self.limits.progress_seen(task_id);
         }
         progress_message(p)
     }

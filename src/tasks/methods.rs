@@ -76,7 +76,7 @@ impl Engine {
     ) -> Result<Value, RpcError> {
         let mut rec = self.resolve(principal, upstream, params)?;
         // Adaptive pollIntervalMs, remembered as advertised (issue #4).
-        crate::limits::get().adapt(principal, &mut rec);
+        self.limits.adapt(principal, &mut rec);
         // `resolve` only answers the owner: this read collects the outcome.
         self.note_seen(&rec);
         Ok(snapshot::get_result(&rec, server_info))

@@ -20,14 +20,17 @@ pub mod snapshot;
 pub mod sweeper;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde_json::{Map, Value};
 use tokio::sync::{broadcast, oneshot};
 
+use crate::auth::Principal;
 use crate::config::Config;
+use crate::limits::Limits;
 use crate::store::TaskStore;
-use crate::upstream::InputAnswer;
+use crate::upstream::{CallEvent, CallOutcome, CallSpec, InputAnswer, Upstream, UpstreamError};
 
 /// A promoted call that is running in this process.
 struct Live {
@@ -42,6 +45,12 @@ struct Live {
 pub struct Engine {
     pub store: Arc<dyn TaskStore>,
     pub cfg: Arc<Config>,
+    /// This gateway's flow control (owned by the gateway, not the process).
+    pub limits: Arc<Limits>,
+    /// Set once the gateway stops: a promoted call that ends because its upstream is
+    /// being shut down is then *not* settled, so its request route stays in the store
+    /// and the next start resolves the task.
+    draining: AtomicBool,
     live: Mutex<HashMap<String, Live>>,
     /// Task ids whose record changed (for `subscriptions/listen`).
     changes: broadcast::Sender<String>,
@@ -50,15 +59,49 @@ pub struct Engine {
 }
 
 impl Engine {
-    pub fn new(store: Arc<dyn TaskStore>, cfg: Arc<Config>) -> Arc<Self> {
+    pub fn new(store: Arc<dyn TaskStore>, cfg: Arc<Config>, limits: Arc<Limits>) -> Arc<Self> {
         let (changes, _) = broadcast::channel(1024);
         Arc::new(Self {
             store,
             cfg,
+            limits,
+            draining: AtomicBool::new(false),
             live: Mutex::new(HashMap::new()),
             changes,
             seen: seen::SeenMarks::default(),
         })
+    }
+
+    /// Mark the gateway as stopping (see the `draining` field).
+    pub fn begin_shutdown(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    pub fn shutting_down(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// Every upstream call goes through here: first a slot of the upstream's
+    /// admission gate (fair queueing; the queue position is reported on `events`
+    /// while waiting), then the call in the principal's isolation scope. Dropping the
+    /// future leaves the queue or cancels the call.
+    pub async fn call_upstream(
+        &self,
+        upstream: &Upstream,
+        principal: &Principal,
+        spec: CallSpec,
+        events: tokio::sync::mpsc::Sender<CallEvent>,
+    ) -> Result<CallOutcome, UpstreamError> {
+        let _permit = self
+            .limits
+            .admit(
+                upstream.name(),
+                upstream.cfg.max_concurrency,
+                principal,
+                &events,
+            )
+            .await?;
+        upstream.call(principal, spec, events).await
     }
 
     pub fn subscribe_changes(&self) -> broadcast::Receiver<String> {

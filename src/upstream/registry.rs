@@ -180,18 +180,15 @@ impl Upstream {
     }
 
     /// Call the upstream in the principal's scope. Dropping the future cancels it.
+    /// Admission (the concurrency limit) is the caller's: the engine takes a slot
+    /// before it calls this.
     pub async fn call(
         &self,
         principal: &Principal,
         spec: CallSpec,
         events: mpsc::Sender<CallEvent>,
     ) -> Result<CallOutcome, UpstreamError> {
-        // ---- limits: per-upstream concurrency with fair queueing (issue #4) ----
-        let _permit = crate::limits::get()
-            .admit(self.name(), self.cfg.max_concurrency, principal, &events)
-            .await?;
         let started = std::time::Instant::now();
-        // ---- end limits ----
         let (transport, _) = self.scoped(principal);
         transport.ensure_ready().await?;
         let r = transport.call(spec, events).await;
