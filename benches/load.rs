@@ -440,8 +440,8 @@ fn seed(dir: &Path, n: u64, principals: u64, flush_every: u64) -> Duration {
                 deadline_ms: now + 60_000,
                 task_id: Some(id),
             };
-            store.create(&rec, &route, None).unwrap();
-            store.remove_route(&route_id).unwrap();
+            store.create(&rec, &route, None).await.unwrap();
+            store.remove_route(&route_id).await.unwrap();
             if (i + 1) % flush_every == 0 {
                 store.flush().await.unwrap();
             }

@@ -268,6 +268,7 @@ mod store {
         let rec = record(&id, "acme", "alice", TaskStatus::Working);
         store
             .create(&rec, &route(&id, &format!("rt_{n:012}")), None)
+            .await
             .unwrap();
         store.flush().await.unwrap();
     }

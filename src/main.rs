@@ -156,7 +156,8 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
     // limits belong to this gateway and are handed to what enforces them.
     taskgate::metrics::install();
     let limits = taskgate::limits::Limits::from_config(&cfg);
-    let store = taskgate::metrics::MeteredStore::wrap(store, limits.clone());
+    let store: Arc<dyn TaskStore> = store;
+    seed_task_gauge(store.clone());
     let metrics_listener = match &cfg.server.metrics_listen {
         Some(addr) => Some(
             tokio::net::TcpListener::bind(addr)
@@ -176,11 +177,14 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
         .clone()
         .unwrap_or_else(|| format!("http://{local}"));
     let auth = Arc::new(Authenticator::new(&cfg.auth, &public_url)?);
-    let upstreams = Arc::new(UpstreamSet::start(&cfg.upstreams, pid_dir, store.clone()));
-    upstreams.spawn_reaper();
-
     let cfg = Arc::new(cfg);
-    let engine = Engine::new(store.clone(), cfg.clone(), limits);
+    let engine = Engine::new(store.clone(), cfg.clone(), limits.clone());
+    observe_transitions(&engine, limits);
+    let stored = engine.stored_identities().await;
+    let upstreams = Arc::new(UpstreamSet::start(&cfg.upstreams, pid_dir, &stored));
+    upstreams.spawn_reaper();
+    engine.persist_identities(&upstreams);
+
     let recovered = engine
         .recover()
         .await
@@ -192,7 +196,7 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
         );
     }
     let holds = Holds::new(
-        request_state_key(&cfg, store.as_ref())?,
+        request_state_key(&cfg, store.as_ref()).await?,
         std::time::Duration::from_millis(cfg.tasks.input_timeout_ms),
     );
     let gw = Arc::new(Gateway {
@@ -223,8 +227,8 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
     tracing::info!("draining done; stopping upstreams");
     upstreams.shutdown().await;
     // Reads served while draining are marked too (README "Limits and metrics").
-    engine.write_seen();
-    if let Err(e) = store.flush().await {
+    engine.write_seen().await;
+    if let Err(e) = engine.flush().await {
         tracing::error!(error = %e, "final store flush failed");
     }
     tracing::info!("taskgate stopped");
@@ -233,7 +237,7 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
 
 /// The MRTR `requestState` HMAC key: from the environment variable named by
 /// `auth.request_state_key_env` (≥ 32 bytes), else generated once and kept in the store.
-fn request_state_key(cfg: &Config, store: &dyn TaskStore) -> Result<[u8; 32]> {
+async fn request_state_key(cfg: &Config, store: &dyn TaskStore) -> Result<[u8; 32]> {
     if let Some(var) = &cfg.auth.request_state_key_env
         && let Ok(v) = std::env::var(var)
     {
@@ -245,7 +249,61 @@ fn request_state_key(cfg: &Config, store: &dyn TaskStore) -> Result<[u8; 32]> {
         }
         return Ok(key);
     }
-    Ok(store.secret("mrtr-request-state")?)
+    Ok(store.secret("mrtr-request-state").await?)
+}
+
+/// Status transitions feed the task metrics, and free the limits' per-task state once
+/// a task is terminal or gone.
+fn observe_transitions(engine: &Engine, limits: Arc<taskgate::limits::Limits>) {
+    use taskgate::store::now_ms;
+    engine.observe(Box::new(|t| {
+        taskgate::metrics::task_moved(t.from.map(|s| s.as_str()), t.to.map(|s| s.as_str()));
+        if let (Some(from), Some(to)) = (t.from, t.to)
+            && to.is_terminal()
+            && !from.is_terminal()
+        {
+            let secs = now_ms().saturating_sub(t.created_at_ms) as f64 / 1000.0;
+            taskgate::metrics::task_finished(to.as_str(), secs);
+        }
+    }));
+    engine.observe(Box::new(move |t| {
+        let finished = t.from.is_some_and(|f| !f.is_terminal()) && t.to.is_some_and(|s| s.is_terminal());
+        if finished || t.to.is_none() {
+            limits.task_done(t.task_id);
+        }
+    }));
+}
+
+/// Seed the `taskgate_tasks` gauge from the records the store holds. Counting a large
+/// store takes seconds (1M records), so it runs on its own thread, off the start-up
+/// path; transitions that race the count can skew the gauge by a few (the gauge is an
+/// operational view, not an invariant).
+fn seed_task_gauge(store: Arc<dyn TaskStore>) {
+    let rt = tokio::runtime::Handle::current();
+    std::thread::spawn(move || {
+        let t0 = std::time::Instant::now();
+        match rt.block_on(store.count_by_status()) {
+            Ok(counts) => {
+                let total: u64 = counts.iter().map(|(_, n)| n).sum();
+                for (status, n) in counts {
+                    taskgate::metrics::task_gauge(status.as_str(), n as f64);
+                }
+                tracing::info!(
+                    tasks = total,
+                    elapsed_ms = t0.elapsed().as_millis() as u64,
+                    "task gauge counted from the store"
+                );
+            }
+            Err(e) => tracing::warn!(error = %e, "counting the stored tasks failed"),
+        }
+        // The pass pulled every record through the store's cache; hand the memory it
+        // freed back to the OS instead of keeping it in the allocator.
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        // SAFETY: malloc_trim only releases free heap pages; no pointers change.
+        unsafe {
+            libc::malloc_trim(0);
+        }
+    });
 }
 
 fn spawn_signal_handler(shutdown: CancellationToken) {

@@ -3,22 +3,22 @@
 //! the text itself, on its own listener or `server.metrics_listen`).
 //!
 //! Every metric the gateway records is named here, as a small function the rest of
-//! the code calls; [`MeteredStore`] wraps the task store to follow task status
-//! transitions, task durations and flush latency without touching the backend.
+//! the code calls. This module is a leaf: it names no other module of the crate, so
+//! any layer may record (the recorder is process-wide by the `metrics` crate's design,
+//! the one accepted global). Task status transitions reach it through an engine
+//! observer that `main` registers.
 
-use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::OnceLock;
+use std::time::Duration;
 
 use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use crate::store::{
-    Created, Expired, IdempotencyEntry, RequestRoute, StoreError, TaskRecord, TaskStatus,
-    TaskStore, Tombstone, UpstreamIdentity, now_ms,
-};
-use crate::upstream::BoxFuture;
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// The `status` label values of `taskgate_tasks` (the task statuses of the store).
+const TASK_STATUSES: [&str; 5] = ["working", "input_required", "completed", "failed", "cancelled"];
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
@@ -108,15 +108,18 @@ fn describe() {
         "terminal tasks that expired before their owner received the terminal state, by status (completed, failed)"
     );
     // Present from the start, so an alert on its increase sees the first one.
-    for status in [TaskStatus::Completed, TaskStatus::Failed] {
-        counter!("taskgate_tasks_expired_unread_total", "status" => status.as_str()).increment(0);
+    for status in ["completed", "failed"] {
+        counter!("taskgate_tasks_expired_unread_total", "status" => status).increment(0);
+    }
+    for status in TASK_STATUSES {
+        task_gauge(status, 0.0);
     }
 }
 
 /// A `completed` or `failed` task expired without its owner having received its
 /// terminal state (README "Limits and metrics").
-pub fn expired_unread(status: TaskStatus) {
-    counter!("taskgate_tasks_expired_unread_total", "status" => status.as_str()).increment(1);
+pub fn expired_unread(status: &'static str) {
+    counter!("taskgate_tasks_expired_unread_total", "status" => status).increment(1);
 }
 
 /// One group-commit round of the store released `waiters` flushes.
@@ -181,175 +184,28 @@ pub fn upstream_restart(upstream: &str, kind: &'static str) {
     .increment(1);
 }
 
-fn task_gauge(status: TaskStatus, delta: f64) {
-    gauge!("taskgate_tasks", "status" => status.as_str()).increment(delta);
-}
-
-/// A [`TaskStore`] that records task status transitions, task durations and flush
-/// latency, delegating everything to the backend.
-pub struct MeteredStore {
-    inner: Arc<dyn TaskStore>,
-    limits: Arc<crate::limits::Limits>,
-}
-
-impl MeteredStore {
-    /// Wrap `inner`, seeding the `taskgate_tasks` gauge from the records it holds.
-    pub fn wrap(
-        inner: Arc<dyn TaskStore>,
-        limits: Arc<crate::limits::Limits>,
-    ) -> Arc<dyn TaskStore> {
-        // Counting a large store takes seconds (1M records); do it off the start-up
-        // path. Transitions that race the count can skew the gauge by a few; the
-        // gauge is an operational view, not an invariant.
-        let seed = inner.clone();
-        std::thread::spawn(move || {
-            let t0 = Instant::now();
-            match seed.count_by_status() {
-                Ok(counts) => {
-                    let total: u64 = counts.iter().map(|(_, n)| n).sum();
-                    for (status, n) in counts {
-                        task_gauge(status, n as f64);
-                    }
-                    tracing::info!(
-                        tasks = total,
-                        elapsed_ms = t0.elapsed().as_millis() as u64,
-                        "task gauge counted from the store"
-                    );
-                }
-                Err(e) => tracing::warn!(error = %e, "counting the stored tasks failed"),
-            }
-            // The pass pulled every record through the store's cache; hand the memory
-            // it freed back to the OS instead of keeping it in the allocator.
-            #[cfg(all(target_os = "linux", target_env = "gnu"))]
-            // SAFETY: malloc_trim only releases free heap pages; no pointers change.
-            unsafe {
-                libc::malloc_trim(0);
-            }
-        });
-        for s in [
-            TaskStatus::Working,
-            TaskStatus::InputRequired,
-            TaskStatus::Completed,
-            TaskStatus::Failed,
-            TaskStatus::Cancelled,
-        ] {
-            task_gauge(s, 0.0);
-        }
-        Arc::new(Self { inner, limits })
+/// Move one task between `taskgate_tasks` statuses (`None`: it was not, or is no
+/// longer, in the store).
+pub fn task_moved(from: Option<&'static str>, to: Option<&'static str>) {
+    if let Some(f) = from {
+        task_gauge(f, -1.0);
+    }
+    if let Some(t) = to {
+        task_gauge(t, 1.0);
     }
 }
 
-impl TaskStore for MeteredStore {
-    fn create(
-        &self,
-        task: &TaskRecord,
-        route: &RequestRoute,
-        idempotency_key: Option<&[u8]>,
-    ) -> Result<Created, StoreError> {
-        let r = self.inner.create(task, route, idempotency_key);
-        if matches!(r, Ok(Created::New)) {
-            task_gauge(task.status, 1.0);
-        }
-        r
-    }
+/// A task reached terminal `status` this long after it was created.
+pub fn task_finished(status: &'static str, secs: f64) {
+    histogram!("taskgate_task_duration_seconds", "status" => status).record(secs);
+}
 
-    fn flush(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        Box::pin(async move {
-            let t = Instant::now();
-            let r = self.inner.flush().await;
-            histogram!("taskgate_store_flush_duration_seconds").record(t.elapsed());
-            r
-        })
-    }
+/// `n` tasks of `status` found in the store (seeding the gauge after start-up).
+pub fn task_gauge(status: &'static str, n: f64) {
+    gauge!("taskgate_tasks", "status" => status).increment(n);
+}
 
-    fn get(&self, task_id: &str) -> Result<Option<TaskRecord>, StoreError> {
-        self.inner.get(task_id)
-    }
-
-    fn update(
-        &self,
-        task_id: &str,
-        f: &mut dyn FnMut(&mut TaskRecord) -> bool,
-    ) -> Result<Option<TaskRecord>, StoreError> {
-        let mut before = None;
-        let r = self.inner.update(task_id, &mut |rec| {
-            let status = rec.status;
-            let changed = f(rec);
-            before = changed.then_some(status);
-            changed
-        })?;
-        if let (Some(b), Some(after)) = (before, r.as_ref())
-            && b != after.status
-        {
-            task_gauge(b, -1.0);
-            task_gauge(after.status, 1.0);
-            if after.status.is_terminal() && !b.is_terminal() {
-                let secs = now_ms().saturating_sub(after.created_at_ms) as f64 / 1000.0;
-                histogram!("taskgate_task_duration_seconds", "status" => after.status.as_str())
-                    .record(secs);
-                self.limits.task_done(task_id);
-            }
-        }
-        Ok(r)
-    }
-
-    fn put_route(&self, route: &RequestRoute) -> Result<(), StoreError> {
-        self.inner.put_route(route)
-    }
-    fn remove_route(&self, route_id: &str) -> Result<(), StoreError> {
-        self.inner.remove_route(route_id)
-    }
-    fn routes(&self) -> Result<Vec<RequestRoute>, StoreError> {
-        self.inner.routes()
-    }
-    fn idempotency_get(&self, key: &[u8]) -> Result<Option<IdempotencyEntry>, StoreError> {
-        self.inner.idempotency_get(key)
-    }
-    fn count_by_status(&self) -> Result<Vec<(TaskStatus, u64)>, StoreError> {
-        self.inner.count_by_status()
-    }
-    fn expired(&self, now_ms: u64, limit: usize) -> Result<Vec<String>, StoreError> {
-        self.inner.expired(now_ms, limit)
-    }
-    fn expire(
-        &self,
-        task_id: &str,
-        now_ms: u64,
-        tombstone_until_ms: u64,
-    ) -> Result<Option<Expired>, StoreError> {
-        let r = self.inner.expire(task_id, now_ms, tombstone_until_ms)?;
-        if let Some(gone) = &r {
-            task_gauge(gone.record.status, -1.0);
-            self.limits.task_done(task_id);
-        }
-        Ok(r)
-    }
-    fn mark_seen(&self, task_ids: &[String]) -> Result<(), StoreError> {
-        self.inner.mark_seen(task_ids)
-    }
-    fn tombstone(&self, task_id: &str) -> Result<Option<Tombstone>, StoreError> {
-        self.inner.tombstone(task_id)
-    }
-    fn sweep_tombstones(&self, now_ms: u64) -> Result<usize, StoreError> {
-        self.inner.sweep_tombstones(now_ms)
-    }
-    fn live_tasks(&self, tenant: &str) -> Result<u64, StoreError> {
-        self.inner.live_tasks(tenant)
-    }
-    fn upstream_identity(&self, name: &str) -> Result<Option<UpstreamIdentity>, StoreError> {
-        self.inner.upstream_identity(name)
-    }
-    fn put_upstream_identity(
-        &self,
-        name: &str,
-        identity: &UpstreamIdentity,
-    ) -> Result<bool, StoreError> {
-        self.inner.put_upstream_identity(name, identity)
-    }
-    fn secret(&self, name: &str) -> Result<[u8; 32], StoreError> {
-        self.inner.secret(name)
-    }
-    fn healthy(&self) -> bool {
-        self.inner.healthy()
-    }
+/// One durable flush of the task store.
+pub fn store_flush(elapsed: Duration) {
+    histogram!("taskgate_store_flush_duration_seconds").record(elapsed);
 }

@@ -245,10 +245,10 @@ async fn no_stored_identity_means_unknown_version_and_no_flags() {
             deadline_ms: now + 3_600_000,
             task_id: Some(id.clone()),
         };
-        store.create(&rec, &route, None).unwrap();
-        store.remove_route("rt_seed").unwrap();
+        store.create(&rec, &route, None).await.unwrap();
+        store.remove_route("rt_seed").await.unwrap();
         store.flush().await.unwrap();
-        assert!(store.upstream_identity("demo").unwrap().is_none());
+        assert!(store.upstream_identity("demo").await.unwrap().is_none());
     }
 
     let gw = Gateway::start_in(dir, &body_with(&dead_http_upstream())).await;

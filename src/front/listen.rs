@@ -83,21 +83,6 @@ pub fn open(
     // "Task plane and upstream plane"): its resources are then acknowledged as not
     // subscribed, and the client may listen again later.
     let can_subscribe = can_subscribe && upstream.state() == TransportState::Ready;
-    // Only the caller's own tasks are acknowledged; others are dropped silently
-    // (policy 7).
-    let mut task_ids: Vec<String> = Vec::new();
-    if let Some(ids) = filter.get("taskIds").and_then(Value::as_array) {
-        for id in ids.iter().filter_map(Value::as_str) {
-            let mut p = Map::new();
-            p.insert("taskId".into(), Value::from(id));
-            if gw.engine.resolve(principal, upstream.name(), &p).is_ok()
-                && !task_ids.iter().any(|t| t == id)
-            {
-                task_ids.push(id.to_string());
-            }
-        }
-        honoured.insert("taskIds".into(), json!(task_ids));
-    }
     let wanted_uris: Vec<String> = filter
         .get("resourceSubscriptions")
         .and_then(Value::as_array)
@@ -117,6 +102,20 @@ pub fn open(
     let keepalive = Duration::from_millis(gw.cfg.server.keepalive_ms);
     let (tx, out) = mpsc::channel::<Bytes>(32);
     tokio::spawn(async move {
+        // Only the caller's own tasks are acknowledged; others are dropped silently.
+        let mut task_ids: Vec<String> = Vec::new();
+        if let Some(ids) = filter.get("taskIds").and_then(Value::as_array) {
+            for id in ids.iter().filter_map(Value::as_str) {
+                let mut p = Map::new();
+                p.insert("taskId".into(), Value::from(id));
+                if engine.resolve(&who, up.name(), &p).await.is_ok()
+                    && !task_ids.iter().any(|t| t == id)
+                {
+                    task_ids.push(id.to_string());
+                }
+            }
+            honoured.insert("taskIds".into(), json!(task_ids));
+        }
         let mut uris: Vec<String> = Vec::new();
         if can_subscribe {
             for uri in wanted_uris {
@@ -217,7 +216,7 @@ async fn relay(
                     Ok(id) if task_ids.contains(&id) => {
                         // A full snapshot, equal to what tasks/get returns now (spec B9),
                         // so a completed result carries the upstream's current identity.
-                        if let Ok(Some(mut rec)) = engine.store.get(&id) {
+                        if let Ok(Some(mut rec)) = engine.store.get(&id).await {
                             engine.limits.adapt_for_owner(&mut rec);
                             let si = up.identity().server_info;
                             let detailed = snapshot::detailed(&rec, &si);

@@ -1,24 +1,27 @@
-//! Durable task state (design.md policy 3, 10, 11, 16).
+//! Durable task state.
 //!
 //! Two tables with two lifetimes: *task routes* (task records, live until TTL expiry)
 //! and *request routes* (in-flight upstream calls, gone when the call ends), plus an
-//! idempotency index, an expiry index, owner-only tombstones, read marks (policy 23:
-//! whether the owner received a task's terminal snapshot) and the last known identity
+//! idempotency index, an expiry index, owner-only tombstones, read marks
+//! (whether the owner received a task's terminal snapshot) and the last known identity
 //! of each upstream (what the task plane shows while that upstream is not ready:
 //! README "Task plane and upstream plane"). The engine talks to the
-//! [`TaskStore`] trait; `sled.rs` is the embedded single-replica backend (a shared
-//! backend for several replicas comes later).
+//! [`TaskStore`] trait (async, so a backend may sit across a network); `sled.rs` is the
+//! embedded single-replica backend and `memory.rs` an in-process one (tests, demos: it
+//! keeps nothing across a restart). Both pass the same contract suite
+//! (`contract.rs`), which a new backend joins with one line.
 //!
 //! Durability contract: a write is durable once a [`TaskStore::flush`] call that
 //! started after it has resolved `Ok`. The engine never hands out a task id before
-//! that (policy 1).
+//! that.
 
+#[cfg(test)]
+mod contract;
+pub mod memory;
 pub mod sled;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
-
-use crate::upstream::BoxFuture;
 
 /// Schema version written into every stored record; a newer gateway reads older ones.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -166,49 +169,71 @@ pub enum StoreError {
     Locked(std::path::PathBuf),
 }
 
-/// The durable store behind the tasks engine.
+/// A boxed, `Send` future: what every [`TaskStore`] method returns, so that the trait
+/// stays object-safe (the engine holds an `Arc<dyn TaskStore>`) while a backend may do
+/// real I/O (a network database) behind it.
+pub type BoxFuture<'a, T> = futures_util::future::BoxFuture<'a, T>;
+
+/// A read-modify-write step for [`TaskStore::update`]: it may run more than once and
+/// returns `false` to leave the record unchanged.
+pub type Update<'a> = &'a mut (dyn FnMut(&mut TaskRecord) -> bool + Send);
+
+/// The durable store behind the tasks engine: everything the engine keeps (tasks,
+/// request routes, idempotency claims, expiry, tombstones, read marks, upstream
+/// identities, secrets). Every backend passes the one contract suite
+/// (`store::contract`).
 pub trait TaskStore: Send + Sync + 'static {
     /// Write a new task, its request route and, if `idempotency_key` is given, the
     /// idempotency entry — unless that key already names another task, in which case
     /// nothing of this call remains and the existing entry is returned (exactly one of
-    /// concurrent creators with one key wins). Not durable until
-    /// [`flush`](Self::flush) resolves; a crash before that may leave part of it, which
-    /// the backend must tolerate (start-up recovery resolves the route).
-    fn create(
-        &self,
-        task: &TaskRecord,
-        route: &RequestRoute,
-        idempotency_key: Option<&[u8]>,
-    ) -> Result<Created, StoreError>;
+    /// concurrent creators with one key wins). A task id that already exists is an
+    /// error. Not durable until [`flush`](Self::flush) resolves; a crash before that
+    /// may leave part of it, which the backend must tolerate (start-up recovery
+    /// resolves the route).
+    fn create<'a>(
+        &'a self,
+        task: &'a TaskRecord,
+        route: &'a RequestRoute,
+        idempotency_key: Option<&'a [u8]>,
+    ) -> BoxFuture<'a, Result<Created, StoreError>>;
 
     /// Resolves once every write that completed before this call is durable (one
     /// group-commit flush shared by concurrent callers; plus fsync in strict mode).
     fn flush(&self) -> BoxFuture<'_, Result<(), StoreError>>;
 
-    fn get(&self, task_id: &str) -> Result<Option<TaskRecord>, StoreError>;
+    fn get<'a>(&'a self, task_id: &'a str) -> BoxFuture<'a, Result<Option<TaskRecord>, StoreError>>;
 
-    /// Atomic read-modify-write of one task (no lost updates; `f` may run more than
-    /// once). `f` returns `false` to leave the record unchanged. [`expired`](Self::expired)
-    /// finds the task once its (new) `expires_at_ms` has passed. Returns the record after the call (`None`
-    /// if the task does not exist).
-    fn update(
-        &self,
-        task_id: &str,
-        f: &mut dyn FnMut(&mut TaskRecord) -> bool,
-    ) -> Result<Option<TaskRecord>, StoreError>;
+    /// Atomic read-modify-write of one task (compare-and-swap: no lost updates; `f`
+    /// may run more than once). `f` returns `false` to leave the record unchanged.
+    /// [`expired`](Self::expired) finds the task once its (new) `expires_at_ms` has
+    /// passed. Returns the record after the call (`None` if the task does not exist).
+    fn update<'a>(
+        &'a self,
+        task_id: &'a str,
+        f: Update<'a>,
+    ) -> BoxFuture<'a, Result<Option<TaskRecord>, StoreError>>;
 
-    fn put_route(&self, route: &RequestRoute) -> Result<(), StoreError>;
-    fn remove_route(&self, route_id: &str) -> Result<(), StoreError>;
-    fn routes(&self) -> Result<Vec<RequestRoute>, StoreError>;
+    fn put_route<'a>(&'a self, route: &'a RequestRoute) -> BoxFuture<'a, Result<(), StoreError>>;
+    fn remove_route<'a>(&'a self, route_id: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
+    /// Every request route in the store: at start-up, the calls a previous process
+    /// left in flight.
+    fn routes(&self) -> BoxFuture<'_, Result<Vec<RequestRoute>, StoreError>>;
 
-    fn idempotency_get(&self, key: &[u8]) -> Result<Option<IdempotencyEntry>, StoreError>;
+    fn idempotency_get<'a>(
+        &'a self,
+        key: &'a [u8],
+    ) -> BoxFuture<'a, Result<Option<IdempotencyEntry>, StoreError>>;
 
     /// How many tasks the store holds, by status (one pass over the records; for
     /// seeding the `taskgate_tasks` gauge in the background, not for a request path).
-    fn count_by_status(&self) -> Result<Vec<(TaskStatus, u64)>, StoreError>;
+    fn count_by_status(&self) -> BoxFuture<'_, Result<Vec<(TaskStatus, u64)>, StoreError>>;
 
     /// Ids of tasks whose `expires_at_ms <= now_ms`, oldest first, at most `limit`.
-    fn expired(&self, now_ms: u64, limit: usize) -> Result<Vec<String>, StoreError>;
+    fn expired(
+        &self,
+        now_ms: u64,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<String>, StoreError>>;
 
     /// Delete a task whose `expires_at_ms <= now_ms` (and its expiry index entry and
     /// read mark), leaving an owner-only tombstone (written first, so the owner never
@@ -216,42 +241,49 @@ pub trait TaskStore: Send + Sync + 'static {
     /// record and whether it was seen; `None` if the task is gone or — re-checked on
     /// the record itself, since an update may have extended it after
     /// [`expired`](Self::expired) listed it — not due.
-    fn expire(
-        &self,
-        task_id: &str,
+    fn expire<'a>(
+        &'a self,
+        task_id: &'a str,
         now_ms: u64,
         tombstone_until_ms: u64,
-    ) -> Result<Option<Expired>, StoreError>;
+    ) -> BoxFuture<'a, Result<Option<Expired>, StoreError>>;
 
-    /// Record that the owner received the terminal snapshot of each task (policy 23).
-    /// A small write per task that is not marked yet — never a rewrite of the task
-    /// record — and no flush: a mark lost in a crash only makes an expiry count as
-    /// unread. Tasks that are gone are skipped; a mark never outlives its task.
-    fn mark_seen(&self, task_ids: &[String]) -> Result<(), StoreError>;
+    /// Record that the owner received the terminal snapshot of each task. A small
+    /// write per task that is not marked yet — never a rewrite of the task record —
+    /// and no flush: a mark lost in a crash only makes an expiry count as unread.
+    /// Tasks that are gone are skipped; a mark never outlives its task.
+    fn mark_seen<'a>(&'a self, task_ids: &'a [String]) -> BoxFuture<'a, Result<(), StoreError>>;
 
-    fn tombstone(&self, task_id: &str) -> Result<Option<Tombstone>, StoreError>;
+    fn tombstone<'a>(
+        &'a self,
+        task_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Tombstone>, StoreError>>;
 
     /// Delete tombstones past their time, with their idempotency entries.
-    fn sweep_tombstones(&self, now_ms: u64) -> Result<usize, StoreError>;
+    fn sweep_tombstones(&self, now_ms: u64) -> BoxFuture<'_, Result<usize, StoreError>>;
 
     /// Number of non-terminal tasks of a tenant (quota).
-    fn live_tasks(&self, tenant: &str) -> Result<u64, StoreError>;
+    fn live_tasks<'a>(&'a self, tenant: &'a str) -> BoxFuture<'a, Result<u64, StoreError>>;
 
     /// The identity last stored for upstream `name` by
     /// [`put_upstream_identity`](Self::put_upstream_identity), if any.
-    fn upstream_identity(&self, name: &str) -> Result<Option<UpstreamIdentity>, StoreError>;
+    fn upstream_identity<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<UpstreamIdentity>, StoreError>>;
 
     /// Store `identity` for upstream `name` unless the stored record is byte-identical
     /// (so a re-initialising upstream costs a read, not a write); returns whether it
     /// wrote. Not durable until [`flush`](Self::flush) resolves.
-    fn put_upstream_identity(
-        &self,
-        name: &str,
-        identity: &UpstreamIdentity,
-    ) -> Result<bool, StoreError>;
+    fn put_upstream_identity<'a>(
+        &'a self,
+        name: &'a str,
+        identity: &'a UpstreamIdentity,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
 
-    /// A 32-byte secret stored under `name`, created from the CSPRNG on first use.
-    fn secret(&self, name: &str) -> Result<[u8; 32], StoreError>;
+    /// A 32-byte secret stored under `name`, created from the CSPRNG on first use and
+    /// durable before it is first returned.
+    fn secret<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<[u8; 32], StoreError>>;
 
     /// Whether the store is open and writable (for `/readyz`).
     fn healthy(&self) -> bool;

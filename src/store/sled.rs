@@ -189,11 +189,10 @@ use serde_json::{Map, Value};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
-    Created, Expired, IdempotencyEntry, RequestRoute, SCHEMA_VERSION, StoreError, TaskRecord,
-    TaskStore, Tombstone, UpstreamIdentity,
+    BoxFuture, Created, Expired, IdempotencyEntry, RequestRoute, SCHEMA_VERSION, StoreError,
+    TaskRecord, TaskStore, Tombstone, Update, UpstreamIdentity,
 };
 use crate::config::StoreConfig;
-use crate::upstream::BoxFuture;
 
 /// sled storage mode. Measured with `tests::group_commit_throughput` (64 × 200
 /// create+flush, 5 alternating runs on a shared, loaded 2-core machine), durable ops/s:
@@ -885,10 +884,14 @@ impl SledStore {
 // TaskStore
 // ---------------------------------------------------------------------------------
 
-impl TaskStore for SledStore {
+/// The operations themselves, synchronous: sled works on its page cache and log
+/// buffer, so none of them waits for I/O worth yielding for (flushes go through the
+/// group-commit flusher). The [`TaskStore`] impl below runs them; the crate's own tests
+/// call them directly.
+impl SledStore {
     /// Write order (module docs, "Concurrency contract"): route, expiry entry, live
     /// entry, task, `idem_of`, idempotency claim.
-    fn create(
+    pub(crate) fn create(
         &self,
         task: &TaskRecord,
         route: &RequestRoute,
@@ -980,27 +983,14 @@ impl TaskStore for SledStore {
         Ok(Created::New)
     }
 
-    fn flush(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        // Register now: every write that returned before this call is covered by the
-        // next flush round that takes this waiter.
-        let (tx, rx) = oneshot::channel();
-        let registered = self.flush_tx.send(tx).is_ok();
-        Box::pin(async move {
-            if !registered {
-                return Err(StoreError::Closed);
-            }
-            rx.await.unwrap_or(Err(StoreError::Closed))
-        })
-    }
-
-    fn get(&self, task_id: &str) -> Result<Option<TaskRecord>, StoreError> {
+    pub(crate) fn get(&self, task_id: &str) -> Result<Option<TaskRecord>, StoreError> {
         Ok(self.read_task(task_id.as_bytes())?.map(|(_, rec)| rec))
     }
 
     /// A compare-and-swap loop: `f` may run more than once (again on a freshly read
     /// record whenever another writer changed the task in between). A changed
     /// `task_id` is ignored: the record stays under its key.
-    fn update(
+    pub(crate) fn update(
         &self,
         task_id: &str,
         f: &mut dyn FnMut(&mut TaskRecord) -> bool,
@@ -1048,17 +1038,17 @@ impl TaskStore for SledStore {
         }
     }
 
-    fn put_route(&self, route: &RequestRoute) -> Result<(), StoreError> {
+    pub(crate) fn put_route(&self, route: &RequestRoute) -> Result<(), StoreError> {
         let bytes = encode_route(route)?;
         self.put(&self.routes, "put route", route.route_id.as_bytes(), &bytes)
     }
 
-    fn remove_route(&self, route_id: &str) -> Result<(), StoreError> {
+    pub(crate) fn remove_route(&self, route_id: &str) -> Result<(), StoreError> {
         self.del(&self.routes, "remove route", route_id.as_bytes())
             .map(|_| ())
     }
 
-    fn routes(&self) -> Result<Vec<RequestRoute>, StoreError> {
+    pub(crate) fn routes(&self) -> Result<Vec<RequestRoute>, StoreError> {
         let mut out = Vec::new();
         for kv in self.routes.iter() {
             let (k, v) = kv.map_err(|e| self.read_failed("scan routes", &e))?;
@@ -1070,7 +1060,7 @@ impl TaskStore for SledStore {
     /// A claim whose task and tombstone are both gone counts as absent (the next
     /// `create` with the key takes it over): only writes lost out of order can leave
     /// one, and it must not refuse its key forever.
-    fn idempotency_get(&self, key: &[u8]) -> Result<Option<IdempotencyEntry>, StoreError> {
+    pub(crate) fn idempotency_get(&self, key: &[u8]) -> Result<Option<IdempotencyEntry>, StoreError> {
         let entry = match self.idempotency.get(key) {
             Ok(None) => return Ok(None),
             Ok(Some(b)) => decode_idempotency(key, &b)?,
@@ -1082,7 +1072,7 @@ impl TaskStore for SledStore {
         Ok(Some(entry))
     }
 
-    fn count_by_status(&self) -> Result<Vec<(super::TaskStatus, u64)>, StoreError> {
+    pub(crate) fn count_by_status(&self) -> Result<Vec<(super::TaskStatus, u64)>, StoreError> {
         let mut counts: Vec<(super::TaskStatus, u64)> = Vec::new();
         for kv in self.tasks.iter() {
             let (k, v) = kv.map_err(|e| self.read_failed("scan tasks", &e))?;
@@ -1098,7 +1088,7 @@ impl TaskStore for SledStore {
     /// Also repairs the index as it goes: an entry whose task is gone, or whose task
     /// now expires at another time (a crash between an update and its index change),
     /// is replaced by the entry the record calls for.
-    fn expired(&self, now_ms: u64, limit: usize) -> Result<Vec<String>, StoreError> {
+    pub(crate) fn expired(&self, now_ms: u64, limit: usize) -> Result<Vec<String>, StoreError> {
         let iter = match now_ms.checked_add(1) {
             Some(end) => self.expiry.range(..end.to_be_bytes()),
             None => self.expiry.iter(),
@@ -1159,7 +1149,7 @@ impl TaskStore for SledStore {
     /// Tombstone first, then the task: the owner never sees "not found" in between.
     /// The seen mark goes before the expiry entry, so a crash in between leaves the
     /// entry that lets [`TaskStore::expired`] drop the mark.
-    fn expire(
+    pub(crate) fn expire(
         &self,
         task_id: &str,
         now_ms: u64,
@@ -1212,7 +1202,7 @@ impl TaskStore for SledStore {
         }
     }
 
-    fn tombstone(&self, task_id: &str) -> Result<Option<Tombstone>, StoreError> {
+    pub(crate) fn tombstone(&self, task_id: &str) -> Result<Option<Tombstone>, StoreError> {
         match self.tombstones.get(task_id.as_bytes()) {
             Ok(None) => Ok(None),
             Ok(Some(b)) => {
@@ -1224,7 +1214,7 @@ impl TaskStore for SledStore {
 
     /// Idempotency entry and seen mark first, then the tombstone: a crash in between
     /// leaves a tombstone that the next sweep removes again.
-    fn sweep_tombstones(&self, now_ms: u64) -> Result<usize, StoreError> {
+    pub(crate) fn sweep_tombstones(&self, now_ms: u64) -> Result<usize, StoreError> {
         let mut due = Vec::new();
         for kv in self.tombstones.iter() {
             let (k, v) = kv.map_err(|e| self.read_failed("scan tombstones", &e))?;
@@ -1274,7 +1264,7 @@ impl TaskStore for SledStore {
     /// Write order (module docs, "Concurrency contract"): mark, then the task
     /// re-checked. One single-key insert per task not marked yet (no batch: see the
     /// module docs); a task already marked costs a read, no write.
-    fn mark_seen(&self, task_ids: &[String]) -> Result<(), StoreError> {
+    pub(crate) fn mark_seen(&self, task_ids: &[String]) -> Result<(), StoreError> {
         let at_ms = super::now_ms();
         for id in task_ids {
             let key = id.as_bytes();
@@ -1303,14 +1293,14 @@ impl TaskStore for SledStore {
         Ok(())
     }
 
-    fn live_tasks(&self, tenant: &str) -> Result<u64, StoreError> {
+    pub(crate) fn live_tasks(&self, tenant: &str) -> Result<u64, StoreError> {
         let counts = self.live_counts.lock().unwrap_or_else(|p| p.into_inner());
         Ok(counts
             .get(tenant)
             .map_or(0, |n| u64::try_from(*n).unwrap_or(0)))
     }
 
-    fn upstream_identity(&self, name: &str) -> Result<Option<UpstreamIdentity>, StoreError> {
+    pub(crate) fn upstream_identity(&self, name: &str) -> Result<Option<UpstreamIdentity>, StoreError> {
         let key = name.as_bytes();
         match self.upstream_identity.get(key) {
             Ok(None) => Ok(None),
@@ -1319,7 +1309,7 @@ impl TaskStore for SledStore {
         }
     }
 
-    fn put_upstream_identity(
+    pub(crate) fn put_upstream_identity(
         &self,
         name: &str,
         identity: &UpstreamIdentity,
@@ -1351,7 +1341,7 @@ impl TaskStore for SledStore {
     /// Get-or-create; creation is a compare-and-swap (concurrent first calls agree on
     /// one secret) followed by a blocking flush, so the secret is durable before it is
     /// returned the first time. Call it at start-up, not on a hot path.
-    fn secret(&self, name: &str) -> Result<[u8; 32], StoreError> {
+    pub(crate) fn secret(&self, name: &str) -> Result<[u8; 32], StoreError> {
         let key = meta_key(META_SECRET, name.as_bytes());
         let as_secret = |v: &[u8]| {
             <[u8; 32]>::try_from(v)
@@ -1380,6 +1370,120 @@ impl TaskStore for SledStore {
         };
         self.flush_blocking()?;
         Ok(secret)
+    }
+}
+
+impl TaskStore for SledStore {
+    fn create<'a>(
+        &'a self,
+        task: &'a TaskRecord,
+        route: &'a RequestRoute,
+        idempotency_key: Option<&'a [u8]>,
+    ) -> BoxFuture<'a, Result<Created, StoreError>> {
+        Box::pin(async move { SledStore::create(self, task, route, idempotency_key) })
+    }
+
+    fn flush(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        // Register now: every write that returned before this call is covered by the
+        // next flush round that takes this waiter.
+        let (tx, rx) = oneshot::channel();
+        let registered = self.flush_tx.send(tx).is_ok();
+        Box::pin(async move {
+            if !registered {
+                return Err(StoreError::Closed);
+            }
+            rx.await.unwrap_or(Err(StoreError::Closed))
+        })
+    }
+
+    fn get<'a>(&'a self, task_id: &'a str) -> BoxFuture<'a, Result<Option<TaskRecord>, StoreError>> {
+        Box::pin(async move { SledStore::get(self, task_id) })
+    }
+
+    fn update<'a>(
+        &'a self,
+        task_id: &'a str,
+        f: Update<'a>,
+    ) -> BoxFuture<'a, Result<Option<TaskRecord>, StoreError>> {
+        Box::pin(async move { SledStore::update(self, task_id, f) })
+    }
+
+    fn put_route<'a>(&'a self, route: &'a RequestRoute) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move { SledStore::put_route(self, route) })
+    }
+
+    fn remove_route<'a>(&'a self, route_id: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move { SledStore::remove_route(self, route_id) })
+    }
+
+    fn routes(&self) -> BoxFuture<'_, Result<Vec<RequestRoute>, StoreError>> {
+        Box::pin(async move { SledStore::routes(self) })
+    }
+
+    fn idempotency_get<'a>(
+        &'a self,
+        key: &'a [u8],
+    ) -> BoxFuture<'a, Result<Option<IdempotencyEntry>, StoreError>> {
+        Box::pin(async move { SledStore::idempotency_get(self, key) })
+    }
+
+    fn count_by_status(&self) -> BoxFuture<'_, Result<Vec<(super::TaskStatus, u64)>, StoreError>> {
+        Box::pin(async move { SledStore::count_by_status(self) })
+    }
+
+    fn expired(
+        &self,
+        now_ms: u64,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<String>, StoreError>> {
+        Box::pin(async move { SledStore::expired(self, now_ms, limit) })
+    }
+
+    fn expire<'a>(
+        &'a self,
+        task_id: &'a str,
+        now_ms: u64,
+        tombstone_until_ms: u64,
+    ) -> BoxFuture<'a, Result<Option<Expired>, StoreError>> {
+        Box::pin(async move { SledStore::expire(self, task_id, now_ms, tombstone_until_ms) })
+    }
+
+    fn mark_seen<'a>(&'a self, task_ids: &'a [String]) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move { SledStore::mark_seen(self, task_ids) })
+    }
+
+    fn tombstone<'a>(
+        &'a self,
+        task_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Tombstone>, StoreError>> {
+        Box::pin(async move { SledStore::tombstone(self, task_id) })
+    }
+
+    fn sweep_tombstones(&self, now_ms: u64) -> BoxFuture<'_, Result<usize, StoreError>> {
+        Box::pin(async move { SledStore::sweep_tombstones(self, now_ms) })
+    }
+
+    fn live_tasks<'a>(&'a self, tenant: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move { SledStore::live_tasks(self, tenant) })
+    }
+
+    fn upstream_identity<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<UpstreamIdentity>, StoreError>> {
+        Box::pin(async move { SledStore::upstream_identity(self, name) })
+    }
+
+    fn put_upstream_identity<'a>(
+        &'a self,
+        name: &'a str,
+        identity: &'a UpstreamIdentity,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move { SledStore::put_upstream_identity(self, name, identity) })
+    }
+
+    fn secret<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<[u8; 32], StoreError>> {
+        Box::pin(async move { SledStore::secret(self, name) })
     }
 
     fn healthy(&self) -> bool {

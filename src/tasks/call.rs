@@ -176,12 +176,12 @@ impl Engine {
                 ),
             );
         }
-        if let Err(e) = self.store.flush().await {
+        if let Err(e) = self.flush().await {
             return store_failure(req, e);
         }
         let mut params = serde_json::Map::new();
         params.insert("taskId".into(), Value::from(entry.task_id));
-        match self.resolve(&c.principal, c.upstream.name(), &params) {
+        match self.resolve(&c.principal, c.upstream.name(), &params).await {
             Ok(rec) => reply::json(
                 StatusCode::OK,
                 &crate::protocol::response(&req.id, snapshot::create_result(&rec, &c.server_info)),
@@ -192,8 +192,12 @@ impl Engine {
 
     /// The tenant's live-task quota (issue #4), checked before the upstream call
     /// starts — after the idempotency lookup, so a duplicate still gets its task.
-    fn over_quota(&self, c: &ToolCall) -> Option<Response<Body>> {
-        let live = self.store.live_tasks(&c.principal.tenant).unwrap_or(0);
+    async fn over_quota(&self, c: &ToolCall) -> Option<Response<Body>> {
+        let live = self
+            .store
+            .live_tasks(&c.principal.tenant)
+            .await
+            .unwrap_or(0);
         self.limits
             .check_quota(live)
             .err()
@@ -212,18 +216,18 @@ impl Engine {
             // A keyed call is always a task, written before the upstream call starts
             // so concurrent duplicates never reach the upstream twice (policy 9).
             let index = idempotency_index(&c.principal, c.upstream.name(), &tool, key);
-            match self.store.idempotency_get(&index) {
+            match self.store.idempotency_get(&index).await {
                 Ok(Some(entry)) => return self.existing(&c, entry, &fp).await,
                 Ok(None) => {}
                 Err(e) => return store_failure(&c.req, e),
             }
-            if let Some(r) = self.over_quota(&c) {
+            if let Some(r) = self.over_quota(&c).await {
                 return r;
             }
             let rec = self.new_record(&c, &tool, fp.clone(), idem.clone());
             return self.create_then_call(c, rec, Some(index), fp).await;
         }
-        if let Some(r) = self.over_quota(&c) {
+        if let Some(r) = self.over_quota(&c).await {
             return r;
         }
         if c.promotion.promote_after.is_zero() {
@@ -259,12 +263,12 @@ impl Engine {
             rec.status_message = Some(msg);
         }
         let route = self.new_route(&c, &rec.task_id);
-        match self.store.create(&rec, &route, index.as_deref()) {
+        match self.create_task(&rec, &route, index.as_deref()).await {
             Ok(Created::New) => {}
             Ok(Created::Existing(entry)) => return self.existing(&c, entry, &fp).await,
             Err(e) => return store_failure(&c.req, e),
         }
-        if let Err(e) = self.store.flush().await {
+        if let Err(e) = self.flush().await {
             return store_failure(&c.req, e);
         }
         let (call, events) = start_call(self, &c.upstream, &c.principal, &c.req, &c.promotion);
@@ -381,10 +385,10 @@ impl Engine {
             key_inputs(&mut rec, &requests)
         };
         let route = self.new_route(&c, &rec.task_id);
-        if let Err(e) = self.store.create(&rec, &route, None) {
+        if let Err(e) = self.create_task(&rec, &route, None).await {
             return store_failure(&c.req, e);
         }
-        if let Err(e) = self.store.flush().await {
+        if let Err(e) = self.flush().await {
             return store_failure(&c.req, e);
         }
         armed.disarm();

@@ -99,19 +99,25 @@ pub fn progress_message(p: &Map<String, Value>) -> String {
 
 impl Engine {
     /// Apply a terminal outcome unless the task is already terminal.
-    pub(super) async fn settle(&self, task_id: &str, apply: impl Fn(&mut TaskRecord)) {
+    pub(super) async fn settle(
+        &self,
+        task_id: &str,
+        apply: impl Fn(&mut TaskRecord) + Send + Sync,
+    ) {
         let retention = self.cfg.tasks.result_retention_ms;
-        let updated = self.store.update(task_id, &mut |rec| {
-            if rec.status.is_terminal() {
-                return false;
-            }
-            apply(rec);
-            conclude(rec, retention);
-            true
-        });
+        let updated = self
+            .update_task(task_id, &mut |rec| {
+                if rec.status.is_terminal() {
+                    return false;
+                }
+                apply(rec);
+                conclude(rec, retention);
+                true
+            })
+            .await;
         match updated {
             Ok(_) => {
-                if let Err(e) = self.store.flush().await {
+                if let Err(e) = self.flush().await {
                     tracing::error!(task = task_id, error = %e, "flushing a terminal state failed");
                 }
             }
@@ -203,7 +209,7 @@ impl Engine {
                 () = tokio::time::sleep_until(progress_at), if progress.is_some() => {
                     progress_at = far;
                     if let Some(msg) = progress.take() {
-                        self.write_progress(&task_id, msg);
+                        self.write_progress(&task_id, msg).await;
                     }
                 }
                 ev = events.recv(), if events_open => match ev {
@@ -229,20 +235,20 @@ impl Engine {
                         // Progress reported before the input request lands first.
                         if let Some(msg) = progress.take() {
                             progress_at = far;
-                            self.write_progress(&task_id, msg);
+                            self.write_progress(&task_id, msg).await;
                         }
                         if let Some(err) = batch.iter().find_map(|ir| missing_capability(&caps, &ir.method, ir.params.as_ref())) {
                             call.abort();
                             self.settle(&task_id, move |rec| fail(rec, &err)).await;
                             break;
                         }
-                        self.on_inputs(&task_id, batch);
+                        self.on_inputs(&task_id, batch).await;
                         input_deadline = Instant::now() + input_timeout;
                     }
                 },
                 () = tokio::time::sleep_until(input_deadline) => {
                     input_deadline = far;
-                    let waiting = matches!(self.store.get(&task_id), Ok(Some(r)) if r.status == TaskStatus::InputRequired);
+                    let waiting = matches!(self.store.get(&task_id).await, Ok(Some(r)) if r.status == TaskStatus::InputRequired);
                     if waiting {
                         call.abort();
                         let err = RpcError::internal(format!(
@@ -255,7 +261,7 @@ impl Engine {
                 }
             }
         }
-        if let Err(e) = self.store.remove_route(&route_id) {
+        if let Err(e) = self.store.remove_route(&route_id).await {
             tracing::warn!(task = %task_id, error = %e, "removing a request route failed");
         }
         self.forget_live(&task_id);
@@ -270,32 +276,36 @@ impl Engine {
         progress_message(p)
     }
 
-    fn write_progress(&self, task_id: &str, msg: String) {
-        let r = self.store.update(task_id, &mut |rec| {
-            if rec.status.is_terminal() {
-                return false;
-            }
-            rec.status_message = Some(msg.clone());
-            rec.last_updated_at_ms = now_ms();
-            true
-        });
+    async fn write_progress(&self, task_id: &str, msg: String) {
+        let r = self
+            .update_task(task_id, &mut |rec| {
+                if rec.status.is_terminal() {
+                    return false;
+                }
+                rec.status_message = Some(msg.clone());
+                rec.last_updated_at_ms = now_ms();
+                true
+            })
+            .await;
         if r.is_ok() {
             self.changed(task_id);
         }
     }
 
-    fn on_inputs(&self, task_id: &str, batch: Vec<InputRequest>) {
+    async fn on_inputs(&self, task_id: &str, batch: Vec<InputRequest>) {
         let (requests, responders) = split_inputs(batch);
         let mut keys = Vec::new();
-        let r = self.store.update(task_id, &mut |rec| {
-            // `update` may run this more than once: only the last run's keys count.
-            keys.clear();
-            if rec.status.is_terminal() {
-                return false;
-            }
-            keys = key_inputs(rec, &requests);
-            true
-        });
+        let r = self
+            .update_task(task_id, &mut |rec| {
+                // `update` may run this more than once: only the last run's keys count.
+                keys.clear();
+                if rec.status.is_terminal() {
+                    return false;
+                }
+                keys = key_inputs(rec, &requests);
+                true
+            })
+            .await;
         if let Err(e) = r {
             tracing::error!(task = task_id, error = %e, "recording input requests failed");
         }

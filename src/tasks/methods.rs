@@ -34,7 +34,7 @@ fn owned_by(rec_tenant: &str, rec_subject: &str, p: &Principal) -> bool {
 
 impl Engine {
     /// Resolve `params.taskId` for `principal` on `upstream`.
-    pub fn resolve(
+    pub async fn resolve(
         &self,
         principal: &Principal,
         upstream: &str,
@@ -47,7 +47,7 @@ impl Engine {
             return Err(RpcError::invalid_params("malformed task id"));
         }
         let store_err = |e: crate::store::StoreError| RpcError::internal(e.to_string());
-        match self.store.get(task_id).map_err(store_err)? {
+        match self.store.get(task_id).await.map_err(store_err)? {
             Some(rec)
                 if owned_by(&rec.tenant, &rec.subject, principal) && rec.upstream == upstream =>
             {
@@ -60,21 +60,21 @@ impl Engine {
                 }
             }
             Some(_) => Err(not_found()),
-            None => match self.store.tombstone(task_id).map_err(store_err)? {
+            None => match self.store.tombstone(task_id).await.map_err(store_err)? {
                 Some(t) if owned_by(&t.tenant, &t.subject, principal) => Err(expired()),
                 _ => Err(not_found()),
             },
         }
     }
 
-    pub fn get(
+    pub async fn get(
         &self,
         principal: &Principal,
         upstream: &str,
         params: &Map<String, Value>,
         server_info: &Value,
     ) -> Result<Value, RpcError> {
-        let mut rec = self.resolve(principal, upstream, params)?;
+        let mut rec = self.resolve(principal, upstream, params).await?;
         // Adaptive pollIntervalMs, remembered as advertised (issue #4).
         self.limits.adapt(principal, &mut rec);
         // `resolve` only answers the owner: this read collects the outcome.
@@ -84,14 +84,14 @@ impl Engine {
 
     /// Relay each answer for an outstanding key to the upstream; ignore the rest
     /// (spec B6). The task stays `input_required` until every key is answered.
-    pub fn update(
+    pub async fn update(
         &self,
         principal: &Principal,
         upstream: &str,
         params: &Map<String, Value>,
         server_info: &Value,
     ) -> Result<Value, RpcError> {
-        let rec = self.resolve(principal, upstream, params)?;
+        let rec = self.resolve(principal, upstream, params).await?;
         let responses = match params.get("inputResponses") {
             Some(Value::Object(r)) => r.clone(),
             _ => {
@@ -111,7 +111,7 @@ impl Engine {
             return Ok(ack(server_info));
         }
         let keys: Vec<String> = answered.iter().map(|(k, _)| k.clone()).collect();
-        let r = self.store.update(&rec.task_id, &mut |r| {
+        let r = self.update_task(&rec.task_id, &mut |r| {
             if r.status != TaskStatus::InputRequired {
                 return false;
             }
@@ -124,7 +124,7 @@ impl Engine {
             }
             r.last_updated_at_ms = now_ms();
             true
-        });
+        }).await;
         r.map_err(|e| RpcError::internal(e.to_string()))?;
         for (key, answer) in answered {
             if let Some(tx) = self.take_responder(&rec.task_id, &key) {
@@ -144,12 +144,12 @@ impl Engine {
         params: &Map<String, Value>,
         server_info: &Value,
     ) -> Result<Value, RpcError> {
-        let rec = self.resolve(principal, upstream, params)?;
+        let rec = self.resolve(principal, upstream, params).await?;
         if rec.status.is_terminal() {
             return Ok(ack(server_info));
         }
         let retention = self.cfg.tasks.result_retention_ms;
-        let r = self.store.update(&rec.task_id, &mut |r| {
+        let r = self.update_task(&rec.task_id, &mut |r| {
             if r.status.is_terminal() {
                 return false;
             }
@@ -158,10 +158,9 @@ impl Engine {
             r.cancel_requested = true;
             conclude(r, retention);
             true
-        });
+        }).await;
         r.map_err(|e| RpcError::internal(e.to_string()))?;
-        self.store
-            .flush()
+        self.flush()
             .await
             .map_err(|e| RpcError::internal(e.to_string()))?;
         // Dropping the call sends `notifications/cancelled` upstream.

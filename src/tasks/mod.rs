@@ -21,7 +21,7 @@ pub mod sweeper;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use serde_json::{Map, Value};
 use tokio::sync::{broadcast, oneshot};
@@ -29,8 +29,27 @@ use tokio::sync::{broadcast, oneshot};
 use crate::auth::Principal;
 use crate::config::Config;
 use crate::limits::Limits;
-use crate::store::TaskStore;
-use crate::upstream::{CallEvent, CallOutcome, CallSpec, InputAnswer, Upstream, UpstreamError};
+use crate::store::{
+    Created, Expired, RequestRoute, SCHEMA_VERSION, StoreError, TaskRecord, TaskStatus, TaskStore,
+    UpstreamIdentity,
+};
+use crate::upstream::{
+    CallEvent, CallOutcome, CallSpec, InputAnswer, Upstream, UpstreamError, UpstreamInfo,
+    UpstreamSet,
+};
+
+/// A task changed status: `from: None` when it was created, `to: None` when expiry
+/// removed it. Observers (metrics, limits) are registered by whoever assembles the
+/// gateway, so the engine names neither.
+#[derive(Debug, Clone, Copy)]
+pub struct Transition<'a> {
+    pub task_id: &'a str,
+    pub from: Option<TaskStatus>,
+    pub to: Option<TaskStatus>,
+    pub created_at_ms: u64,
+}
+
+pub type Observer = Box<dyn Fn(&Transition<'_>) + Send + Sync>;
 
 /// A promoted call that is running in this process.
 struct Live {
@@ -56,6 +75,7 @@ pub struct Engine {
     changes: broadcast::Sender<String>,
     /// Terminal snapshots the owner received, waiting to be marked in the store.
     seen: seen::SeenMarks,
+    observers: RwLock<Vec<Observer>>,
 }
 
 impl Engine {
@@ -69,7 +89,166 @@ impl Engine {
             live: Mutex::new(HashMap::new()),
             changes,
             seen: seen::SeenMarks::default(),
+            observers: RwLock::new(Vec::new()),
         })
+    }
+
+    /// Call `f` on every task status transition from now on.
+    pub fn observe(&self, f: Observer) {
+        self.observers
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(f);
+    }
+
+    fn notify(&self, t: Transition<'_>) {
+        for f in self.observers.read().unwrap_or_else(|p| p.into_inner()).iter() {
+            f(&t);
+        }
+    }
+
+    // Every task write of the engine goes through these four, so that observers see
+    // each transition exactly once whatever the backend.
+
+    async fn create_task(
+        &self,
+        rec: &TaskRecord,
+        route: &RequestRoute,
+        index: Option<&[u8]>,
+    ) -> Result<Created, StoreError> {
+        let r = self.store.create(rec, route, index).await;
+        if matches!(r, Ok(Created::New)) {
+            self.notify(Transition {
+                task_id: &rec.task_id,
+                from: None,
+                to: Some(rec.status),
+                created_at_ms: rec.created_at_ms,
+            });
+        }
+        r
+    }
+
+    async fn update_task(
+        &self,
+        task_id: &str,
+        f: &mut (dyn FnMut(&mut TaskRecord) -> bool + Send),
+    ) -> Result<Option<TaskRecord>, StoreError> {
+        let mut before = None;
+        let r = self
+            .store
+            .update(task_id, &mut |rec| {
+                let status = rec.status;
+                let changed = f(rec);
+                before = changed.then_some(status);
+                changed
+            })
+            .await?;
+        if let (Some(b), Some(after)) = (before, r.as_ref())
+            && b != after.status
+        {
+            self.notify(Transition {
+                task_id,
+                from: Some(b),
+                to: Some(after.status),
+                created_at_ms: after.created_at_ms,
+            });
+        }
+        Ok(r)
+    }
+
+    async fn expire_task(
+        &self,
+        task_id: &str,
+        now_ms: u64,
+        tombstone_until_ms: u64,
+    ) -> Result<Option<Expired>, StoreError> {
+        let r = self.store.expire(task_id, now_ms, tombstone_until_ms).await?;
+        if let Some(gone) = &r {
+            self.notify(Transition {
+                task_id,
+                from: Some(gone.record.status),
+                to: None,
+                created_at_ms: gone.record.created_at_ms,
+            });
+        }
+        Ok(r)
+    }
+
+    /// A durable flush, timed for `taskgate_store_flush_duration_seconds`.
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        let t = std::time::Instant::now();
+        let r = self.store.flush().await;
+        crate::metrics::store_flush(t.elapsed());
+        r
+    }
+
+    /// The upstream identities earlier runs stored, by upstream name (what the task
+    /// plane shows until an upstream answers again). A read error is logged and counts
+    /// as nothing stored: the identity is only ever a fallback.
+    pub async fn stored_identities(&self) -> HashMap<String, UpstreamInfo> {
+        let mut out = HashMap::new();
+        for u in &self.cfg.upstreams {
+            match self.store.upstream_identity(&u.name).await {
+                Ok(Some(i)) => {
+                    out.insert(
+                        u.name.clone(),
+                        UpstreamInfo {
+                            protocol_version: i.protocol_version,
+                            capabilities: i.capabilities,
+                            server_info: i.server_info,
+                            instructions: i.instructions,
+                        },
+                    );
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(upstream = %u.name, error = %e, "reading the stored upstream identity failed");
+                }
+            }
+        }
+        out
+    }
+
+    /// Keep every upstream's identity durable: each change is written (only when it
+    /// differs from the stored record) and flushed in the background. Nothing waits
+    /// for it; losing one to a crash only means the previous identity is shown until
+    /// the upstream answers again.
+    pub fn persist_identities(self: &Arc<Self>, upstreams: &UpstreamSet) {
+        for u in upstreams.iter() {
+            let mut changes = u.identity_changes();
+            let name = u.name().to_string();
+            let engine = self.clone();
+            tokio::spawn(async move {
+                while changes.changed().await.is_ok() {
+                    let Some(info) = changes.borrow_and_update().clone() else {
+                        continue;
+                    };
+                    engine.store_identity(&name, &info).await;
+                }
+            });
+        }
+    }
+
+    async fn store_identity(&self, name: &str, info: &UpstreamInfo) {
+        let record = UpstreamIdentity {
+            v: SCHEMA_VERSION,
+            protocol_version: info.protocol_version.clone(),
+            server_info: info.server_info.clone(),
+            capabilities: info.capabilities.clone(),
+            instructions: info.instructions.clone(),
+        };
+        match self.store.put_upstream_identity(name, &record).await {
+            Ok(false) => {}
+            Ok(true) => {
+                tracing::info!(upstream = %name, "upstream identity stored");
+                if let Err(e) = self.flush().await {
+                    tracing::warn!(upstream = %name, error = %e, "flushing the upstream identity failed");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(upstream = %name, error = %e, "storing the upstream identity failed");
+            }
+        }
     }
 
     /// Mark the gateway as stopping (see the `draining` field).

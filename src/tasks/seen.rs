@@ -33,7 +33,7 @@ pub(super) struct SeenMarks {
     wake: Notify,
     /// Held while a batch is written, so that the sweeper's write waits for a batch
     /// the marker task has already taken.
-    writing: Mutex<()>,
+    writing: tokio::sync::Mutex<()>,
 }
 
 impl SeenMarks {
@@ -65,13 +65,13 @@ impl Engine {
     /// Write the noted reads now: from the marker task, from the sweeper before it
     /// expires anything (a read just before expiry then still counts), and once more
     /// when the gateway stops.
-    pub fn write_seen(&self) {
-        let _writing = self.seen.writing.lock().unwrap_or_else(|p| p.into_inner());
+    pub async fn write_seen(&self) {
+        let _writing = self.seen.writing.lock().await;
         let batch = self.seen.take();
         if batch.is_empty() {
             return;
         }
-        if let Err(e) = self.store.mark_seen(&batch) {
+        if let Err(e) = self.store.mark_seen(&batch).await {
             tracing::warn!(
                 error = %e,
                 tasks = batch.len(),
@@ -89,7 +89,7 @@ impl Engine {
                 // batch follows.
                 engine.seen.wake.notified().await;
                 tokio::time::sleep(COALESCE).await;
-                engine.write_seen();
+                engine.write_seen().await;
             }
         });
     }

@@ -16,48 +16,51 @@ impl Engine {
     /// Resolve request routes left by a previous process: their calls are gone, so
     /// their tasks fail with a reason; nothing stays `working` forever.
     pub async fn recover(&self) -> Result<usize, StoreError> {
-        let routes = self.store.routes()?;
+        let routes = self.store.routes().await?;
         let mut failed = 0;
         for route in &routes {
             if let Some(task_id) = &route.task_id {
                 let err = RpcError::internal("gateway restarted while the call was in flight")
                     .with_data(json!({ "upstream": route.upstream }));
-                let r = self.store.update(task_id, &mut |rec| {
-                    if rec.status.is_terminal() {
-                        return false;
-                    }
-                    fail(rec, &err);
-                    conclude(rec, self.cfg.tasks.result_retention_ms);
-                    true
-                })?;
+                let retention = self.cfg.tasks.result_retention_ms;
+                let r = self
+                    .update_task(task_id, &mut |rec| {
+                        if rec.status.is_terminal() {
+                            return false;
+                        }
+                        fail(rec, &err);
+                        conclude(rec, retention);
+                        true
+                    })
+                    .await?;
                 if r.is_some() {
                     failed += 1;
                 }
             }
-            self.store.remove_route(&route.route_id)?;
+            self.store.remove_route(&route.route_id).await?;
         }
-        self.store.flush().await?;
+        self.flush().await?;
         Ok(failed)
     }
 
     /// One sweep: expire tasks past their ttl (stopping their calls, leaving
     /// owner-only tombstones, counting outcomes nobody read) and drop old tombstones.
-    pub fn sweep(&self) -> Result<usize, StoreError> {
+    pub async fn sweep(&self) -> Result<usize, StoreError> {
         // Reads still waiting in the marker land first: a task read just before its
         // expiry is not counted as unread.
-        self.write_seen();
+        self.write_seen().await;
         let now = now_ms();
         let tomb_until = now + self.cfg.store.tombstone_ttl_ms;
         let mut n = 0;
         loop {
-            let ids = self.store.expired(now, 512)?;
+            let ids = self.store.expired(now, 512).await?;
             if ids.is_empty() {
                 break;
             }
             for id in &ids {
                 // Only a task still due is expired (an update may have extended it
                 // since it was listed); its call, if any, stops then.
-                if let Some(gone) = self.store.expire(id, now, tomb_until)? {
+                if let Some(gone) = self.expire_task(id, now, tomb_until).await? {
                     self.abort_live(id);
                     self.changed(id);
                     if !gone.seen {
@@ -70,7 +73,7 @@ impl Engine {
                 break;
             }
         }
-        self.store.sweep_tombstones(now)?;
+        self.store.sweep_tombstones(now).await?;
         Ok(n)
     }
 
@@ -83,7 +86,7 @@ impl Engine {
                     () = shutdown.cancelled() => break,
                     () = tokio::time::sleep(every) => {}
                 }
-                match engine.sweep() {
+                match engine.sweep().await {
                     Ok(0) => {}
                     Ok(n) => tracing::info!(expired = n, "expired tasks swept"),
                     Err(e) => tracing::error!(error = %e, "task sweep failed"),
@@ -100,9 +103,9 @@ impl Engine {
 /// the owner's own `tasks/cancel`: neither is counted.
 fn expired_unread(rec: &TaskRecord) {
     match rec.status {
-        TaskStatus::Completed => crate::metrics::expired_unread(rec.status),
+        TaskStatus::Completed => crate::metrics::expired_unread(rec.status.as_str()),
         TaskStatus::Failed => {
-            crate::metrics::expired_unread(rec.status);
+            crate::metrics::expired_unread(rec.status.as_str());
             let error = rec.error.as_ref();
             let code = error.and_then(|e| e.get("code")).and_then(|c| c.as_i64());
             let message = error

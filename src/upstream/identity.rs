@@ -6,22 +6,22 @@
 //! only what the upstream's capabilities allow. So the identity must be known without
 //! asking the upstream: every transport of the upstream (every isolation scope)
 //! reports each completed `initialize` here; the last one is kept in memory and
-//! persisted in the store (the `upstream_identity` tree), written only when it differs
-//! from what is stored. A restarted gateway starts from the stored one, and an upstream
-//! that never answered falls back to `{name, version: "unknown"}` with no capabilities.
+//! published to whoever keeps it durable (the engine writes it to the task store,
+//! only when it differs from what is stored). A restarted gateway starts from the
+//! stored one, and an upstream that never answered falls back to `{name, version:
+//! "unknown"}` with no capabilities.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use serde_json::{Map, json};
+use tokio::sync::watch;
 
 use super::UpstreamInfo;
-use crate::store::{SCHEMA_VERSION, TaskStore, UpstreamIdentity};
 
 /// The last known identity of one upstream; shared by all its transports.
 pub struct Identity {
     name: String,
-    store: Arc<dyn TaskStore>,
-    last: Mutex<Option<UpstreamInfo>>,
+    last: watch::Sender<Option<UpstreamInfo>>,
 }
 
 impl std::fmt::Debug for Identity {
@@ -33,77 +33,39 @@ impl std::fmt::Debug for Identity {
 }
 
 impl Identity {
-    /// Start from what the store holds for upstream `name` (a read error is logged and
-    /// treated as nothing stored: the identity is only ever a fallback).
-    pub fn load(name: &str, store: Arc<dyn TaskStore>) -> Arc<Self> {
-        let last = match store.upstream_identity(name) {
-            Ok(Some(i)) => Some(UpstreamInfo {
-                protocol_version: i.protocol_version,
-                capabilities: i.capabilities,
-                server_info: i.server_info,
-                instructions: i.instructions,
-            }),
-            Ok(None) => None,
-            Err(e) => {
-                tracing::warn!(upstream = %name, error = %e, "reading the stored upstream identity failed");
-                None
-            }
-        };
+    /// Start from `stored`: what an earlier run learned, if anything.
+    pub fn new(name: &str, stored: Option<UpstreamInfo>) -> Arc<Self> {
         Arc::new(Self {
             name: name.to_string(),
-            store,
-            last: Mutex::new(last),
+            last: watch::Sender::new(stored),
         })
     }
 
-    /// A transport completed `initialize` with `info`. Costs nothing when the upstream
-    /// answered as before; otherwise the store is updated (and flushed in the
-    /// background: nothing waits for it, and losing it to a crash only means the
-    /// previous identity is shown until the upstream answers again).
+    /// A transport completed `initialize` with `info`. Costs a comparison when the
+    /// upstream answered as before; otherwise [`changes`](Self::changes) wakes up.
     pub fn learned(&self, info: &UpstreamInfo) {
-        // Held across the (short, synchronous) store write so that two scopes
-        // initialising at once leave memory and store agreeing on the later one.
-        let Ok(mut last) = self.last.lock() else {
-            return;
-        };
-        if last.as_ref() == Some(info) {
-            return;
-        }
-        *last = Some(info.clone());
-        let record = UpstreamIdentity {
-            v: SCHEMA_VERSION,
-            protocol_version: info.protocol_version.clone(),
-            server_info: info.server_info.clone(),
-            capabilities: info.capabilities.clone(),
-            instructions: info.instructions.clone(),
-        };
-        match self.store.put_upstream_identity(&self.name, &record) {
-            Ok(false) => {}
-            Ok(true) => {
-                tracing::info!(upstream = %self.name, "upstream identity stored");
-                if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                    let store = self.store.clone();
-                    let name = self.name.clone();
-                    rt.spawn(async move {
-                        if let Err(e) = store.flush().await {
-                            tracing::warn!(upstream = %name, error = %e, "flushing the upstream identity failed");
-                        }
-                    });
-                }
+        self.last.send_if_modified(|last| {
+            if last.as_ref() == Some(info) {
+                return false;
             }
-            Err(e) => {
-                tracing::warn!(upstream = %self.name, error = %e, "storing the upstream identity failed");
-            }
-        }
+            *last = Some(info.clone());
+            true
+        });
+    }
+
+    /// Wakes whenever the identity changes, seeing only the latest one: whoever keeps
+    /// it durable (the engine) writes what it sees, so a burst of changes costs one
+    /// write and a later identity is never overwritten by an earlier one.
+    pub fn changes(&self) -> watch::Receiver<Option<UpstreamInfo>> {
+        self.last.subscribe()
     }
 
     /// The last identity any transport learned (or the stored one), else the
     /// placeholder for an upstream that never answered.
     pub fn current(&self) -> UpstreamInfo {
         self.last
-            .lock()
-            .ok()
-            .and_then(|l| l.clone())
+            .borrow()
+            .clone()
             .unwrap_or_else(|| unknown(&self.name))
     }
 }

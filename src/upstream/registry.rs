@@ -19,7 +19,6 @@ use super::{
 use crate::auth::Principal;
 use crate::config::{Isolation, UpstreamConfig, UpstreamTarget};
 use crate::protocol::RpcError;
-use crate::store::TaskStore;
 
 /// Scope key for upstream state isolation: "" (shared), tenant, or tenant + subject.
 fn scope_key(isolation: Isolation, principal: &Principal) -> String {
@@ -107,9 +106,9 @@ impl Upstream {
         });
     }
 
-    /// Start the boot transport; `store` holds the identity learned by earlier runs.
-    pub fn start(cfg: UpstreamConfig, pid_dir: PathBuf, store: Arc<dyn TaskStore>) -> Arc<Self> {
-        let identity = Identity::load(&cfg.name, store);
+    /// Start the boot transport; `stored` is the identity learned by earlier runs.
+    pub fn start(cfg: UpstreamConfig, pid_dir: PathBuf, stored: Option<UpstreamInfo>) -> Arc<Self> {
+        let identity = Identity::new(&cfg.name, stored);
         let boot = Self::start_transport(&cfg, &pid_dir, &identity);
         let boot_tools = Arc::new(Mutex::new(None));
         Self::watch_tools(&boot, boot_tools.clone());
@@ -173,6 +172,11 @@ impl Upstream {
     /// upstream plane").
     pub fn identity(&self) -> UpstreamInfo {
         self.boot.info().unwrap_or_else(|| self.identity.current())
+    }
+
+    /// Wakes when the task-plane identity changes (to keep it durable).
+    pub fn identity_changes(&self) -> tokio::sync::watch::Receiver<Option<UpstreamInfo>> {
+        self.identity.changes()
     }
 
     pub fn state(&self) -> TransportState {
@@ -296,10 +300,16 @@ pub struct UpstreamSet {
 }
 
 impl UpstreamSet {
-    pub fn start(cfgs: &[UpstreamConfig], pid_dir: PathBuf, store: Arc<dyn TaskStore>) -> Self {
+    /// Start every upstream; `stored` holds the identities learned by earlier runs, by
+    /// upstream name.
+    pub fn start(
+        cfgs: &[UpstreamConfig],
+        pid_dir: PathBuf,
+        stored: &HashMap<String, UpstreamInfo>,
+    ) -> Self {
         let upstreams = cfgs
             .iter()
-            .map(|c| Upstream::start(c.clone(), pid_dir.clone(), store.clone()))
+            .map(|c| Upstream::start(c.clone(), pid_dir.clone(), stored.get(&c.name).cloned()))
             .collect();
         Self { upstreams }
     }

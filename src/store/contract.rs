@@ -1,0 +1,411 @@
+//! The store contract: one suite of behaviours every [`TaskStore`] backend must show,
+//! run against each backend. A backend joins with one line at the bottom
+//! (`contract_suite!(name, factory)`), where the factory gives a [`Harness`]: a fresh,
+//! empty store and a way to restart it as a new process would find it.
+//!
+//! Crash repairs that only one backend needs (sled's leftovers of a write cut short)
+//! are tested next to that backend, with its own fault injection.
+
+use std::sync::Arc;
+
+use serde_json::{Map, json};
+
+use super::memory::MemoryStore;
+use super::sled::SledStore;
+use super::{
+    Created, RequestRoute, SCHEMA_VERSION, TaskRecord, TaskStatus, TaskStore, UpstreamIdentity,
+    now_ms,
+};
+use crate::config::StoreConfig;
+
+/// One store under test.
+pub(crate) struct Harness {
+    store: Option<Arc<dyn TaskStore>>,
+    /// Close the store and open it again (what the next process sees); `None` for a
+    /// backend that keeps nothing across a restart.
+    reopen: Option<Box<dyn FnMut() -> Arc<dyn TaskStore> + Send>>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Harness {
+    fn store(&self) -> Arc<dyn TaskStore> {
+        self.store.clone().expect("store is open")
+    }
+
+    /// A restart: the caller must have dropped its handles first. Returns `false` for
+    /// a backend that keeps nothing across one (the restart cases then stop).
+    fn restart(&mut self) -> bool {
+        let Some(reopen) = self.reopen.as_mut() else {
+            return false;
+        };
+        self.store = None;
+        self.store = Some(reopen());
+        true
+    }
+}
+
+fn memory() -> Harness {
+    Harness {
+        store: Some(MemoryStore::new()),
+        reopen: None,
+        _dir: None,
+    }
+}
+
+fn sled() -> Harness {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = StoreConfig {
+        path: dir.path().join("db"),
+        ..StoreConfig::default()
+    };
+    let open = move || -> Arc<dyn TaskStore> { SledStore::open(&cfg).expect("open sled") };
+    let open = Box::new(open);
+    Harness {
+        store: Some(open()),
+        reopen: Some(open),
+        _dir: Some(dir),
+    }
+}
+
+fn task(id: &str, tenant: &str, expires_at_ms: u64) -> TaskRecord {
+    let now = now_ms();
+    TaskRecord {
+        v: SCHEMA_VERSION,
+        task_id: id.into(),
+        tenant: tenant.into(),
+        subject: "alice".into(),
+        upstream: "demo".into(),
+        tool: "sleep".into(),
+        args_fingerprint: "fp".into(),
+        idempotency_key: None,
+        status: TaskStatus::Working,
+        status_message: Some("working".into()),
+        created_at_ms: now,
+        last_updated_at_ms: now,
+        ttl_ms: expires_at_ms.saturating_sub(now),
+        poll_interval_ms: 1000,
+        expires_at_ms,
+        result: None,
+        error: None,
+        input_requests: Map::new(),
+        issued_keys: Vec::new(),
+        cancel_requested: false,
+    }
+}
+
+fn route(id: &str, task_id: Option<&str>) -> RequestRoute {
+    RequestRoute {
+        v: SCHEMA_VERSION,
+        route_id: id.into(),
+        upstream: "demo".into(),
+        tenant: "acme".into(),
+        subject: "alice".into(),
+        method: "tools/call".into(),
+        started_at_ms: now_ms(),
+        deadline_ms: now_ms() + 60_000,
+        task_id: task_id.map(str::to_string),
+    }
+}
+
+const HOUR: u64 = 3_600_000;
+
+pub(crate) async fn create_and_read_your_write(h: Harness) {
+    let s = h.store();
+    let t = task("tsk_a", "acme", now_ms() + HOUR);
+    let r = route("rt_a", Some("tsk_a"));
+    assert_eq!(s.create(&t, &r, None).await.unwrap(), Created::New);
+    // Visible at once, before any flush.
+    assert_eq!(s.get("tsk_a").await.unwrap(), Some(t.clone()));
+    assert_eq!(s.routes().await.unwrap(), vec![r.clone()]);
+    assert_eq!(s.live_tasks("acme").await.unwrap(), 1);
+    assert_eq!(s.live_tasks("other").await.unwrap(), 0);
+    assert_eq!(
+        s.count_by_status().await.unwrap(),
+        vec![(TaskStatus::Working, 1)]
+    );
+    s.flush().await.unwrap();
+    assert!(s.healthy());
+    // The same id twice is refused, and the first task is untouched.
+    let mut again = t.clone();
+    again.tool = "other".into();
+    assert!(s.create(&again, &route("rt_b", None), None).await.is_err());
+    assert_eq!(s.get("tsk_a").await.unwrap(), Some(t));
+    assert_eq!(s.get("tsk_missing").await.unwrap(), None);
+}
+
+pub(crate) async fn updates_compare_and_swap(h: Harness) {
+    let s = h.store();
+    let t = task("tsk_u", "acme", now_ms() + HOUR);
+    s.create(&t, &route("rt_u", Some("tsk_u")), None).await.unwrap();
+    // `false` leaves the record as it was.
+    let r = s
+        .update("tsk_u", &mut |rec| {
+            rec.tool = "changed".into();
+            false
+        })
+        .await;
+    assert_eq!(r.unwrap(), Some(t.clone()));
+    assert_eq!(s.get("tsk_u").await.unwrap(), Some(t));
+    // Concurrent read-modify-writes lose nothing.
+    let writers: Vec<_> = (0..16)
+        .map(|i| {
+            let s = s.clone();
+            tokio::spawn(async move {
+                let key = format!("k{i}");
+                s.update("tsk_u", &mut |rec| {
+                    rec.issued_keys.push(key.clone());
+                    true
+                })
+                .await
+                .unwrap()
+            })
+        })
+        .collect();
+    for w in writers {
+        w.await.unwrap();
+    }
+    let rec = s.get("tsk_u").await.unwrap().unwrap();
+    assert_eq!(rec.issued_keys.len(), 16, "{:?}", rec.issued_keys);
+    // Terminal: no longer live.
+    let done = s
+        .update("tsk_u", &mut |rec| {
+            rec.status = TaskStatus::Completed;
+            rec.result = Some(json!({"content": []}));
+            true
+        })
+        .await;
+    assert_eq!(done.unwrap().unwrap().status, TaskStatus::Completed);
+    assert_eq!(s.live_tasks("acme").await.unwrap(), 0);
+    let missing = s.update("tsk_none", &mut |_| true).await;
+    assert_eq!(missing.unwrap(), None);
+}
+
+pub(crate) async fn idempotency_claims(h: Harness) {
+    let s = h.store();
+    let key = b"acme\0alice\0demo\0sleep\0k1".to_vec();
+    let mut first = task("tsk_i1", "acme", now_ms() + HOUR);
+    first.args_fingerprint = "fp1".into();
+    let r = s
+        .create(&first, &route("rt_i1", Some("tsk_i1")), Some(&key))
+        .await;
+    assert_eq!(r.unwrap(), Created::New);
+    let entry = s.idempotency_get(&key).await.unwrap().unwrap();
+    assert_eq!(
+        (entry.task_id.as_str(), entry.args_fingerprint.as_str()),
+        ("tsk_i1", "fp1")
+    );
+    // A second create with the key writes nothing and names the first task.
+    let second = task("tsk_i2", "acme", now_ms() + HOUR);
+    match s
+        .create(&second, &route("rt_i2", Some("tsk_i2")), Some(&key))
+        .await
+        .unwrap()
+    {
+        Created::Existing(e) => assert_eq!(e.task_id, "tsk_i1"),
+        Created::New => panic!("duplicate key created a task"),
+    }
+    assert_eq!(s.get("tsk_i2").await.unwrap(), None);
+    assert_eq!(s.routes().await.unwrap().len(), 1);
+    assert_eq!(s.live_tasks("acme").await.unwrap(), 1);
+}
+
+pub(crate) async fn concurrent_duplicates_have_one_winner(h: Harness) {
+    let s = h.store();
+    let key = b"acme\0alice\0demo\0sleep\0race".to_vec();
+    let racers: Vec<_> = (0..12)
+        .map(|i| {
+            let s = s.clone();
+            let key = key.clone();
+            tokio::spawn(async move {
+                let id = format!("tsk_r{i}");
+                let t = task(&id, "acme", now_ms() + HOUR);
+                let r = route(&format!("rt_r{i}"), Some(&id));
+                (id, s.create(&t, &r, Some(&key)).await.unwrap())
+            })
+        })
+        .collect();
+    let mut winners = Vec::new();
+    let mut named = Vec::new();
+    for r in racers {
+        match r.await.unwrap() {
+            (id, Created::New) => winners.push(id),
+            (_, Created::Existing(e)) => named.push(e.task_id),
+        }
+    }
+    assert_eq!(winners.len(), 1, "exactly one creator wins: {winners:?}");
+    assert!(named.iter().all(|n| *n == winners[0]), "{named:?}");
+    assert_eq!(s.routes().await.unwrap().len(), 1);
+    assert_eq!(s.live_tasks("acme").await.unwrap(), 1);
+    let stored: usize = s.count_by_status().await.unwrap().iter().map(|(_, n)| *n as usize).sum();
+    assert_eq!(stored, 1);
+}
+
+pub(crate) async fn expiry_and_tombstones(h: Harness) {
+    let s = h.store();
+    let now = now_ms();
+    let key = b"acme\0alice\0demo\0sleep\0exp".to_vec();
+    let due = task("tsk_due", "acme", now - 10);
+    let later = task("tsk_later", "acme", now + HOUR);
+    let extended = task("tsk_ext", "acme", now - 5);
+    s.create(&due, &route("rt_1", None), Some(&key)).await.unwrap();
+    s.create(&later, &route("rt_2", None), None).await.unwrap();
+    s.create(&extended, &route("rt_3", None), None).await.unwrap();
+    let listed = s.expired(now, 10).await.unwrap();
+    assert_eq!(listed, vec!["tsk_due".to_string(), "tsk_ext".to_string()]);
+    assert_eq!(s.expired(now, 1).await.unwrap().len(), 1, "limit");
+    // Extended after it was listed: not expired.
+    s.update("tsk_ext", &mut |rec| {
+        rec.expires_at_ms = now + HOUR;
+        true
+    })
+    .await
+    .unwrap();
+    assert!(s.expire("tsk_ext", now, now + HOUR).await.unwrap().is_none());
+    assert_eq!(s.expired(now, 10).await.unwrap(), vec!["tsk_due".to_string()]);
+
+    let gone = s.expire("tsk_due", now, now + 1000).await.unwrap().unwrap();
+    assert_eq!(gone.record.task_id, "tsk_due");
+    assert!(!gone.seen, "nobody read it");
+    assert_eq!(s.get("tsk_due").await.unwrap(), None);
+    let tomb = s.tombstone("tsk_due").await.unwrap().unwrap();
+    assert_eq!((tomb.tenant.as_str(), tomb.subject.as_str()), ("acme", "alice"));
+    assert!(s.expired(now, 10).await.unwrap().is_empty());
+    assert_eq!(s.live_tasks("acme").await.unwrap(), 2);
+    // The claim lives as long as the tombstone: the key still names the task.
+    let entry = s.idempotency_get(&key).await.unwrap().unwrap();
+    assert_eq!(entry.task_id, "tsk_due");
+    let again = task("tsk_due2", "acme", now + HOUR);
+    let r = s.create(&again, &route("rt_4", None), Some(&key)).await.unwrap();
+    assert!(matches!(r, Created::Existing(_)), "{r:?}");
+    // Swept: tombstone and claim go together, and the key is free again.
+    assert_eq!(s.sweep_tombstones(now).await.unwrap(), 0, "not due yet");
+    assert_eq!(s.sweep_tombstones(now + 1000).await.unwrap(), 1);
+    assert!(s.tombstone("tsk_due").await.unwrap().is_none());
+    assert!(s.idempotency_get(&key).await.unwrap().is_none());
+    let r = s.create(&again, &route("rt_4", None), Some(&key)).await.unwrap();
+    assert_eq!(r, Created::New);
+}
+
+pub(crate) async fn read_marks(h: Harness) {
+    let s = h.store();
+    let now = now_ms();
+    let mut read = task("tsk_read", "acme", now - 1);
+    read.status = TaskStatus::Completed;
+    let mut unread = task("tsk_unread", "acme", now - 1);
+    unread.status = TaskStatus::Failed;
+    s.create(&read, &route("rt_1", None), None).await.unwrap();
+    s.create(&unread, &route("rt_2", None), None).await.unwrap();
+    // Marks for tasks that do not exist are skipped; marking twice is harmless.
+    let ids = vec!["tsk_read".to_string(), "tsk_nothing".to_string()];
+    s.mark_seen(&ids).await.unwrap();
+    s.mark_seen(&ids).await.unwrap();
+    let a = s.expire("tsk_read", now, now + 1000).await.unwrap().unwrap();
+    let b = s.expire("tsk_unread", now, now + 1000).await.unwrap().unwrap();
+    assert!(a.seen);
+    assert!(!b.seen);
+    // A mark never outlives its task.
+    s.mark_seen(&["tsk_read".to_string()]).await.unwrap();
+    let mut back = task("tsk_read", "acme", now - 1);
+    back.status = TaskStatus::Completed;
+    s.sweep_tombstones(now + 1000).await.unwrap();
+    s.create(&back, &route("rt_3", None), None).await.unwrap();
+    let c = s.expire("tsk_read", now, now + 1000).await.unwrap().unwrap();
+    assert!(!c.seen, "a re-created id starts unread");
+}
+
+pub(crate) async fn routes_are_resolved_at_start_up(mut h: Harness) {
+    let s = h.store();
+    let t = task("tsk_s", "acme", now_ms() + HOUR);
+    s.create(&t, &route("rt_task", Some("tsk_s")), None).await.unwrap();
+    s.put_route(&route("rt_inline", None)).await.unwrap();
+    s.put_route(&route("rt_done", None)).await.unwrap();
+    s.remove_route("rt_done").await.unwrap();
+    s.flush().await.unwrap();
+    drop(s);
+    h.restart();
+    let s = h.store();
+    // What a start-up finds: the calls in flight at the last stop, with their tasks.
+    let mut ids: Vec<String> = s.routes().await.unwrap().into_iter().map(|r| r.route_id).collect();
+    ids.sort();
+    assert_eq!(ids, ["rt_inline", "rt_task"]);
+    assert_eq!(s.get("tsk_s").await.unwrap(), Some(t));
+    assert_eq!(s.live_tasks("acme").await.unwrap(), 1);
+    for id in ids {
+        s.remove_route(&id).await.unwrap();
+    }
+    assert!(s.routes().await.unwrap().is_empty());
+}
+
+pub(crate) async fn upstream_identity_and_secrets(mut h: Harness) {
+    let s = h.store();
+    let id = UpstreamIdentity {
+        v: SCHEMA_VERSION,
+        protocol_version: "2025-06-18".into(),
+        server_info: json!({"name": "demo", "version": "1.0"}),
+        capabilities: Map::new(),
+        instructions: Some("hi".into()),
+    };
+    assert_eq!(s.upstream_identity("demo").await.unwrap(), None);
+    assert!(s.put_upstream_identity("demo", &id).await.unwrap());
+    assert!(!s.put_upstream_identity("demo", &id).await.unwrap(), "unchanged");
+    let mut other = id.clone();
+    other.server_info = json!({"name": "demo", "version": "2.0"});
+    assert!(s.put_upstream_identity("demo", &other).await.unwrap());
+    assert_eq!(s.upstream_identity("demo").await.unwrap(), Some(other.clone()));
+    let a = s.secret("a").await.unwrap();
+    assert_eq!(s.secret("a").await.unwrap(), a);
+    assert_ne!(s.secret("b").await.unwrap(), a);
+    s.flush().await.unwrap();
+    drop(s);
+    if h.restart() {
+        let s = h.store();
+        assert_eq!(s.upstream_identity("demo").await.unwrap(), Some(other));
+        assert_eq!(s.secret("a").await.unwrap(), a, "a secret survives a restart");
+    }
+}
+
+/// Every case of the contract, as tests of one backend: `contract_suite!(name,
+/// factory)` with `factory: fn() -> Harness`.
+macro_rules! contract_suite {
+    ($name:ident, $factory:path) => {
+        mod $name {
+            use super::*;
+
+            #[tokio::test]
+            async fn create_and_read_your_write() {
+                super::create_and_read_your_write($factory()).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn updates_compare_and_swap() {
+                super::updates_compare_and_swap($factory()).await
+            }
+            #[tokio::test]
+            async fn idempotency_claims() {
+                super::idempotency_claims($factory()).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn concurrent_duplicates_have_one_winner() {
+                super::concurrent_duplicates_have_one_winner($factory()).await
+            }
+            #[tokio::test]
+            async fn expiry_and_tombstones() {
+                super::expiry_and_tombstones($factory()).await
+            }
+            #[tokio::test]
+            async fn read_marks() {
+                super::read_marks($factory()).await
+            }
+            #[tokio::test]
+            async fn routes_are_resolved_at_start_up() {
+                super::routes_are_resolved_at_start_up($factory()).await
+            }
+            #[tokio::test]
+            async fn upstream_identity_and_secrets() {
+                super::upstream_identity_and_secrets($factory()).await
+            }
+        }
+    };
+}
+
+contract_suite!(memory_backend, memory);
+contract_suite!(sled_backend, sled);

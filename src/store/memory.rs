@@ -1,0 +1,364 @@
+//! The in-memory [`TaskStore`]: everything in one mutex-guarded set of maps, nothing
+//! kept across a restart. For tests and demos; it follows the same contract as the
+//! durable backends (the contract suite in `contract.rs` runs against it), except that
+//! "durable" means "until the process ends", so [`TaskStore::flush`] resolves at once.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use rand::RngCore;
+
+use super::{
+    BoxFuture, Created, Expired, IdempotencyEntry, RequestRoute, SCHEMA_VERSION, StoreError,
+    TaskRecord, TaskStatus, TaskStore, Tombstone, Update, UpstreamIdentity,
+};
+
+#[derive(Default)]
+struct State {
+    tasks: HashMap<String, TaskRecord>,
+    routes: BTreeMap<String, RequestRoute>,
+    idempotency: HashMap<Vec<u8>, IdempotencyEntry>,
+    /// The idempotency key each keyed task claimed (moved into its tombstone).
+    idem_of: HashMap<String, Vec<u8>>,
+    /// `(expires_at_ms, task_id)`, in expiry order.
+    expiry: BTreeSet<(u64, String)>,
+    tombstones: HashMap<String, Tombstone>,
+    seen: HashSet<String>,
+    identities: HashMap<String, Vec<u8>>,
+    secrets: HashMap<String, [u8; 32]>,
+    /// Non-terminal tasks per tenant.
+    live: HashMap<String, u64>,
+}
+
+impl State {
+    fn names_something(&self, task_id: &str) -> bool {
+        self.tasks.contains_key(task_id) || self.tombstones.contains_key(task_id)
+    }
+
+    fn live_add(&mut self, tenant: &str) {
+        *self.live.entry(tenant.to_string()).or_default() += 1;
+    }
+
+    fn live_sub(&mut self, tenant: &str) {
+        if let Some(n) = self.live.get_mut(tenant) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.live.remove(tenant);
+            }
+        }
+    }
+}
+
+/// See the module documentation.
+#[derive(Default)]
+pub struct MemoryStore {
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore").finish_non_exhaustive()
+    }
+}
+
+impl MemoryStore {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// The state; a panic while it was held cannot leave it half-written (every
+    /// change below is applied after its checks), so a poisoned lock is still usable.
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn create_now(
+        &self,
+        task: &TaskRecord,
+        route: &RequestRoute,
+        idempotency_key: Option<&[u8]>,
+    ) -> Result<Created, StoreError> {
+        let mut s = self.state();
+        if s.tasks.contains_key(&task.task_id) {
+            return Err(StoreError::Corrupt(format!(
+                "tasks/{}: a task with this id already exists",
+                task.task_id
+            )));
+        }
+        if let Some(k) = idempotency_key {
+            if let Some(entry) = s.idempotency.get(k)
+                && s.names_something(&entry.task_id)
+            {
+                return Ok(Created::Existing(entry.clone()));
+            }
+            s.idempotency.insert(
+                k.to_vec(),
+                IdempotencyEntry {
+                    task_id: task.task_id.clone(),
+                    args_fingerprint: task.args_fingerprint.clone(),
+                },
+            );
+            s.idem_of.insert(task.task_id.clone(), k.to_vec());
+        }
+        let mut rec = task.clone();
+        rec.v = SCHEMA_VERSION;
+        s.routes.insert(route.route_id.clone(), route.clone());
+        s.expiry.insert((rec.expires_at_ms, rec.task_id.clone()));
+        if !rec.status.is_terminal() {
+            s.live_add(&rec.tenant);
+        }
+        s.tasks.insert(rec.task_id.clone(), rec);
+        Ok(Created::New)
+    }
+
+    fn update_now(
+        &self,
+        task_id: &str,
+        f: &mut dyn FnMut(&mut TaskRecord) -> bool,
+    ) -> Result<Option<TaskRecord>, StoreError> {
+        let mut s = self.state();
+        let Some(old) = s.tasks.get(task_id).cloned() else {
+            return Ok(None);
+        };
+        let mut rec = old.clone();
+        if !f(&mut rec) {
+            return Ok(Some(old));
+        }
+        rec.task_id = task_id.to_string();
+        rec.v = SCHEMA_VERSION;
+        if rec.expires_at_ms != old.expires_at_ms {
+            s.expiry.remove(&(old.expires_at_ms, task_id.to_string()));
+            s.expiry.insert((rec.expires_at_ms, task_id.to_string()));
+        }
+        let (was, is) = (!old.status.is_terminal(), !rec.status.is_terminal());
+        if was && (!is || old.tenant != rec.tenant) {
+            s.live_sub(&old.tenant);
+        }
+        if is && (!was || old.tenant != rec.tenant) {
+            s.live_add(&rec.tenant);
+        }
+        s.tasks.insert(task_id.to_string(), rec.clone());
+        Ok(Some(rec))
+    }
+
+    fn expire_now(&self, task_id: &str, now_ms: u64, tombstone_until_ms: u64) -> Option<Expired> {
+        let mut s = self.state();
+        let due = s.tasks.get(task_id)?.expires_at_ms <= now_ms;
+        if !due {
+            return None;
+        }
+        let rec = s.tasks.remove(task_id)?;
+        let idx = s.idem_of.remove(task_id);
+        s.tombstones.insert(
+            task_id.to_string(),
+            Tombstone {
+                v: SCHEMA_VERSION,
+                task_id: task_id.to_string(),
+                tenant: rec.tenant.clone(),
+                subject: rec.subject.clone(),
+                idempotency_index_key: idx,
+                expires_at_ms: tombstone_until_ms,
+            },
+        );
+        s.expiry.remove(&(rec.expires_at_ms, task_id.to_string()));
+        let seen = s.seen.remove(task_id);
+        if !rec.status.is_terminal() {
+            s.live_sub(&rec.tenant);
+        }
+        Some(Expired { record: rec, seen })
+    }
+
+    fn sweep_now(&self, now_ms: u64) -> usize {
+        let mut s = self.state();
+        let due: Vec<Tombstone> = s
+            .tombstones
+            .values()
+            .filter(|t| t.expires_at_ms <= now_ms)
+            .cloned()
+            .collect();
+        for t in &due {
+            if let Some(k) = &t.idempotency_index_key
+                && s.idempotency.get(k).is_some_and(|e| e.task_id == t.task_id)
+            {
+                s.idempotency.remove(k);
+            }
+            if !s.tasks.contains_key(&t.task_id) {
+                s.seen.remove(&t.task_id);
+            }
+            s.tombstones.remove(&t.task_id);
+        }
+        due.len()
+    }
+
+    fn put_identity_now(&self, name: &str, identity: &UpstreamIdentity) -> Result<bool, StoreError> {
+        let mut i = identity.clone();
+        i.v = SCHEMA_VERSION;
+        // Compared as the serialized text, like a backend that stores bytes: key order
+        // and number text count.
+        let bytes = serde_json::to_vec(&i)
+            .map_err(|e| StoreError::Corrupt(format!("upstream_identity/{name}: {e}")))?;
+        let mut s = self.state();
+        if s.identities.get(name) == Some(&bytes) {
+            return Ok(false);
+        }
+        s.identities.insert(name.to_string(), bytes);
+        Ok(true)
+    }
+}
+
+/// A future that is ready at once with `v` (every operation here is in memory).
+fn ready<'a, T: Send + 'a>(v: T) -> BoxFuture<'a, T> {
+    Box::pin(std::future::ready(v))
+}
+
+impl TaskStore for MemoryStore {
+    fn create<'a>(
+        &'a self,
+        task: &'a TaskRecord,
+        route: &'a RequestRoute,
+        idempotency_key: Option<&'a [u8]>,
+    ) -> BoxFuture<'a, Result<Created, StoreError>> {
+        ready(self.create_now(task, route, idempotency_key))
+    }
+
+    fn flush(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        ready(Ok(()))
+    }
+
+    fn get<'a>(&'a self, task_id: &'a str) -> BoxFuture<'a, Result<Option<TaskRecord>, StoreError>> {
+        ready(Ok(self.state().tasks.get(task_id).cloned()))
+    }
+
+    fn update<'a>(
+        &'a self,
+        task_id: &'a str,
+        f: Update<'a>,
+    ) -> BoxFuture<'a, Result<Option<TaskRecord>, StoreError>> {
+        ready(self.update_now(task_id, f))
+    }
+
+    fn put_route<'a>(&'a self, route: &'a RequestRoute) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.state()
+            .routes
+            .insert(route.route_id.clone(), route.clone());
+        ready(Ok(()))
+    }
+
+    fn remove_route<'a>(&'a self, route_id: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.state().routes.remove(route_id);
+        ready(Ok(()))
+    }
+
+    fn routes(&self) -> BoxFuture<'_, Result<Vec<RequestRoute>, StoreError>> {
+        ready(Ok(self.state().routes.values().cloned().collect()))
+    }
+
+    fn idempotency_get<'a>(
+        &'a self,
+        key: &'a [u8],
+    ) -> BoxFuture<'a, Result<Option<IdempotencyEntry>, StoreError>> {
+        let s = self.state();
+        let entry = s
+            .idempotency
+            .get(key)
+            .filter(|e| s.names_something(&e.task_id))
+            .cloned();
+        ready(Ok(entry))
+    }
+
+    fn count_by_status(&self) -> BoxFuture<'_, Result<Vec<(TaskStatus, u64)>, StoreError>> {
+        let mut counts: Vec<(TaskStatus, u64)> = Vec::new();
+        for rec in self.state().tasks.values() {
+            match counts.iter_mut().find(|(s, _)| *s == rec.status) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((rec.status, 1)),
+            }
+        }
+        ready(Ok(counts))
+    }
+
+    fn expired(
+        &self,
+        now_ms: u64,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<String>, StoreError>> {
+        let ids = self
+            .state()
+            .expiry
+            .iter()
+            .take_while(|(at, _)| *at <= now_ms)
+            .take(limit)
+            .map(|(_, id)| id.clone())
+            .collect();
+        ready(Ok(ids))
+    }
+
+    fn expire<'a>(
+        &'a self,
+        task_id: &'a str,
+        now_ms: u64,
+        tombstone_until_ms: u64,
+    ) -> BoxFuture<'a, Result<Option<Expired>, StoreError>> {
+        ready(Ok(self.expire_now(task_id, now_ms, tombstone_until_ms)))
+    }
+
+    fn mark_seen<'a>(&'a self, task_ids: &'a [String]) -> BoxFuture<'a, Result<(), StoreError>> {
+        let mut s = self.state();
+        for id in task_ids {
+            if s.tasks.contains_key(id) {
+                s.seen.insert(id.clone());
+            }
+        }
+        ready(Ok(()))
+    }
+
+    fn tombstone<'a>(
+        &'a self,
+        task_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Tombstone>, StoreError>> {
+        ready(Ok(self.state().tombstones.get(task_id).cloned()))
+    }
+
+    fn sweep_tombstones(&self, now_ms: u64) -> BoxFuture<'_, Result<usize, StoreError>> {
+        ready(Ok(self.sweep_now(now_ms)))
+    }
+
+    fn live_tasks<'a>(&'a self, tenant: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
+        ready(Ok(self.state().live.get(tenant).copied().unwrap_or(0)))
+    }
+
+    fn upstream_identity<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<UpstreamIdentity>, StoreError>> {
+        let r = match self.state().identities.get(name) {
+            None => Ok(None),
+            Some(b) => serde_json::from_slice(b)
+                .map(Some)
+                .map_err(|e| StoreError::Corrupt(format!("upstream_identity/{name}: {e}"))),
+        };
+        ready(r)
+    }
+
+    fn put_upstream_identity<'a>(
+        &'a self,
+        name: &'a str,
+        identity: &'a UpstreamIdentity,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        ready(self.put_identity_now(name, identity))
+    }
+
+    fn secret<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<[u8; 32], StoreError>> {
+        let mut s = self.state();
+        let secret = *s.secrets.entry(name.to_string()).or_insert_with(|| {
+            let mut fresh = [0u8; 32];
+            rand::rng().fill_bytes(&mut fresh);
+            fresh
+        });
+        ready(Ok(secret))
+    }
+
+    fn healthy(&self) -> bool {
+        true
+    }
+}
