@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# A throwaway PostgreSQL 15 cluster for the tests.
+#
+# Sourced (`source scripts/pg.sh; pg_start`): starts the cluster, exports
+# TASKGATE_TEST_PG_URL and installs an EXIT trap that stops it and removes its
+# directory. Run directly (`bash scripts/pg.sh run CMD ARGS…`): the same around one
+# command, e.g. `bash scripts/pg.sh run cargo nextest run --release --lib -E 'test(/postgres/)'`.
+#
+# The cluster: Debian's PostgreSQL 15 binaries (package `postgresql`, installed if
+# absent), `initdb --no-sync -A trust` into a fresh temp directory, run as the
+# `postgres` OS user when we are root (initdb refuses root), listening on 127.0.0.1 at
+# a free port with its unix socket in that directory. fsync stays on: the tests measure
+# and rely on the same durability as production. Tests isolate themselves by schema.
+
+PG_BIN="${PG_BIN:-/usr/lib/postgresql/15/bin}"
+
+pg__as_owner() {
+    if [ "$(id -u)" = 0 ]; then
+        runuser -u postgres -- "$@"
+    else
+        "$@"
+    fi
+}
+
+pg__free_port() {
+    local port
+    for _ in $(seq 1 50); do
+        port=$((20000 + RANDOM % 30000))
+        # Nothing answers on it (bash's /dev/tcp connect fails) → free enough.
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+            echo "$port"
+            return 0
+        fi
+    done
+    echo "no free port found" >&2
+    return 1
+}
+
+pg_install() {
+    if [ -x "$PG_BIN/initdb" ] && [ -x "$PG_BIN/pg_ctl" ]; then
+        return 0
+    fi
+    echo "== installing PostgreSQL 15 (Debian package postgresql)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+}
+
+pg_stop() {
+    if [ -n "${PG_TEST_DIR:-}" ] && [ -d "$PG_TEST_DIR" ]; then
+        pg__as_owner "$PG_BIN/pg_ctl" -D "$PG_TEST_DIR/data" -m fast -w stop >/dev/null 2>&1 || true
+        rm -rf "$PG_TEST_DIR"
+    fi
+    PG_TEST_DIR=""
+}
+
+pg_start() {
+    pg_install
+    local t0 port
+    t0=$(date +%s%N)
+    PG_TEST_DIR=$(mktemp -d /tmp/taskgate-pg.XXXXXX)
+    trap pg_stop EXIT
+    if [ "$(id -u)" = 0 ]; then
+        chown postgres: "$PG_TEST_DIR"
+    fi
+    chmod 700 "$PG_TEST_DIR"
+    pg__as_owner "$PG_BIN/initdb" -D "$PG_TEST_DIR/data" --no-sync -A trust -U postgres \
+        -E UTF8 --locale=C >"$PG_TEST_DIR/initdb.log" 2>&1 || {
+        cat "$PG_TEST_DIR/initdb.log" >&2
+        return 1
+    }
+    port=$(pg__free_port)
+    # max_connections: every test opens its own pool (default 16 connections).
+    pg__as_owner "$PG_BIN/pg_ctl" -D "$PG_TEST_DIR/data" -w -t 30 -l "$PG_TEST_DIR/server.log" \
+        -o "-c listen_addresses=127.0.0.1 -p $port -k $PG_TEST_DIR -c max_connections=400" \
+        start >/dev/null || {
+        cat "$PG_TEST_DIR/server.log" >&2
+        return 1
+    }
+    export TASKGATE_TEST_PG_URL="postgres://postgres@127.0.0.1:$port/postgres"
+    export TASKGATE_TEST_PG_DIR="$PG_TEST_DIR"
+    echo "== PostgreSQL ready at 127.0.0.1:$port in $((($(date +%s%N) - t0) / 1000000)) ms"
+}
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+    set -euo pipefail
+    case "${1:-}" in
+        run)
+            shift
+            pg_start
+            "$@"
+            ;;
+        *)
+            echo "usage: bash scripts/pg.sh run CMD [ARGS…]   (or source it and call pg_start)" >&2
+            exit 2
+            ;;
+    esac
+fi
