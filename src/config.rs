@@ -165,6 +165,10 @@ impl Default for ServerConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
+    /// Which backend keeps the tasks (README "Store backends").
+    pub backend: StoreBackend,
+    /// sled: the store directory. Also the parent of the default `runtime_dir` on
+    /// either backend.
     pub path: PathBuf,
     pub strict_fsync: bool,
     pub cache_capacity_bytes: u64,
@@ -173,17 +177,77 @@ pub struct StoreConfig {
     /// Where stdio pid records live (one directory per replica id). Default
     /// `<path>/run`: see [`StoreConfig::runtime_dir`].
     pub runtime_dir: Option<PathBuf>,
+    /// postgres: the connection URL (`postgres://user@host:port/db`), or
+    pub url: Option<String>,
+    /// the name of an environment variable holding it (keeps passwords out of files).
+    pub url_env: Option<String>,
+    /// postgres: connections in the pool.
+    pub pool_size: usize,
+    /// postgres: the schema holding taskgate's tables (created by the migrations).
+    pub schema: String,
+}
+
+/// `[store] backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreBackend {
+    /// Embedded, one process: the default.
+    #[default]
+    Sled,
+    /// Shared by several replicas.
+    Postgres,
+}
+
+/// Longest PostgreSQL identifier (NAMEDATALEN - 1).
+const MAX_PG_IDENTIFIER: usize = 63;
+
+/// Whether `s` is a schema name used as it is, without quoting: lower-case ASCII
+/// letters, digits and `_`, not starting with a digit, not a `pg_` system name.
+pub fn is_pg_schema_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_PG_IDENTIFIER
+        && !s.starts_with("pg_")
+        && !s.as_bytes()[0].is_ascii_digit()
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+}
+
+impl StoreConfig {
+    /// The PostgreSQL URL: `url`, or the value of the variable `url_env` names.
+    pub fn postgres_url(&self) -> Result<String, ConfigError> {
+        if let Some(u) = &self.url {
+            return Ok(u.clone());
+        }
+        match &self.url_env {
+            Some(name) => match std::env::var(name) {
+                Ok(v) if !v.is_empty() => Ok(v),
+                _ => Err(invalid(
+                    "store.url_env",
+                    format!("environment variable `{name}` is not set"),
+                )),
+            },
+            None => Err(invalid(
+                "store.url",
+                "backend \"postgres\" needs `url` or `url_env`",
+            )),
+        }
+    }
 }
 
 impl Default for StoreConfig {
     fn default() -> Self {
         Self {
+            backend: StoreBackend::Sled,
             path: PathBuf::from("data"),
             strict_fsync: false,
             cache_capacity_bytes: 268_435_456,
             sweep_interval_ms: 5_000,
             tombstone_ttl_ms: 86_400_000,
             runtime_dir: None,
+            url: None,
+            url_env: None,
+            pool_size: 16,
+            schema: "taskgate".into(),
         }
     }
 }
@@ -651,6 +715,28 @@ impl Config {
         {
             return Err(invalid("store.runtime_dir", "must not be empty"));
         }
+        if self.store.backend == StoreBackend::Postgres {
+            if self.store.url.is_some() && self.store.url_env.is_some() {
+                return Err(invalid("store.url", "set `url` or `url_env`, not both"));
+            }
+            if self.store.url.is_none() && self.store.url_env.is_none() {
+                return Err(invalid(
+                    "store.url",
+                    "backend \"postgres\" needs `url` or `url_env`",
+                ));
+            }
+            if self.store.pool_size == 0 {
+                return Err(invalid("store.pool_size", "must be > 0"));
+            }
+            if !is_pg_schema_name(&self.store.schema) {
+                return Err(invalid(
+                    "store.schema",
+                    format!(
+                        "must be 1-{MAX_PG_IDENTIFIER} lower-case ASCII letters, digits or '_', not starting with a digit or \"pg_\""
+                    ),
+                ));
+            }
+        }
         // auth
         match self.auth.mode {
             AuthMode::None => {
@@ -917,5 +1003,31 @@ command = ["@self", "demo-upstream"]
             "Bearer abc"
         );
         assert!(interpolate_env("${TG_TEST_NOPE_NOPE}").is_err());
+    }
+
+    #[test]
+    fn store_backend_keys() {
+        let c = Config::parse(MIN).unwrap();
+        assert_eq!(c.store.backend, StoreBackend::Sled);
+        let pg = |keys: &str| MIN.replace("[auth]", &format!("[store]\n{keys}\n[auth]"));
+        let c = Config::parse(&pg("backend = \"postgres\"\nurl = \"postgres://u@h/db\"")).unwrap();
+        assert_eq!(c.store.backend, StoreBackend::Postgres);
+        assert_eq!((c.store.pool_size, c.store.schema.as_str()), (16, "taskgate"));
+        assert_eq!(c.store.postgres_url().unwrap(), "postgres://u@h/db");
+        // SAFETY: test-only, single-threaded use of a unique variable name.
+        unsafe { std::env::set_var("TG_TEST_PG_URL_X", "postgres://e@h/db") };
+        let c = Config::parse(&pg("backend = \"postgres\"\nurl_env = \"TG_TEST_PG_URL_X\"")).unwrap();
+        assert_eq!(c.store.postgres_url().unwrap(), "postgres://e@h/db");
+        for (keys, named) in [
+            ("backend = \"postgres\"", "store.url"),
+            ("backend = \"postgres\"\nurl = \"x\"\nurl_env = \"Y\"", "store.url"),
+            ("backend = \"postgres\"\nurl = \"x\"\npool_size = 0", "store.pool_size"),
+            ("backend = \"postgres\"\nurl = \"x\"\nschema = \"Bad-Name\"", "store.schema"),
+            ("backend = \"postgres\"\nurl = \"x\"\nschema = \"pg_x\"", "store.schema"),
+        ] {
+            let err = Config::parse(&pg(keys)).unwrap_err();
+            assert!(err.to_string().contains(named), "{keys}: {err}");
+        }
+        assert!(Config::parse(&pg("backend = \"mysql\"")).is_err());
     }
 }

@@ -10,10 +10,11 @@ use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
 use taskgate::auth::{self, Authenticator};
-use taskgate::config::{AuthOnly, Config, ConfigSource};
+use taskgate::config::{AuthOnly, Config, ConfigSource, StoreBackend};
 use taskgate::front::{self, Gateway};
 use taskgate::mrtr::Holds;
 use taskgate::store::TaskStore;
+use taskgate::store::postgres::{PgSettings, PgStore};
 use taskgate::store::sled::SledStore;
 use taskgate::tasks::Engine;
 use taskgate::upstream::{UpstreamSet, stdio};
@@ -129,8 +130,19 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
     // The store lock first: it is what makes this gateway the only one on this store,
     // and a second instance must stop here having changed nothing — above all, before
     // it looks for leftover children to kill (README "Stdio children and pid records").
-    let store = SledStore::open(&cfg.store)
-        .with_context(|| format!("opening the task store at {}", cfg.store.path.display()))?;
+    let store: Arc<dyn TaskStore> = match cfg.store.backend {
+        StoreBackend::Sled => SledStore::open(&cfg.store).with_context(|| {
+            format!("opening the task store at {}", cfg.store.path.display())
+        })?,
+        // Shared by replicas: no lock to take; the migrations serialise on an
+        // advisory lock of their own.
+        StoreBackend::Postgres => {
+            let settings = PgSettings::from_config(&cfg.store)?;
+            PgStore::open(&settings).await.with_context(|| {
+                format!("opening the postgres task store (schema {})", settings.schema)
+            })?
+        }
+    };
 
     let pid_dir = cfg.replica_run_dir();
     std::fs::create_dir_all(&pid_dir).with_context(|| format!("creating {}", pid_dir.display()))?;
@@ -156,7 +168,6 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
     // limits belong to this gateway and are handed to what enforces them.
     taskgate::metrics::install();
     let limits = taskgate::limits::Limits::from_config(&cfg);
-    let store: Arc<dyn TaskStore> = store;
     seed_task_gauge(store.clone());
     let metrics_listener = match &cfg.server.metrics_listen {
         Some(addr) => Some(

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use serde_json::{Map, json};
 
 use super::memory::MemoryStore;
+use super::postgres::{PgStore, testing as pg};
 use super::sled::SledStore;
 use super::{
     Created, RequestRoute, SCHEMA_VERSION, TaskRecord, TaskStatus, TaskStore, UpstreamIdentity,
@@ -64,6 +65,22 @@ fn sled() -> Harness {
         store: Some(open()),
         reopen: Some(open),
         _dir: Some(dir),
+    }
+}
+
+/// A fresh schema on the test cluster (`scripts/pg.sh`); a restart opens a new pool
+/// on the same schema, as the next process would.
+fn postgres() -> Harness {
+    let settings = pg::settings(&pg::unique_schema("contract"));
+    pg::migrate_blocking(&settings);
+    let open = move || -> Arc<dyn TaskStore> {
+        PgStore::connect_lazy(&settings).expect("open postgres")
+    };
+    let open = Box::new(open);
+    Harness {
+        store: Some(open()),
+        reopen: Some(open),
+        _dir: None,
     }
 }
 
@@ -409,3 +426,4 @@ macro_rules! contract_suite {
 
 contract_suite!(memory_backend, memory);
 contract_suite!(sled_backend, sled);
+contract_suite!(postgres_backend, postgres);

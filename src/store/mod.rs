@@ -7,8 +7,9 @@
 //! of each upstream (what the task plane shows while that upstream is not ready:
 //! README "Task plane and upstream plane"). The engine talks to the
 //! [`TaskStore`] trait (async, so a backend may sit across a network); `sled.rs` is the
-//! embedded single-replica backend and `memory.rs` an in-process one (tests, demos: it
-//! keeps nothing across a restart). Both pass the same contract suite
+//! embedded single-replica backend, `postgres.rs` the one several replicas share, and
+//! `memory.rs` an in-process one (tests, demos: it keeps nothing across a restart).
+//! All pass the same contract suite
 //! (`contract.rs`), which a new backend joins with one line.
 //!
 //! Durability contract: a write is durable once a [`TaskStore::flush`] call that
@@ -18,6 +19,7 @@
 #[cfg(test)]
 mod contract;
 pub mod memory;
+pub mod postgres;
 pub mod sled;
 
 use serde::{Deserialize, Serialize};

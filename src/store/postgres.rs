@@ -1,0 +1,1172 @@
+//! The PostgreSQL [`TaskStore`]: one database shared by several gateway replicas
+//! (README "Store backends", ARCHITECTURE.md "PostgreSQL schema").
+//!
+//! - Every write commits before it returns, with `synchronous_commit = on` (set on
+//!   each connection at start-up), so [`TaskStore::flush`] has nothing left to do: a
+//!   task id that a create returned is already on the primary's disk.
+//! - A create is one statement (data-modifying CTEs: claim the idempotency key, insert
+//!   the task, insert its request route), so one round trip, all or nothing.
+//! - Updates are compare-and-swap on the row's `version` column: read, apply, write
+//!   where the version is unchanged, retry otherwise.
+//! - Records are stored as the bytes of their JSON (`bytea`), never `jsonb`.
+//! - Reads go to the connection's server, which must be the primary (the URL names it).
+//! - The schema comes from the versioned files under `migrations/postgres/`, applied at
+//!   start-up in one transaction under an advisory lock, so replicas starting together
+//!   neither race nor apply a migration twice.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use futures_util::FutureExt;
+use rand::RngCore;
+use tokio_postgres::NoTls;
+use tokio_postgres::error::SqlState;
+
+use super::{
+    BoxFuture, Created, Expired, IdempotencyEntry, RequestRoute, SCHEMA_VERSION, StoreError,
+    TaskRecord, TaskStatus, TaskStore, Tombstone, Update, UpstreamIdentity,
+};
+use crate::config::{StoreConfig, is_pg_schema_name};
+
+/// The migrations, in order. A version is never edited once released; a change is a
+/// new file.
+const MIGRATIONS: &[(i32, &str, &str)] = &[(
+    1,
+    "init",
+    include_str!("../../migrations/postgres/0001_init.sql"),
+)];
+
+/// The newest schema version this gateway knows.
+pub const LATEST_MIGRATION: i32 = 1;
+
+/// Longest any one store operation may take (pool wait, connect and query together).
+/// Past it the operation fails, so a database that hangs turns into errors (503s and
+/// `/readyz` 503) instead of requests that never answer.
+const OP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connecting to the database, and waiting for a pooled connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often the health probe runs: it is what turns `/readyz` back to 200 on its own
+/// once the database is back while no request is coming in.
+const PROBE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// What the backend needs from `[store]`.
+#[derive(Debug, Clone)]
+pub struct PgSettings {
+    pub url: String,
+    pub pool_size: usize,
+    pub schema: String,
+}
+
+impl PgSettings {
+    pub fn from_config(cfg: &StoreConfig) -> Result<Self, StoreError> {
+        let url = cfg
+            .postgres_url()
+            .map_err(|e| StoreError::Io(e.to_string()))?;
+        Ok(Self {
+            url,
+            pool_size: cfg.pool_size.max(1),
+            schema: cfg.schema.clone(),
+        })
+    }
+
+    /// The connection settings: the URL plus `search_path` (so every statement names
+    /// tables unqualified) and `synchronous_commit = on` (so a commit is flushed
+    /// before it is acknowledged, whatever the server's default), both sent in the
+    /// start-up packet: no extra round trip per connection.
+    fn pg_config(&self) -> Result<tokio_postgres::Config, StoreError> {
+        if !is_pg_schema_name(&self.schema) {
+            return Err(StoreError::Io(format!(
+                "store.schema {:?} is not a plain lower-case identifier",
+                self.schema
+            )));
+        }
+        let mut c: tokio_postgres::Config = self
+            .url
+            .parse()
+            .map_err(|e| StoreError::Io(format!("store.url: {e}")))?;
+        let mut options = c.get_options().unwrap_or_default().to_string();
+        if !options.is_empty() {
+            options.push(' ');
+        }
+        options.push_str(&format!(
+            "-c search_path={} -c synchronous_commit=on",
+            self.schema
+        ));
+        c.options(&options);
+        if c.get_application_name().is_none() {
+            c.application_name("taskgate");
+        }
+        if c.get_connect_timeout().is_none() {
+            c.connect_timeout(CONNECT_TIMEOUT);
+        }
+        Ok(c)
+    }
+}
+
+/// An error inside this backend, before it becomes a [`StoreError`].
+#[derive(Debug)]
+enum PgError {
+    Pool(deadpool_postgres::PoolError),
+    Db(tokio_postgres::Error),
+    Timeout,
+    Corrupt(String),
+}
+
+impl From<deadpool_postgres::PoolError> for PgError {
+    fn from(e: deadpool_postgres::PoolError) -> Self {
+        Self::Pool(e)
+    }
+}
+
+impl From<tokio_postgres::Error> for PgError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        Self::Db(e)
+    }
+}
+
+impl PgError {
+    /// Whether the database (not the request) is at fault: unreachable, restarting,
+    /// out of connections, too slow. Those turn the store unhealthy.
+    fn is_outage(&self) -> bool {
+        match self {
+            Self::Pool(_) | Self::Timeout => true,
+            // No SQLSTATE: the connection itself failed. Class 08 (connection
+            // exception), 57 (operator intervention: shutdown, crash recovery) and 53
+            // (insufficient resources) are outages too.
+            Self::Db(e) => match e.code() {
+                None => true,
+                Some(c) => {
+                    let c = c.code();
+                    c.starts_with("08") || c.starts_with("57") || c.starts_with("53")
+                }
+            },
+            Self::Corrupt(_) => false,
+        }
+    }
+
+    fn into_store(self, what: &str) -> StoreError {
+        match self {
+            Self::Corrupt(m) => StoreError::Corrupt(m),
+            Self::Timeout => StoreError::Io(format!(
+                "postgres {what}: no answer within {} s",
+                OP_TIMEOUT.as_secs()
+            )),
+            Self::Pool(e) => StoreError::Io(format!("postgres {what}: {e}")),
+            Self::Db(e) => StoreError::Io(format!("postgres {what}: {}", db_message(&e))),
+        }
+    }
+}
+
+/// The server's message when there is one (`Error`'s Display says only "db error").
+fn db_message(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{}: {}", db.code().code(), db.message()),
+        None => e.to_string(),
+    }
+}
+
+/// See the module documentation.
+pub struct PgStore {
+    pool: Pool,
+    schema: String,
+    healthy: AtomicBool,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore")
+            .field("schema", &self.schema)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What [`migrate`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Migrated {
+    /// Versions applied by this call (0 when the schema was up to date).
+    pub applied: usize,
+    /// The schema's version afterwards (may be newer than [`LATEST_MIGRATION`] when a
+    /// newer gateway migrated it).
+    pub version: i32,
+}
+
+/// Bring the schema up to date: create it if needed and apply every migration it
+/// lacks, all in one transaction under a transaction-scoped advisory lock keyed by
+/// the schema name (replicas starting at once queue on it; the lock goes with the
+/// transaction, even if the connection dies). Uses its own connection.
+pub async fn migrate(settings: &PgSettings) -> Result<Migrated, StoreError> {
+    let cfg = settings.pg_config()?;
+    let run = async {
+        let (mut client, conn) = cfg.connect(NoTls).await?;
+        let conn = tokio::spawn(conn);
+        let out = migrate_on(&mut client, &settings.schema).await;
+        drop(client);
+        let _ = conn.await;
+        out
+    };
+    match tokio::time::timeout(OP_TIMEOUT * 3, run).await {
+        Ok(r) => r.map_err(|e| e.into_store("migrations")),
+        Err(_) => Err(PgError::Timeout.into_store("migrations")),
+    }
+}
+
+async fn migrate_on(
+    client: &mut tokio_postgres::Client,
+    schema: &str,
+) -> Result<Migrated, PgError> {
+    let tx = client.transaction().await?;
+    tx.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+        &[&format!("taskgate migrations {schema}")],
+    )
+    .await?;
+    // The name was checked to be a plain identifier (`is_pg_schema_name`).
+    tx.batch_execute(&format!(
+        "CREATE SCHEMA IF NOT EXISTS {schema};
+         CREATE TABLE IF NOT EXISTS schema_migrations (
+             version    integer     PRIMARY KEY,
+             name       text        NOT NULL,
+             applied_at timestamptz NOT NULL DEFAULT now()
+         );"
+    ))
+    .await?;
+    let current: i32 = tx
+        .query_one(
+            "SELECT coalesce(max(version), 0) FROM schema_migrations",
+            &[],
+        )
+        .await?
+        .try_get(0)?;
+    let mut applied = 0;
+    for (version, name, sql) in MIGRATIONS {
+        if *version <= current {
+            continue;
+        }
+        tx.batch_execute(sql).await?;
+        tx.execute(
+            "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
+            &[version, name],
+        )
+        .await?;
+        applied += 1;
+    }
+    tx.commit().await?;
+    Ok(Migrated {
+        applied,
+        version: current.max(LATEST_MIGRATION),
+    })
+}
+
+impl PgStore {
+    /// Migrate, then open the pool and check that it reaches the database.
+    pub async fn open(settings: &PgSettings) -> Result<Arc<Self>, StoreError> {
+        let started = Instant::now();
+        let m = migrate(settings).await?;
+        if m.version > LATEST_MIGRATION {
+            tracing::warn!(
+                schema = %settings.schema,
+                version = m.version,
+                known = LATEST_MIGRATION,
+                "the database schema is newer than this taskgate knows; reading it as version {LATEST_MIGRATION}"
+            );
+        }
+        let store = Self::connect_lazy(settings)?;
+        store
+            .run("start-up check", async {
+                let c = store.pool.get().await?;
+                c.simple_query("SELECT 1").await?;
+                Ok(())
+            })
+            .await?;
+        tracing::info!(
+            schema = %settings.schema,
+            version = m.version,
+            applied = m.applied,
+            pool_size = settings.pool_size,
+            ms = started.elapsed().as_millis() as u64,
+            "postgres store ready"
+        );
+        Ok(store)
+    }
+
+    /// The pool, without connecting yet and without migrating (for [`open`] and for
+    /// tests that migrate on their own). Starts the health probe when called inside a
+    /// tokio runtime.
+    pub fn connect_lazy(settings: &PgSettings) -> Result<Arc<Self>, StoreError> {
+        let mgr = Manager::from_config(
+            settings.pg_config()?,
+            NoTls,
+            ManagerConfig {
+                // A connection that broke is noticed when used (the error marks the
+                // store unhealthy) and dropped by the pool; no check query per use.
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(mgr)
+            .max_size(settings.pool_size)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(CONNECT_TIMEOUT))
+            .create_timeout(Some(CONNECT_TIMEOUT))
+            .recycle_timeout(Some(CONNECT_TIMEOUT))
+            .build()
+            .map_err(|e| StoreError::Io(format!("postgres pool: {e}")))?;
+        let store = Arc::new(Self {
+            pool,
+            schema: settings.schema.clone(),
+            healthy: AtomicBool::new(true),
+        });
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(probe(Arc::downgrade(&store)));
+        }
+        Ok(store)
+    }
+
+    /// The schema this store uses.
+    pub fn schema(&self) -> &str {
+        &self.schema
+    }
+
+    /// Run one operation with the time limit, keeping the health flag current.
+    async fn run<T>(
+        &self,
+        what: &str,
+        op: impl Future<Output = Result<T, PgError>>,
+    ) -> Result<T, StoreError> {
+        let r = match tokio::time::timeout(OP_TIMEOUT, op).await {
+            Ok(r) => r,
+            Err(_) => Err(PgError::Timeout),
+        };
+        match r {
+            Ok(v) => {
+                self.healthy.store(true, Ordering::Relaxed);
+                Ok(v)
+            }
+            Err(e) => {
+                if e.is_outage() {
+                    if self.healthy.swap(false, Ordering::Relaxed) {
+                        tracing::error!(error = %e.as_display(), "postgres store unreachable");
+                    }
+                } else {
+                    self.healthy.store(true, Ordering::Relaxed);
+                }
+                Err(e.into_store(what))
+            }
+        }
+    }
+}
+
+impl PgError {
+    fn as_display(&self) -> String {
+        match self {
+            Self::Pool(e) => e.to_string(),
+            Self::Db(e) => db_message(e),
+            Self::Timeout => "timeout".into(),
+            Self::Corrupt(m) => m.clone(),
+        }
+    }
+}
+
+/// Ping the database every [`PROBE_INTERVAL`] while the store lives, so that health
+/// follows the database both ways without waiting for traffic.
+async fn probe(store: Weak<PgStore>) {
+    loop {
+        tokio::time::sleep(PROBE_INTERVAL).await;
+        let Some(s) = store.upgrade() else { return };
+        let _ = s
+            .run("health probe", async {
+                let c = s.pool.get().await?;
+                c.simple_query("SELECT 1").await?;
+                Ok(())
+            })
+            .await;
+    }
+}
+
+/// `u64` milliseconds as PostgreSQL `bigint` (saturating: no real time is that far).
+fn ms(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn decode<T: serde::de::DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T, PgError> {
+    serde_json::from_slice(bytes).map_err(|e| PgError::Corrupt(format!("{what}: {e}")))
+}
+
+fn encode<T: serde::Serialize>(what: &str, v: &T) -> Result<Vec<u8>, PgError> {
+    serde_json::to_vec(v).map_err(|e| PgError::Corrupt(format!("{what}: {e}")))
+}
+
+fn parse_status(s: &str) -> Result<TaskStatus, PgError> {
+    serde_json::from_value(serde_json::Value::String(s.to_string()))
+        .map_err(|_| PgError::Corrupt(format!("task_routes.status: unknown status {s:?}")))
+}
+
+const CREATE_KEYED: &str = "
+WITH claim AS (
+    INSERT INTO idempotency (key, task_id, args_fingerprint)
+    VALUES ($1, $2, $3)
+    ON CONFLICT (key) DO NOTHING
+    RETURNING task_id
+), task AS (
+    INSERT INTO task_routes (task_id, tenant, subject, status, expires_at_ms, idem_key, version, record)
+    SELECT $2, $4, $5, $6, $7, $1, 1, $8 FROM claim
+    RETURNING task_id
+), route AS (
+    INSERT INTO request_routes (route_id, task_id, upstream, version, record)
+    SELECT $9, $10, $11, 1, $12 FROM task
+    RETURNING route_id
+)
+SELECT (SELECT count(*) FROM route) AS created, i.task_id, i.args_fingerprint
+FROM (SELECT 1) AS one LEFT JOIN idempotency AS i ON i.key = $1";
+
+const CREATE_PLAIN: &str = "
+WITH task AS (
+    INSERT INTO task_routes (task_id, tenant, subject, status, expires_at_ms, idem_key, version, record)
+    VALUES ($1, $2, $3, $4, $5, NULL, 1, $6)
+    RETURNING task_id
+)
+INSERT INTO request_routes (route_id, task_id, upstream, version, record)
+SELECT $7, $8, $9, 1, $10 FROM task";
+
+const EXPIRE: &str = "
+WITH d AS (
+    DELETE FROM task_routes WHERE task_id = $1 AND expires_at_ms <= $2
+    RETURNING task_id, tenant, subject, idem_key, record
+), s AS (
+    DELETE FROM seen_marks WHERE task_id IN (SELECT task_id FROM d) RETURNING task_id
+), t AS (
+    INSERT INTO tombstones (task_id, tenant, subject, idem_key, expires_at_ms)
+    SELECT task_id, tenant, subject, idem_key, $3 FROM d
+    ON CONFLICT (task_id) DO UPDATE SET tenant = EXCLUDED.tenant,
+        subject = EXCLUDED.subject, idem_key = EXCLUDED.idem_key,
+        expires_at_ms = EXCLUDED.expires_at_ms
+    RETURNING task_id
+)
+SELECT d.record, EXISTS (SELECT 1 FROM s) AS seen, (SELECT count(*) FROM t) AS tombs FROM d";
+
+const SWEEP_TOMBSTONES: &str = "
+WITH d AS (
+    DELETE FROM tombstones WHERE expires_at_ms <= $1 RETURNING task_id, idem_key
+), i AS (
+    DELETE FROM idempotency USING d
+    WHERE idempotency.key = d.idem_key AND idempotency.task_id = d.task_id
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM i)";
+
+impl PgStore {
+    async fn create_now(
+        &self,
+        task: &TaskRecord,
+        route: &RequestRoute,
+        key: Option<&[u8]>,
+    ) -> Result<Created, PgError> {
+        let mut rec = task.clone();
+        rec.v = SCHEMA_VERSION;
+        let record = encode("task record", &rec)?;
+        let route_bytes = encode("request route", route)?;
+        let c = self.pool.get().await?;
+        let status = rec.status.as_str();
+        let expires = ms(rec.expires_at_ms);
+        let r = match key {
+            None => {
+                let stmt = c.prepare_cached(CREATE_PLAIN).await?;
+                c.execute(
+                    &stmt,
+                    &[
+                        &rec.task_id,
+                        &rec.tenant,
+                        &rec.subject,
+                        &status,
+                        &expires,
+                        &record,
+                        &route.route_id,
+                        &route.task_id,
+                        &route.upstream,
+                        &route_bytes,
+                    ],
+                )
+                .await
+                .map(|_| Created::New)
+            }
+            Some(k) => {
+                let stmt = c.prepare_cached(CREATE_KEYED).await?;
+                let row = c
+                    .query_one(
+                        &stmt,
+                        &[
+                            &k,
+                            &rec.task_id,
+                            &rec.args_fingerprint,
+                            &rec.tenant,
+                            &rec.subject,
+                            &status,
+                            &expires,
+                            &record,
+                            &route.route_id,
+                            &route.task_id,
+                            &route.upstream,
+                            &route_bytes,
+                        ],
+                    )
+                    .await;
+                match row {
+                    Err(e) => Err(e),
+                    Ok(row) => {
+                        let created: i64 = row.try_get(0)?;
+                        if created > 0 {
+                            return Ok(Created::New);
+                        }
+                        let task_id: Option<String> = row.try_get(1)?;
+                        let fp: Option<String> = row.try_get(2)?;
+                        match (task_id, fp) {
+                            (Some(task_id), Some(args_fingerprint)) => {
+                                return Ok(Created::Existing(IdempotencyEntry {
+                                    task_id,
+                                    args_fingerprint,
+                                }));
+                            }
+                            // The claim that beat this one committed after this
+                            // statement's snapshot was taken: read it now.
+                            _ => {
+                                drop(c);
+                                return match self.idempotency_now(k).await? {
+                                    Some(e) => Ok(Created::Existing(e)),
+                                    None => Err(PgError::Corrupt(
+                                        "idempotency: key was claimed but no entry was found"
+                                            .into(),
+                                    )),
+                                };
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        match r {
+            Ok(v) => Ok(v),
+            Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => {
+                Err(PgError::Corrupt(format!(
+                    "task_routes/{}: a task or route with this id already exists ({})",
+                    rec.task_id,
+                    db_message(&e)
+                )))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn get_now(&self, task_id: &str) -> Result<Option<TaskRecord>, PgError> {
+        let c = self.pool.get().await?;
+        let stmt = c
+            .prepare_cached("SELECT record FROM task_routes WHERE task_id = $1")
+            .await?;
+        match c.query_opt(&stmt, &[&task_id]).await? {
+            None => Ok(None),
+            Some(row) => {
+                let bytes: Vec<u8> = row.try_get(0)?;
+                decode(&format!("task_routes/{task_id}"), &bytes).map(Some)
+            }
+        }
+    }
+
+    async fn update_now(
+        &self,
+        task_id: &str,
+        f: &mut (dyn FnMut(&mut TaskRecord) -> bool + Send),
+    ) -> Result<Option<TaskRecord>, PgError> {
+        let c = self.pool.get().await?;
+        let read = c
+            .prepare_cached("SELECT version, record FROM task_routes WHERE task_id = $1")
+            .await?;
+        let write = c
+            .prepare_cached(
+                "UPDATE task_routes SET tenant = $3, subject = $4, status = $5,
+                     expires_at_ms = $6, record = $7, version = version + 1
+                 WHERE task_id = $1 AND version = $2",
+            )
+            .await?;
+        loop {
+            let Some(row) = c.query_opt(&read, &[&task_id]).await? else {
+                return Ok(None);
+            };
+            let version: i64 = row.try_get(0)?;
+            let bytes: Vec<u8> = row.try_get(1)?;
+            let old: TaskRecord = decode(&format!("task_routes/{task_id}"), &bytes)?;
+            let mut rec = old.clone();
+            if !f(&mut rec) {
+                return Ok(Some(old));
+            }
+            rec.task_id = task_id.to_string();
+            rec.v = SCHEMA_VERSION;
+            let record = encode("task record", &rec)?;
+            let n = c
+                .execute(
+                    &write,
+                    &[
+                        &task_id,
+                        &version,
+                        &rec.tenant,
+                        &rec.subject,
+                        &rec.status.as_str(),
+                        &ms(rec.expires_at_ms),
+                        &record,
+                    ],
+                )
+                .await?;
+            if n == 1 {
+                return Ok(Some(rec));
+            }
+            // Another writer won the round (or the task expired): read again.
+        }
+    }
+
+    async fn idempotency_now(&self, key: &[u8]) -> Result<Option<IdempotencyEntry>, PgError> {
+        let c = self.pool.get().await?;
+        let stmt = c
+            .prepare_cached("SELECT task_id, args_fingerprint FROM idempotency WHERE key = $1")
+            .await?;
+        match c.query_opt(&stmt, &[&key]).await? {
+            None => Ok(None),
+            Some(row) => Ok(Some(IdempotencyEntry {
+                task_id: row.try_get(0)?,
+                args_fingerprint: row.try_get(1)?,
+            })),
+        }
+    }
+
+    async fn expire_now(
+        &self,
+        task_id: &str,
+        now_ms: u64,
+        tombstone_until_ms: u64,
+    ) -> Result<Option<Expired>, PgError> {
+        let c = self.pool.get().await?;
+        let stmt = c.prepare_cached(EXPIRE).await?;
+        let row = c
+            .query_opt(&stmt, &[&task_id, &ms(now_ms), &ms(tombstone_until_ms)])
+            .await?;
+        let Some(row) = row else { return Ok(None) };
+        let bytes: Vec<u8> = row.try_get(0)?;
+        let seen: bool = row.try_get(1)?;
+        let record = decode(&format!("task_routes/{task_id}"), &bytes)?;
+        Ok(Some(Expired { record, seen }))
+    }
+
+    async fn mark_seen_now(&self, task_ids: &[String]) -> Result<(), PgError> {
+        if task_ids.is_empty() {
+            return Ok(());
+        }
+        let c = self.pool.get().await?;
+        let stmt = c
+            .prepare_cached(
+                "INSERT INTO seen_marks (task_id)
+                 SELECT task_id FROM task_routes WHERE task_id = ANY($1)
+                 ON CONFLICT DO NOTHING",
+            )
+            .await?;
+        match c.execute(&stmt, &[&task_ids]).await {
+            Ok(_) => Ok(()),
+            // A task expired between the SELECT and the insert: its mark is skipped,
+            // as for any task that is gone (and the others of this batch with it,
+            // which at worst counts them unread).
+            Err(e) if e.code() == Some(&SqlState::FOREIGN_KEY_VIOLATION) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn secret_now(&self, name: &str) -> Result<[u8; 32], PgError> {
+        let c = self.pool.get().await?;
+        let read = c
+            .prepare_cached("SELECT secret FROM store_secrets WHERE name = $1")
+            .await?;
+        for _ in 0..2 {
+            if let Some(row) = c.query_opt(&read, &[&name]).await? {
+                let bytes: Vec<u8> = row.try_get(0)?;
+                return <[u8; 32]>::try_from(bytes.as_slice())
+                    .map_err(|_| PgError::Corrupt(format!("store_secrets/{name}: not 32 bytes")));
+            }
+            let mut fresh = [0u8; 32];
+            rand::rng().fill_bytes(&mut fresh);
+            // The first replica to insert wins; every replica then reads that one.
+            c.execute(
+                "INSERT INTO store_secrets (name, secret) VALUES ($1, $2)
+                 ON CONFLICT (name) DO NOTHING",
+                &[&name, &fresh.as_slice()],
+            )
+            .await?;
+        }
+        Err(PgError::Corrupt(format!(
+            "store_secrets/{name}: inserted but not found"
+        )))
+    }
+}
+
+impl TaskStore for PgStore {
+    fn create<'a>(
+        &'a self,
+        task: &'a TaskRecord,
+        route: &'a RequestRoute,
+        idempotency_key: Option<&'a [u8]>,
+    ) -> BoxFuture<'a, Result<Created, StoreError>> {
+        self.run("create", async move {
+            self.create_now(task, route, idempotency_key).await
+        })
+        .boxed()
+    }
+
+    /// Every write committed (synchronously) before it returned: nothing to do.
+    fn flush(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn get<'a>(
+        &'a self,
+        task_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<TaskRecord>, StoreError>> {
+        self.run("get", async move { self.get_now(task_id).await })
+            .boxed()
+    }
+
+    fn update<'a>(
+        &'a self,
+        task_id: &'a str,
+        f: Update<'a>,
+    ) -> BoxFuture<'a, Result<Option<TaskRecord>, StoreError>> {
+        self.run("update", async move { self.update_now(task_id, f).await })
+            .boxed()
+    }
+
+    fn put_route<'a>(&'a self, route: &'a RequestRoute) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.run("put_route", async move {
+            let bytes = encode("request route", route)?;
+            let c = self.pool.get().await?;
+            let stmt = c
+                .prepare_cached(
+                    "INSERT INTO request_routes (route_id, task_id, upstream, version, record)
+                     VALUES ($1, $2, $3, 1, $4)
+                     ON CONFLICT (route_id) DO UPDATE SET task_id = EXCLUDED.task_id,
+                         upstream = EXCLUDED.upstream, record = EXCLUDED.record,
+                         version = request_routes.version + 1",
+                )
+                .await?;
+            c.execute(
+                &stmt,
+                &[&route.route_id, &route.task_id, &route.upstream, &bytes],
+            )
+            .await?;
+            Ok(())
+        })
+        .boxed()
+    }
+
+    fn remove_route<'a>(&'a self, route_id: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.run("remove_route", async move {
+            let c = self.pool.get().await?;
+            let stmt = c
+                .prepare_cached("DELETE FROM request_routes WHERE route_id = $1")
+                .await?;
+            c.execute(&stmt, &[&route_id]).await?;
+            Ok(())
+        })
+        .boxed()
+    }
+
+    fn routes(&self) -> BoxFuture<'_, Result<Vec<RequestRoute>, StoreError>> {
+        self.run("routes", async move {
+            let c = self.pool.get().await?;
+            let rows = c
+                .query(
+                    "SELECT route_id, record FROM request_routes ORDER BY route_id",
+                    &[],
+                )
+                .await?;
+            rows.iter()
+                .map(|row| {
+                    let id: String = row.try_get(0)?;
+                    let bytes: Vec<u8> = row.try_get(1)?;
+                    decode(&format!("request_routes/{id}"), &bytes)
+                })
+                .collect()
+        })
+        .boxed()
+    }
+
+    fn idempotency_get<'a>(
+        &'a self,
+        key: &'a [u8],
+    ) -> BoxFuture<'a, Result<Option<IdempotencyEntry>, StoreError>> {
+        self.run(
+            "idempotency_get",
+            async move { self.idempotency_now(key).await },
+        )
+        .boxed()
+    }
+
+    fn count_by_status(&self) -> BoxFuture<'_, Result<Vec<(TaskStatus, u64)>, StoreError>> {
+        self.run("count_by_status", async move {
+            let c = self.pool.get().await?;
+            let rows = c
+                .query(
+                    "SELECT status, count(*) FROM task_routes GROUP BY status ORDER BY status",
+                    &[],
+                )
+                .await?;
+            rows.iter()
+                .map(|row| {
+                    let status: String = row.try_get(0)?;
+                    let n: i64 = row.try_get(1)?;
+                    Ok((parse_status(&status)?, n.max(0) as u64))
+                })
+                .collect()
+        })
+        .boxed()
+    }
+
+    fn expired(&self, now_ms: u64, limit: usize) -> BoxFuture<'_, Result<Vec<String>, StoreError>> {
+        self.run("expired", async move {
+            let c = self.pool.get().await?;
+            let stmt = c
+                .prepare_cached(
+                    "SELECT task_id FROM task_routes WHERE expires_at_ms <= $1
+                     ORDER BY expires_at_ms, task_id LIMIT $2",
+                )
+                .await?;
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            let rows = c.query(&stmt, &[&ms(now_ms), &limit]).await?;
+            rows.iter()
+                .map(|r| r.try_get::<_, String>(0).map_err(PgError::from))
+                .collect()
+        })
+        .boxed()
+    }
+
+    fn expire<'a>(
+        &'a self,
+        task_id: &'a str,
+        now_ms: u64,
+        tombstone_until_ms: u64,
+    ) -> BoxFuture<'a, Result<Option<Expired>, StoreError>> {
+        self.run("expire", async move {
+            self.expire_now(task_id, now_ms, tombstone_until_ms).await
+        })
+        .boxed()
+    }
+
+    fn mark_seen<'a>(&'a self, task_ids: &'a [String]) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.run(
+            "mark_seen",
+            async move { self.mark_seen_now(task_ids).await },
+        )
+        .boxed()
+    }
+
+    fn tombstone<'a>(
+        &'a self,
+        task_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Tombstone>, StoreError>> {
+        self.run("tombstone", async move {
+            let c = self.pool.get().await?;
+            let stmt = c
+                .prepare_cached(
+                    "SELECT tenant, subject, idem_key, expires_at_ms FROM tombstones
+                     WHERE task_id = $1",
+                )
+                .await?;
+            let Some(row) = c.query_opt(&stmt, &[&task_id]).await? else {
+                return Ok(None);
+            };
+            let at: i64 = row.try_get(3)?;
+            Ok(Some(Tombstone {
+                v: SCHEMA_VERSION,
+                task_id: task_id.to_string(),
+                tenant: row.try_get(0)?,
+                subject: row.try_get(1)?,
+                idempotency_index_key: row.try_get(2)?,
+                expires_at_ms: at.max(0) as u64,
+            }))
+        })
+        .boxed()
+    }
+
+    fn sweep_tombstones(&self, now_ms: u64) -> BoxFuture<'_, Result<usize, StoreError>> {
+        self.run("sweep_tombstones", async move {
+            let c = self.pool.get().await?;
+            let stmt = c.prepare_cached(SWEEP_TOMBSTONES).await?;
+            let row = c.query_one(&stmt, &[&ms(now_ms)]).await?;
+            let n: i64 = row.try_get(0)?;
+            Ok(n.max(0) as usize)
+        })
+        .boxed()
+    }
+
+    fn live_tasks<'a>(&'a self, tenant: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
+        self.run("live_tasks", async move {
+            let c = self.pool.get().await?;
+            let stmt = c
+                .prepare_cached(
+                    "SELECT count(*) FROM task_routes
+                     WHERE tenant = $1 AND status IN ('working', 'input_required')",
+                )
+                .await?;
+            let n: i64 = c.query_one(&stmt, &[&tenant]).await?.try_get(0)?;
+            Ok(n.max(0) as u64)
+        })
+        .boxed()
+    }
+
+    fn upstream_identity<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<UpstreamIdentity>, StoreError>> {
+        self.run("upstream_identity", async move {
+            let c = self.pool.get().await?;
+            let stmt = c
+                .prepare_cached("SELECT record FROM upstream_identities WHERE name = $1")
+                .await?;
+            match c.query_opt(&stmt, &[&name]).await? {
+                None => Ok(None),
+                Some(row) => {
+                    let bytes: Vec<u8> = row.try_get(0)?;
+                    decode(&format!("upstream_identities/{name}"), &bytes).map(Some)
+                }
+            }
+        })
+        .boxed()
+    }
+
+    fn put_upstream_identity<'a>(
+        &'a self,
+        name: &'a str,
+        identity: &'a UpstreamIdentity,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        self.run("put_upstream_identity", async move {
+            let mut i = identity.clone();
+            i.v = SCHEMA_VERSION;
+            let bytes = encode("upstream identity", &i)?;
+            let c = self.pool.get().await?;
+            // Compared as bytes: an identical record is not rewritten.
+            let stmt = c
+                .prepare_cached(
+                    "INSERT INTO upstream_identities (name, record) VALUES ($1, $2)
+                     ON CONFLICT (name) DO UPDATE SET record = EXCLUDED.record
+                     WHERE upstream_identities.record IS DISTINCT FROM EXCLUDED.record",
+                )
+                .await?;
+            Ok(c.execute(&stmt, &[&name, &bytes]).await? > 0)
+        })
+        .boxed()
+    }
+
+    fn secret<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<[u8; 32], StoreError>> {
+        self.run("secret", async move { self.secret_now(name).await })
+            .boxed()
+    }
+
+    fn healthy(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    //! A fresh schema per test on the cluster `scripts/pg.sh` starts.
+
+    use std::sync::atomic::AtomicU32;
+
+    use super::*;
+
+    /// The variable `scripts/pg.sh` exports.
+    pub const URL_VAR: &str = "TASKGATE_TEST_PG_URL";
+
+    /// The test cluster's URL. Never skips: a PostgreSQL test without a database fails
+    /// and says how to get one.
+    pub fn url() -> String {
+        match std::env::var(URL_VAR) {
+            Ok(u) if !u.is_empty() => u,
+            _ => panic!(
+                "{URL_VAR} is not set: PostgreSQL tests need the cluster scripts/pg.sh starts. \
+                 Run them under it, e.g. `bash scripts/pg.sh run cargo nextest run --release --lib -E 'test(/postgres/)'` \
+                 (scripts/test.sh does this for the whole suite)"
+            ),
+        }
+    }
+
+    /// A schema name no other test (in this or another process) uses.
+    pub fn unique_schema(prefix: &str) -> String {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let mut r = [0u8; 4];
+        rand::rng().fill_bytes(&mut r);
+        format!(
+            "{prefix}_{}_{n}_{:08x}",
+            std::process::id(),
+            u32::from_le_bytes(r)
+        )
+    }
+
+    pub fn settings(schema: &str) -> PgSettings {
+        PgSettings {
+            url: url(),
+            pool_size: 8,
+            schema: schema.to_string(),
+        }
+    }
+
+    /// Migrate `schema` from a thread of its own (callers are inside a
+    /// current-thread runtime and cannot block on it).
+    pub fn migrate_blocking(s: &PgSettings) -> Migrated {
+        let s = s.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(migrate(&s)).expect("migrate")
+        })
+        .join()
+        .expect("migration thread")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::*;
+    use super::*;
+
+    #[tokio::test]
+    async fn postgres_migrations_are_idempotent_and_recorded() {
+        let s = settings(&unique_schema("mig"));
+        let first = migrate(&s).await.expect("first");
+        assert_eq!(
+            first,
+            Migrated {
+                applied: MIGRATIONS.len(),
+                version: LATEST_MIGRATION
+            }
+        );
+        let again = migrate(&s).await.expect("again");
+        assert_eq!(
+            again,
+            Migrated {
+                applied: 0,
+                version: LATEST_MIGRATION
+            }
+        );
+        let store = PgStore::open(&s).await.expect("open");
+        let c = store.pool.get().await.expect("conn");
+        let rows = c
+            .query(
+                "SELECT version, name FROM schema_migrations ORDER BY version",
+                &[],
+            )
+            .await
+            .expect("query");
+        assert_eq!(rows.len(), MIGRATIONS.len());
+        let sync: String = c
+            .query_one("SHOW synchronous_commit", &[])
+            .await
+            .expect("show")
+            .get(0);
+        assert_eq!(sync, "on");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn postgres_replicas_starting_together_migrate_once() {
+        let s = settings(&unique_schema("race"));
+        let runs: Vec<_> = (0..6)
+            .map(|_| {
+                let s = s.clone();
+                tokio::spawn(async move { migrate(&s).await })
+            })
+            .collect();
+        let mut applied = 0;
+        for r in runs {
+            applied += r.await.expect("join").expect("migrate").applied;
+        }
+        assert_eq!(
+            applied,
+            MIGRATIONS.len(),
+            "each migration applied exactly once"
+        );
+    }
+
+    #[tokio::test]
+    async fn postgres_records_are_byte_exact() {
+        let s = settings(&unique_schema("bytes"));
+        let store = PgStore::open(&s).await.expect("open");
+        let text = r#"{"b":1,"a":1e999,"z":-0,"n":12345678901234567890123}"#;
+        let result: serde_json::Value = serde_json::from_str(text).expect("json");
+        let now = super::super::now_ms();
+        let rec = TaskRecord {
+            v: SCHEMA_VERSION,
+            task_id: "tsk_bytes".into(),
+            tenant: "acme".into(),
+            subject: "alice".into(),
+            upstream: "demo".into(),
+            tool: "t".into(),
+            args_fingerprint: "fp".into(),
+            idempotency_key: None,
+            status: TaskStatus::Completed,
+            status_message: None,
+            created_at_ms: now,
+            last_updated_at_ms: now,
+            ttl_ms: 1000,
+            poll_interval_ms: 1000,
+            expires_at_ms: now + 1000,
+            result: Some(result),
+            error: None,
+            input_requests: serde_json::Map::new(),
+            issued_keys: Vec::new(),
+            cancel_requested: false,
+        };
+        let route = RequestRoute {
+            v: SCHEMA_VERSION,
+            route_id: "rt_bytes".into(),
+            upstream: "demo".into(),
+            tenant: "acme".into(),
+            subject: "alice".into(),
+            method: "tools/call".into(),
+            started_at_ms: now,
+            deadline_ms: now + 1000,
+            task_id: Some("tsk_bytes".into()),
+        };
+        // What serde writes is what the table holds, byte for byte, and what comes back.
+        let written = serde_json::to_vec(&rec).expect("encode");
+        let before = serde_json::to_string(&rec.result).expect("text");
+        store.create(&rec, &route, None).await.expect("create");
+        let c = store.pool.get().await.expect("conn");
+        let raw: Vec<u8> = c
+            .query_one(
+                "SELECT record FROM task_routes WHERE task_id = 'tsk_bytes'",
+                &[],
+            )
+            .await
+            .expect("raw")
+            .get(0);
+        assert_eq!(raw, written);
+        let got = store.get("tsk_bytes").await.expect("get").expect("some");
+        let out = serde_json::to_string(&got.result).expect("text");
+        assert_eq!(
+            out, before,
+            "key order and number text survive the round trip"
+        );
+        assert!(out.starts_with(r#"{"b":1,"a":1e"#) && out.contains("12345678901234567890123"));
+    }
+
+    #[tokio::test]
+    async fn postgres_unreachable_is_unhealthy_and_errors() {
+        // Nothing listens on port 1.
+        let s = PgSettings {
+            url: "postgres://postgres@127.0.0.1:1/postgres".into(),
+            pool_size: 2,
+            schema: "taskgate".into(),
+        };
+        let store = PgStore::connect_lazy(&s).expect("pool");
+        let err = store.get("tsk_x").await.expect_err("no database");
+        assert!(matches!(err, StoreError::Io(_)), "{err}");
+        assert!(!store.healthy());
+        assert!(PgStore::open(&s).await.is_err());
+    }
+}
