@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a clean clone: installs the test peers (Node 22, the MCP
 # conformance suite, server-everything, the TypeScript SDK client, pinned Python SDKs)
-# into .peers/, builds once in release mode, checks formatting and lints, then runs every
-# test against the real binary.
+# into .peers/, builds once in release mode, checks formatting and lints, starts a
+# throwaway PostgreSQL (scripts/pg.sh), then runs every test against the real binary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,10 +16,23 @@ echo "== format and lints"
 cargo fmt --all -- --check
 cargo clippy --release --all-targets --locked -- -D warnings 2>&1 | tail -n 3
 
+echo "== PostgreSQL for the store tests (scripts/pg.sh; stopped on exit)"
+# shellcheck source=scripts/pg.sh
+source scripts/pg.sh
+pg_start
+
 echo "== tests"
 export PATH="$PWD/.peers/node22/node_modules/.bin:$PATH"
 if cargo nextest --version >/dev/null 2>&1; then
-    cargo nextest run --release --locked --no-fail-fast --failure-output final
+    run_tests() { cargo nextest run --release --locked --no-fail-fast --failure-output final "$@"; }
 else
-    cargo test --release --locked --no-fail-fast
+    run_tests() { cargo test --release --locked --no-fail-fast "$@"; }
 fi
+run_tests
+
+# The gateway's task tests once more with the PostgreSQL backend (the contract suite
+# and tests/store_postgres.rs ran on it above already).
+echo "== tasks_lifecycle on the PostgreSQL store"
+pg_t0=$(date +%s)
+TASKGATE_TEST_STORE=postgres run_tests --test tasks_lifecycle
+echo "== PostgreSQL pass: $(($(date +%s) - pg_t0)) s"

@@ -185,6 +185,61 @@ pub fn token_with(claims: Value) -> String {
     .unwrap()
 }
 
+/// The variable `scripts/pg.sh` exports: the test PostgreSQL cluster.
+pub const PG_URL_VAR: &str = "TASKGATE_TEST_PG_URL";
+
+/// Whether the gateway tests run on PostgreSQL: `TASKGATE_TEST_STORE=postgres`
+/// (`scripts/test.sh` runs a selection of them that way; README "Tests").
+pub fn store_is_postgres() -> bool {
+    std::env::var("TASKGATE_TEST_STORE").is_ok_and(|v| v == "postgres")
+}
+
+/// The test cluster's URL. A PostgreSQL test never skips: without a cluster it fails
+/// and says how to get one.
+pub fn pg_url() -> String {
+    match std::env::var(PG_URL_VAR) {
+        Ok(u) if !u.is_empty() => u,
+        _ => panic!(
+            "{PG_URL_VAR} is not set: PostgreSQL tests need the cluster scripts/pg.sh starts; \
+             run them under it, e.g. `bash scripts/pg.sh run cargo nextest run --release --test store_postgres`"
+        ),
+    }
+}
+
+/// A schema name no other test uses (each test gets its own, so they run in parallel).
+pub fn unique_schema() -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!(
+        "gw_{}_{}_{nanos:08x}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// `[store]` keys on PostgreSQL: the test cluster and a fresh schema.
+pub fn pg_store_keys(schema: &str) -> String {
+    format!(
+        "backend = \"postgres\"\nurl = \"{}\"\nschema = \"{schema}\"\n",
+        pg_url()
+    )
+}
+
+/// The `[store]` keys of a gateway in `dir`: sled under `dir/data`, or (see
+/// [`store_is_postgres`]) a fresh PostgreSQL schema, with `dir/data` still holding the
+/// runtime directory.
+pub fn store_keys(dir: &Path) -> String {
+    let mut keys = format!("path = \"{}\"\n", dir.join("data").display());
+    if store_is_postgres() {
+        keys.push_str(&pg_store_keys(&unique_schema()));
+    }
+    keys
+}
+
 /// A running gateway.
 pub struct Gateway {
     pub proc: Proc,
@@ -202,10 +257,9 @@ impl Gateway {
 
     pub async fn start_in(dir: tempfile::TempDir, body: &str) -> Self {
         let config_path = dir.path().join("taskgate.toml");
-        let store = dir.path().join("data");
         let text = format!(
-            "[server]\nlisten = \"127.0.0.1:0\"\nkeepalive_ms = 1000\n[store]\npath = \"{}\"\n{body}",
-            store.display()
+            "[server]\nlisten = \"127.0.0.1:0\"\nkeepalive_ms = 1000\n[store]\n{}{body}",
+            store_keys(dir.path())
         );
         std::fs::write(&config_path, text).unwrap();
         Self::launch(dir, config_path).await

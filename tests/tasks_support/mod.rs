@@ -66,10 +66,9 @@ pub fn http_body(url: &str, tasks_extra: &str, upstream_extra: &str) -> String {
 pub async fn start_with_store(store_extra: &str, body: &str) -> Gateway {
     let dir = tempfile::tempdir().unwrap();
     let config_path = dir.path().join("taskgate.toml");
-    let store = dir.path().join("data");
     let text = format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\nkeepalive_ms = 1000\n[store]\npath = \"{}\"\n{store_extra}\n{body}",
-        store.display()
+        "[server]\nlisten = \"127.0.0.1:0\"\nkeepalive_ms = 1000\n[store]\n{}{store_extra}\n{body}",
+        store_keys(dir.path())
     );
     std::fs::write(&config_path, text).unwrap();
     let gw = Gateway::launch(dir, config_path).await;
