@@ -12,10 +12,10 @@ use tokio_util::sync::CancellationToken;
 use taskgate::auth::{self, Authenticator};
 use taskgate::config::{AuthOnly, Config, ConfigSource};
 use taskgate::front::{self, Gateway};
-use taskgate::mrtr::Holds;
 use taskgate::store::TaskStore;
 use taskgate::store::sled::SledStore;
 use taskgate::tasks::Engine;
+use taskgate::tasks::mrtr::Holds;
 use taskgate::upstream::{UpstreamSet, stdio};
 
 #[derive(Parser)]
@@ -106,6 +106,16 @@ fn run() -> Result<()> {
         }
         Command::DemoUpstream { http } => {
             init_tracing(false);
+            // The demo's `crash` tool ends the process with `exit`; log lines still
+            // buffered in the background writer go out first.
+            extern "C" fn flush_logs_at_exit() {
+                taskgate::logsink::flush();
+            }
+            // SAFETY: registers a plain function with no captured state; it only
+            // writes buffered bytes to stderr.
+            unsafe {
+                libc::atexit(flush_logs_at_exit);
+            }
             runtime.block_on(async move {
                 match http {
                     Some(addr) => taskgate::demo::run_http(addr).await,
@@ -267,7 +277,8 @@ fn observe_transitions(engine: &Engine, limits: Arc<taskgate::limits::Limits>) {
         }
     }));
     engine.observe(Box::new(move |t| {
-        let finished = t.from.is_some_and(|f| !f.is_terminal()) && t.to.is_some_and(|s| s.is_terminal());
+        let finished =
+            t.from.is_some_and(|f| !f.is_terminal()) && t.to.is_some_and(|s| s.is_terminal());
         if finished || t.to.is_none() {
             limits.task_done(t.task_id);
         }
