@@ -413,6 +413,9 @@ pub fn fingerprint(args: &Value) -> String {
 }
 
 #[cfg(test)]
+mod engine_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
