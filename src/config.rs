@@ -1012,18 +1012,36 @@ command = ["@self", "demo-upstream"]
         let pg = |keys: &str| MIN.replace("[auth]", &format!("[store]\n{keys}\n[auth]"));
         let c = Config::parse(&pg("backend = \"postgres\"\nurl = \"postgres://u@h/db\"")).unwrap();
         assert_eq!(c.store.backend, StoreBackend::Postgres);
-        assert_eq!((c.store.pool_size, c.store.schema.as_str()), (16, "taskgate"));
+        assert_eq!(
+            (c.store.pool_size, c.store.schema.as_str()),
+            (16, "taskgate")
+        );
         assert_eq!(c.store.postgres_url().unwrap(), "postgres://u@h/db");
         // SAFETY: test-only, single-threaded use of a unique variable name.
         unsafe { std::env::set_var("TG_TEST_PG_URL_X", "postgres://e@h/db") };
-        let c = Config::parse(&pg("backend = \"postgres\"\nurl_env = \"TG_TEST_PG_URL_X\"")).unwrap();
+        let c = Config::parse(&pg(
+            "backend = \"postgres\"\nurl_env = \"TG_TEST_PG_URL_X\"",
+        ))
+        .unwrap();
         assert_eq!(c.store.postgres_url().unwrap(), "postgres://e@h/db");
         for (keys, named) in [
             ("backend = \"postgres\"", "store.url"),
-            ("backend = \"postgres\"\nurl = \"x\"\nurl_env = \"Y\"", "store.url"),
-            ("backend = \"postgres\"\nurl = \"x\"\npool_size = 0", "store.pool_size"),
-            ("backend = \"postgres\"\nurl = \"x\"\nschema = \"Bad-Name\"", "store.schema"),
-            ("backend = \"postgres\"\nurl = \"x\"\nschema = \"pg_x\"", "store.schema"),
+            (
+                "backend = \"postgres\"\nurl = \"x\"\nurl_env = \"Y\"",
+                "store.url",
+            ),
+            (
+                "backend = \"postgres\"\nurl = \"x\"\npool_size = 0",
+                "store.pool_size",
+            ),
+            (
+                "backend = \"postgres\"\nurl = \"x\"\nschema = \"Bad-Name\"",
+                "store.schema",
+            ),
+            (
+                "backend = \"postgres\"\nurl = \"x\"\nschema = \"pg_x\"",
+                "store.schema",
+            ),
         ] {
             let err = Config::parse(&pg(keys)).unwrap_err();
             assert!(err.to_string().contains(named), "{keys}: {err}");

@@ -8,7 +8,6 @@ pub mod front;
 pub mod limits;
 pub mod logsink;
 pub mod metrics;
-pub mod mrtr;
 pub mod protocol;
 pub mod store;
 pub mod tasks;

@@ -12,11 +12,11 @@ use tokio_util::sync::CancellationToken;
 use taskgate::auth::{self, Authenticator};
 use taskgate::config::{AuthOnly, Config, ConfigSource, StoreBackend};
 use taskgate::front::{self, Gateway};
-use taskgate::mrtr::Holds;
 use taskgate::store::TaskStore;
 use taskgate::store::postgres::{PgSettings, PgStore};
 use taskgate::store::sled::SledStore;
 use taskgate::tasks::Engine;
+use taskgate::tasks::mrtr::Holds;
 use taskgate::upstream::{UpstreamSet, stdio};
 
 #[derive(Parser)]
@@ -107,6 +107,16 @@ fn run() -> Result<()> {
         }
         Command::DemoUpstream { http } => {
             init_tracing(false);
+            // The demo's `crash` tool ends the process with `exit`; log lines still
+            // buffered in the background writer go out first.
+            extern "C" fn flush_logs_at_exit() {
+                taskgate::logsink::flush();
+            }
+            // SAFETY: registers a plain function with no captured state; it only
+            // writes buffered bytes to stderr.
+            unsafe {
+                libc::atexit(flush_logs_at_exit);
+            }
             runtime.block_on(async move {
                 match http {
                     Some(addr) => taskgate::demo::run_http(addr).await,
@@ -131,15 +141,17 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
     // and a second instance must stop here having changed nothing — above all, before
     // it looks for leftover children to kill (README "Stdio children and pid records").
     let store: Arc<dyn TaskStore> = match cfg.store.backend {
-        StoreBackend::Sled => SledStore::open(&cfg.store).with_context(|| {
-            format!("opening the task store at {}", cfg.store.path.display())
-        })?,
+        StoreBackend::Sled => SledStore::open(&cfg.store)
+            .with_context(|| format!("opening the task store at {}", cfg.store.path.display()))?,
         // Shared by replicas: no lock to take; the migrations serialise on an
         // advisory lock of their own.
         StoreBackend::Postgres => {
             let settings = PgSettings::from_config(&cfg.store)?;
             PgStore::open(&settings).await.with_context(|| {
-                format!("opening the postgres task store (schema {})", settings.schema)
+                format!(
+                    "opening the postgres task store (schema {})",
+                    settings.schema
+                )
             })?
         }
     };
@@ -278,7 +290,8 @@ fn observe_transitions(engine: &Engine, limits: Arc<taskgate::limits::Limits>) {
         }
     }));
     engine.observe(Box::new(move |t| {
-        let finished = t.from.is_some_and(|f| !f.is_terminal()) && t.to.is_some_and(|s| s.is_terminal());
+        let finished =
+            t.from.is_some_and(|f| !f.is_terminal()) && t.to.is_some_and(|s| s.is_terminal());
         if finished || t.to.is_none() {
             limits.task_done(t.task_id);
         }

@@ -14,11 +14,16 @@ use std::time::Duration;
 use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
 /// The `status` label values of `taskgate_tasks` (the task statuses of the store).
-const TASK_STATUSES: [&str; 5] = ["working", "input_required", "completed", "failed", "cancelled"];
+const TASK_STATUSES: [&str; 5] = [
+    "working",
+    "input_required",
+    "completed",
+    "failed",
+    "cancelled",
+];
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,

@@ -235,7 +235,8 @@ pub(crate) async fn call(ctx: &CallCtx, name: &str, args: &Value) -> ToolOutcome
         "crash" => match ctx.session.transport() {
             Transport::Stdio => {
                 tracing::warn!("demo: crash tool called, exiting with code 3");
-                crate::logsink::flush();
+                // `exit` runs the process's exit handlers: the binary registers one
+                // that writes out buffered log lines.
                 std::process::exit(3)
             }
             Transport::Http => {

@@ -10,13 +10,15 @@ use tokio::time::Instant;
 use super::Gateway;
 use super::inline::{self, Inline, InlineTiming};
 use super::reply::{self, Body};
-use super::results;
 use super::wire::ValidRequest;
 use crate::auth::Principal;
 use crate::config::TaskMode;
-use crate::mrtr::{Pending, Resumed};
-use crate::protocol::{self, PROTOCOL_VERSION, RpcError, TASKS_EXTENSION};
+use crate::protocol::{self, PROTOCOL_VERSION, RpcError, TASKS_EXTENSION, results};
 use crate::tasks::call::ToolCall;
+use crate::tasks::failure::{CallFailure, Failure};
+use crate::tasks::inputs::mrtr_eligible;
+use crate::tasks::mrtr::{Pending, Resumed};
+use crate::tasks::outcome::Reply;
 use crate::tasks::promote::Promotion;
 use crate::upstream::{Upstream, UpstreamInfo};
 
@@ -127,7 +129,7 @@ pub async fn dispatch(
 
     // ---- limits (issue #4): capability → rate limits → params and ownership ----
     if let Err(t) = check_limits(gw, upstream, &principal, &req) {
-        return t.response(&req.id);
+        return inline::render(&req.id, Reply::Failed(Failure::throttled(t)));
     }
     // ---- end limits ----
 
@@ -302,10 +304,11 @@ async fn tools_call(
             timing: gw.inline_timing(),
             holds: gw.holds.clone(),
         };
+        let id = c.req.id.clone();
         return match resume_state(gw, &c.upstream, &c.principal, &c.req, &c.server_info) {
-            None => gw.engine.tools_call(c).await,
+            None => inline::render(&id, gw.engine.tools_call(c).await),
             Some(Err(resp)) => resp,
-            Some(Ok(pending)) => gw.engine.resume(c, pending).await,
+            Some(Ok(pending)) => inline::render(&id, gw.engine.resume(c, pending).await),
         };
     }
     if required && !req.meta.caps.declares_tasks() {
@@ -329,12 +332,7 @@ fn sync_deadline(gw: &Gateway, received: Instant) -> Instant {
 /// The answer once `sync_timeout_ms` passed outside the inline race.
 fn sync_timed_out(gw: &Gateway, req: &ValidRequest, upstream: &Upstream) -> Response<Body> {
     let after = std::time::Duration::from_millis(gw.cfg.tasks.sync_timeout_ms);
-    inline::Final::failed(
-        &req.id,
-        upstream.name(),
-        super::failure::CallFailure::SyncTimeout(after),
-    )
-    .into_response()
+    inline::Final::failed(&req.id, upstream.name(), CallFailure::SyncTimeout(after)).into_response()
 }
 
 impl Gateway {
@@ -357,7 +355,7 @@ fn resume_state(
     server_info: &Value,
 ) -> Option<Result<Pending, Response<Body>>> {
     let state = req.params.get("requestState")?;
-    if !inline::mrtr_eligible(&req.method) {
+    if !mrtr_eligible(&req.method) {
         return None;
     }
     let Some(state) = state.as_str() else {

@@ -14,36 +14,24 @@
 //! a call that produced no answer is reported is decided in [`super::failure`].
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Response, StatusCode};
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::failure::{CallFailure, failure};
 use super::reply::{self, Body};
-use super::results;
-use super::wire::ValidRequest;
 use crate::auth::Principal;
-use crate::mrtr::{Holds, Pending};
-use crate::protocol::meta::{InputKind, log_level_rank};
-use crate::protocol::{self, ClientCaps, RpcError};
+use crate::protocol::meta::log_level_rank;
+use crate::protocol::{self, ValidRequest};
 use crate::tasks::Engine;
-use crate::upstream::{
-    CallEvent, CallOutcome, CallSpec, InputAnswer, InputRequest, Upstream, UpstreamError,
-};
-
-type CallResult = Result<Result<CallOutcome, UpstreamError>, tokio::task::JoinError>;
-
-/// Timing knobs for one inline call.
-#[derive(Debug, Clone, Copy)]
-pub struct InlineTiming {
-    pub keepalive: Duration,
-    pub sync_timeout: Duration,
-    pub input_gather: Duration,
-}
+use crate::tasks::failure::{CallFailure, ErrorClass, failure};
+pub use crate::tasks::inputs::InlineTiming;
+use crate::tasks::inputs::{InputVerdict, screen_inputs};
+use crate::tasks::mrtr::{Holds, Pending};
+use crate::tasks::outcome::{JoinedCall, Reply, answer_of};
+use crate::upstream::{CallEvent, InputRequest, Upstream, UpstreamError};
 
 /// The final answer for the client: HTTP status + JSON-RPC message.
 pub struct Final {
@@ -65,11 +53,37 @@ impl Final {
     /// The answer to a call that produced no upstream answer; status and error come
     /// from the one classification in [`failure`].
     pub fn failed(id: &Value, upstream: &str, f: CallFailure<'_>) -> Self {
-        let f = failure(upstream, f);
-        Self {
-            status: f.status,
-            message: protocol::error_response(Some(id), &f.error),
-            retry_after_s: f.retry_after_s,
+        Self::of(id, Reply::Failed(failure(upstream, f)))
+    }
+
+    /// Render an engine [`Reply`] to request `id`: every answer is HTTP 200 but an
+    /// error whose retry class says otherwise.
+    pub fn of(id: &Value, r: Reply) -> Self {
+        match r {
+            Reply::Complete(Ok(v)) | Reply::Task(v) | Reply::InputRequired(v) => {
+                Self::ok(protocol::response(id, v))
+            }
+            Reply::Complete(Err(e)) => Self::ok(protocol::error_response(Some(id), &e)),
+            Reply::Failed(f) => {
+                let (status, retry_after_s) = match f.class {
+                    ErrorClass::Outcome => (StatusCode::OK, None),
+                    ErrorClass::RetryLater(s) => (StatusCode::SERVICE_UNAVAILABLE, Some(s)),
+                    ErrorClass::Refused => (StatusCode::BAD_REQUEST, None),
+                    ErrorClass::Throttled(t) => {
+                        crate::metrics::throttled(t.reason.as_str());
+                        let status = match t.reason {
+                            crate::limits::Reason::QueueFull => StatusCode::SERVICE_UNAVAILABLE,
+                            _ => StatusCode::TOO_MANY_REQUESTS,
+                        };
+                        (status, Some(t.retry_after_s()))
+                    }
+                };
+                Self {
+                    status,
+                    message: protocol::error_response(Some(id), &f.error),
+                    retry_after_s,
+                }
+            }
         }
     }
 
@@ -84,123 +98,16 @@ impl Final {
     }
 }
 
-/// Map an upstream transport failure to the client-facing answer (design.md "HTTP
-/// status of upstream failures follows retry safety"; the rule lives in
-/// [`super::failure`]).
+/// Map an upstream transport failure to the client-facing answer (the retry-safety
+/// rule lives in `tasks::failure`).
 pub fn upstream_failure(id: &Value, upstream: &str, err: &UpstreamError) -> Final {
     Final::failed(id, upstream, CallFailure::Upstream(err))
-}
-
-pub fn final_of(
-    req: &ValidRequest,
-    upstream: &Upstream,
-    server_info: &Value,
-    r: CallResult,
-) -> Final {
-    match r {
-        Ok(Ok(CallOutcome::Result(v))) => Final::ok(protocol::response(
-            &req.id,
-            results::complete(&req.method, v, server_info),
-        )),
-        Ok(Ok(CallOutcome::Error(e))) => Final::ok(protocol::error_response(
-            Some(&req.id),
-            &results::map_error(e),
-        )),
-        Ok(Err(e)) => upstream_failure(&req.id, upstream.name(), &e),
-        Err(_) => Final::failed(&req.id, upstream.name(), CallFailure::Ended),
-    }
-}
-
-/// The `requiredCapabilities` an input request needs that `caps` lacks, if any.
-pub fn missing_capability(
-    caps: &ClientCaps,
-    method: &str,
-    params: Option<&Value>,
-) -> Option<RpcError> {
-    let kind = InputKind::of_method(method)?;
-    if !caps.declares(kind) {
-        return Some(RpcError::missing_capability(
-            format!(
-                "the upstream needs the client capability `{}`",
-                kind.capability()
-            ),
-            json!({ kind.capability(): {} }),
-        ));
-    }
-    if kind == InputKind::Elicitation {
-        let mode = params
-            .and_then(|p| p.get("mode"))
-            .and_then(Value::as_str)
-            .unwrap_or("form");
-        if !caps.elicitation_allows_mode(mode) {
-            return Some(RpcError::missing_capability(
-                format!("the upstream needs elicitation mode `{mode}`"),
-                json!({ "elicitation": { mode: {} } }),
-            ));
-        }
-    }
-    None
-}
-
-/// Methods whose result may be `input_required` (spec A7).
-pub fn mrtr_eligible(method: &str) -> bool {
-    matches!(method, "tools/call" | "prompts/get" | "resources/read")
-}
-
-/// What to do with the upstream's input requests.
-pub enum InputVerdict {
-    /// The client did not declare a kind: cancel and answer `-32021` (policy 5).
-    Missing(RpcError),
-    /// Relay them to the client as MRTR `input_required`.
-    Relay(Vec<InputRequest>),
-    /// Not relayable for this method: answered upstream with an error.
-    Refused,
-}
-
-/// Screen a first input request, gathering the ones that arrive within
-/// `input_gather_ms` of it so they are surfaced together (policy 5).
-pub async fn screen_inputs(
-    req: &ValidRequest,
-    upstream: &str,
-    first: InputRequest,
-    events: &mut mpsc::Receiver<CallEvent>,
-    gather: Duration,
-) -> InputVerdict {
-    let mut batch = vec![first];
-    while let Ok(Some(ev)) = tokio::time::timeout(gather, events.recv()).await {
-        if let CallEvent::Input(ir) = ev {
-            batch.push(ir);
-        }
-    }
-    if let Some(err) = batch
-        .iter()
-        .find_map(|ir| missing_capability(&req.meta.caps, &ir.method, ir.params.as_ref()))
-    {
-        for ir in batch {
-            let _ = ir.respond.send(InputAnswer::Error(RpcError::internal(
-                "the client did not declare this capability",
-            )));
-        }
-        return InputVerdict::Missing(err);
-    }
-    if !mrtr_eligible(&req.method) {
-        tracing::warn!(upstream, method = %req.method, "upstream input request during a method that cannot return input_required");
-        for ir in batch {
-            let _ = ir.respond.send(InputAnswer::Error(RpcError::internal(
-                "this request cannot ask the client for input",
-            )));
-        }
-        return InputVerdict::Refused;
-    }
-    InputVerdict::Relay(batch)
 }
 
 /// A progress or log notification for the client, or `None` when the request did not
 /// opt in (spec A10).
 fn client_notification(req: &ValidRequest, ev: CallEvent) -> Option<Value> {
     match ev {
-        // Queue-position reports are for task status, not client progress.
-        CallEvent::Progress(p) if crate::limits::is_queue_event(&p) => None,
         CallEvent::Progress(mut p) => {
             let token = req.meta.progress_token.clone()?;
             let mut params = Map::with_capacity(p.len() + 1);
@@ -220,7 +127,8 @@ fn client_notification(req: &ValidRequest, ev: CallEvent) -> Option<Value> {
             (level >= want)
                 .then(|| protocol::notification("notifications/message", Value::Object(p)))
         }
-        CallEvent::Input(_) => None,
+        // Queue-position reports are for task status, not client progress.
+        CallEvent::Input(_) | CallEvent::Queue(_) => None,
     }
 }
 
@@ -237,38 +145,9 @@ pub struct Inline {
     pub received: Instant,
 }
 
-/// The upstream request for `req`: its params minus the MRTR fields, which are the
-/// gateway's business, never the upstream's.
-pub fn upstream_spec(req: &ValidRequest, want_progress: bool) -> CallSpec {
-    let mut params = req.params.clone();
-    params.remove("inputResponses");
-    params.remove("requestState");
-    CallSpec {
-        method: req.method.clone(),
-        params,
-        want_progress,
-    }
-}
-
-/// Start the upstream call for `req` in its own task.
-pub fn start(
-    engine: &Arc<Engine>,
-    upstream: &Arc<Upstream>,
-    principal: &Principal,
-    req: &ValidRequest,
-) -> Pending {
-    let spec = upstream_spec(req, req.meta.progress_token.is_some());
-    let (ev_tx, events) = mpsc::channel::<CallEvent>(32);
-    let up = upstream.clone();
-    let p = principal.clone();
-    let engine = engine.clone();
-    let call = tokio::spawn(async move { engine.call_upstream(&up, &p, spec, ev_tx).await });
-    Pending { call, events }
-}
-
 /// Run `req` against the upstream and answer inline.
 pub async fn run(c: Inline) -> Response<Body> {
-    let pending = start(&c.engine, &c.upstream, &c.principal, &c.req);
+    let pending = c.engine.start_inline(&c.upstream, &c.principal, &c.req);
     serve(c, pending).await
 }
 
@@ -324,7 +203,7 @@ pub async fn serve(c: Inline, pending: Pending) -> Response<Body> {
         loop {
             tokio::select! {
                 r = &mut call => {
-                    return final_of(&c.req, &c.upstream, &c.server_info, r).into_response();
+                    return final_of(&c, r).into_response();
                 }
                 () = &mut sync_timer => {
                     // Cancels the upstream call (the guard would too, when dropped).
@@ -371,7 +250,7 @@ pub async fn serve(c: Inline, pending: Pending) -> Response<Body> {
                             let _ = tx.send(reply::sse_event(&n)).await;
                         }
                     }
-                    let f = final_of(&c.req, &c.upstream, &c.server_info, r);
+                    let f = final_of(&c, r);
                     let _ = tx.send(reply::sse_event(&f.message)).await;
                     break;
                 }
@@ -415,6 +294,18 @@ pub async fn serve(c: Inline, pending: Pending) -> Response<Body> {
         }
     });
     reply::sse(rx, body_guard)
+}
+
+/// The HTTP response for an engine [`Reply`] to request `id`.
+pub fn render(id: &Value, r: Reply) -> Response<Body> {
+    Final::of(id, r).into_response()
+}
+
+fn final_of(c: &Inline, r: JoinedCall) -> Final {
+    Final::of(
+        &c.req.id,
+        answer_of(&c.req.method, c.upstream.name(), &c.server_info, r),
+    )
 }
 
 /// The answer once `sync_timeout_ms` passed (policy 2): `-32021` naming the tasks

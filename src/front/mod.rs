@@ -6,12 +6,10 @@
 
 pub mod conn;
 pub mod dispatch;
-pub mod failure;
 pub mod http_checks;
 pub mod inline;
 pub mod listen;
 pub mod reply;
-pub mod results;
 pub mod wire;
 
 use std::sync::Arc;
@@ -37,7 +35,7 @@ pub struct Gateway {
     pub auth: Arc<Authenticator>,
     pub upstreams: Arc<UpstreamSet>,
     pub engine: Arc<crate::tasks::Engine>,
-    pub holds: Arc<crate::mrtr::Holds>,
+    pub holds: Arc<crate::tasks::mrtr::Holds>,
 }
 
 const PRM_PATH: &str = "/.well-known/oauth-protected-resource";

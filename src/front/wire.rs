@@ -5,7 +5,7 @@
 
 use base64::Engine;
 use http::{HeaderMap, StatusCode};
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use crate::protocol::{self, PROTOCOL_VERSION, RequestId, RequestMeta, RpcError, error};
 
@@ -26,17 +26,7 @@ pub const SERVED_METHODS: [&str; 13] = [
     "tasks/cancel",
 ];
 
-/// A request that passed wire validation.
-#[derive(Debug, Clone)]
-pub struct ValidRequest {
-    pub id: RequestId,
-    pub method: String,
-    /// `params` without `_meta`.
-    pub params: Map<String, Value>,
-    pub meta: RequestMeta,
-    /// The `Idempotency-Key` header, if sent (design.md policy 9).
-    pub idempotency_key: Option<String>,
-}
+pub use crate::protocol::ValidRequest;
 
 /// What a POST body turned out to be.
 #[derive(Debug)]

@@ -22,26 +22,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use http::{HeaderValue, Response, StatusCode, header};
-use serde_json::{Map, Value, json};
-use tokio::sync::mpsc;
+use serde_json::json;
 
 use crate::auth::Principal;
 use crate::config::{Config, LimitsConfig, TasksConfig, UpstreamConfig};
-use crate::front::reply::{self, Body};
+use crate::protocol::RpcError;
 use crate::protocol::error::THROTTLED;
-use crate::protocol::{RequestId, RpcError};
 use crate::store::{TaskRecord, now_ms};
-use crate::upstream::{CallEvent, UpstreamError};
+pub use gate::QueueFull;
 use gate::{Entry, Gate, Permit};
 use interval::{IntervalInputs, advertised_interval};
 use keyed::{PollKeys, PollLimiter, RequestLimiter};
 
 /// Most limiter entries kept (each limiter); least recently used beyond that.
 const MAX_ENTRIES: usize = 100_000;
-/// Marker key in a [`CallEvent::Progress`] that reports a queue position, not
-/// upstream progress (never forwarded to clients as `notifications/progress`).
-pub const QUEUE_EVENT: &str = "io.taskgate/queued";
 
 /// Why a request was throttled (`data.reason`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,13 +66,6 @@ impl Reason {
             Self::QueueFull => "upstream queue is full",
         }
     }
-
-    fn status(self) -> StatusCode {
-        match self {
-            Self::QueueFull => StatusCode::SERVICE_UNAVAILABLE,
-            _ => StatusCode::TOO_MANY_REQUESTS,
-        }
-    }
 }
 
 /// A throttle decision: what to tell the client.
@@ -95,15 +82,11 @@ impl Throttled {
             .with_data(json!({ "retryAfterMs": ms, "reason": self.reason.as_str() }))
     }
 
-    /// The HTTP response: 429 (503 for a full queue), `Retry-After`, `-32005`.
-    pub fn response(&self, id: &RequestId) -> Response<Body> {
-        crate::metrics::throttled(self.reason.as_str());
-        let mut r = reply::rpc_error(self.reason.status(), Some(id), &self.rpc_error());
-        let secs = self.retry_after.as_millis().div_ceil(1000).max(1);
-        if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
-            r.headers_mut().insert(header::RETRY_AFTER, v);
-        }
-        r
+    /// `Retry-After` in whole seconds, at least 1.
+    pub fn retry_after_s(&self) -> u64 {
+        u64::try_from(self.retry_after.as_millis().div_ceil(1000))
+            .unwrap_or(u64::MAX)
+            .max(1)
     }
 }
 
@@ -131,20 +114,9 @@ pub struct Limits {
     window: Mutex<(Instant, f64)>,
 }
 
-/// Whether a progress event is a queue-position report (see [`QUEUE_EVENT`]).
-pub fn is_queue_event(p: &Map<String, Value>) -> bool {
-    p.contains_key(QUEUE_EVENT)
-}
-
-fn queue_message(position: usize) -> String {
+/// The status message of a call waiting at `position` in an upstream's queue.
+pub fn queue_message(position: usize) -> String {
     format!("queued (position {position})")
-}
-
-fn queue_event(message: String) -> CallEvent {
-    let mut m = Map::new();
-    m.insert("message".into(), Value::from(message));
-    m.insert(QUEUE_EVENT.into(), Value::Bool(true));
-    CallEvent::Progress(m)
 }
 
 impl Limits {
@@ -255,24 +227,22 @@ impl Limits {
     }
 
     /// Wait for a slot of the upstream (FIFO per tenant, round-robin across tenants),
-    /// reporting the queue position on `events` while waiting. Dropping the future
-    /// leaves the queue.
+    /// telling `report` the queue position while waiting (`Some(n)`) and once admitted
+    /// after a wait (`None`). Dropping the future leaves the queue.
     pub async fn admit(
         &self,
         upstream: &str,
         max_concurrency: usize,
         p: &Principal,
-        events: &mpsc::Sender<CallEvent>,
-    ) -> Result<Permit, UpstreamError> {
+        mut report: impl FnMut(Option<usize>),
+    ) -> Result<Permit, QueueFull> {
         let gate = self.gate(upstream, max_concurrency);
         let mut waiting = match gate.enter(&p.tenant) {
             Ok(Entry::Run(permit)) => return Ok(permit),
             Ok(Entry::Queued(w)) => w,
-            Err(gate::QueueFull) => {
+            Err(full) => {
                 crate::metrics::throttled(Reason::QueueFull.as_str());
-                return Err(UpstreamError::QueueFull {
-                    upstream: upstream.to_string(),
-                });
+                return Err(full);
             }
         };
         crate::metrics::queued(upstream);
@@ -284,14 +254,14 @@ impl Limits {
             if let Some(pos) = waiting.position()
                 && (reported != Some(pos) || last_report.elapsed() >= Duration::from_secs(2))
             {
-                let _ = events.try_send(queue_event(queue_message(pos)));
+                report(Some(pos));
                 reported = Some(pos);
                 last_report = Instant::now();
             }
             tokio::select! {
                 permit = waiting.wait() => {
                     crate::metrics::queue_wait(upstream, started.elapsed());
-                    let _ = events.try_send(queue_event("working".into()));
+                    report(None);
                     return Ok(permit);
                 }
                 () = tokio::time::sleep(Duration::from_millis(250)) => {}

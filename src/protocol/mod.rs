@@ -6,6 +6,7 @@
 
 pub mod error;
 pub mod meta;
+pub mod results;
 
 pub use error::RpcError;
 pub use meta::{ClientCaps, RequestMeta};
@@ -30,6 +31,18 @@ pub const META_RELATED_TASK: &str = "io.modelcontextprotocol/related-task";
 /// A JSON-RPC id: string or integer (never null in 2026, spec A2). Kept as the raw
 /// value so it is echoed exactly as the client sent it.
 pub type RequestId = Value;
+
+/// A request that passed wire validation (the front's `wire` module builds it).
+#[derive(Debug, Clone)]
+pub struct ValidRequest {
+    pub id: RequestId,
+    pub method: String,
+    /// `params` without `_meta`.
+    pub params: Map<String, Value>,
+    pub meta: RequestMeta,
+    /// The `Idempotency-Key` header, if sent.
+    pub idempotency_key: Option<String>,
+}
 
 /// Build a JSON-RPC success response.
 pub fn response(id: &RequestId, result: Value) -> Value {

@@ -73,9 +73,8 @@ fn sled() -> Harness {
 fn postgres() -> Harness {
     let settings = pg::settings(&pg::unique_schema("contract"));
     pg::migrate_blocking(&settings);
-    let open = move || -> Arc<dyn TaskStore> {
-        PgStore::connect_lazy(&settings).expect("open postgres")
-    };
+    let open =
+        move || -> Arc<dyn TaskStore> { PgStore::connect_lazy(&settings).expect("open postgres") };
     let open = Box::new(open);
     Harness {
         store: Some(open()),
@@ -153,7 +152,9 @@ pub(crate) async fn create_and_read_your_write(h: Harness) {
 pub(crate) async fn updates_compare_and_swap(h: Harness) {
     let s = h.store();
     let t = task("tsk_u", "acme", now_ms() + HOUR);
-    s.create(&t, &route("rt_u", Some("tsk_u")), None).await.unwrap();
+    s.create(&t, &route("rt_u", Some("tsk_u")), None)
+        .await
+        .unwrap();
     // `false` leaves the record as it was.
     let r = s
         .update("tsk_u", &mut |rec| {
@@ -253,7 +254,13 @@ pub(crate) async fn concurrent_duplicates_have_one_winner(h: Harness) {
     assert!(named.iter().all(|n| *n == winners[0]), "{named:?}");
     assert_eq!(s.routes().await.unwrap().len(), 1);
     assert_eq!(s.live_tasks("acme").await.unwrap(), 1);
-    let stored: usize = s.count_by_status().await.unwrap().iter().map(|(_, n)| *n as usize).sum();
+    let stored: usize = s
+        .count_by_status()
+        .await
+        .unwrap()
+        .iter()
+        .map(|(_, n)| *n as usize)
+        .sum();
     assert_eq!(stored, 1);
 }
 
@@ -264,9 +271,13 @@ pub(crate) async fn expiry_and_tombstones(h: Harness) {
     let due = task("tsk_due", "acme", now - 10);
     let later = task("tsk_later", "acme", now + HOUR);
     let extended = task("tsk_ext", "acme", now - 5);
-    s.create(&due, &route("rt_1", None), Some(&key)).await.unwrap();
+    s.create(&due, &route("rt_1", None), Some(&key))
+        .await
+        .unwrap();
     s.create(&later, &route("rt_2", None), None).await.unwrap();
-    s.create(&extended, &route("rt_3", None), None).await.unwrap();
+    s.create(&extended, &route("rt_3", None), None)
+        .await
+        .unwrap();
     let listed = s.expired(now, 10).await.unwrap();
     assert_eq!(listed, vec!["tsk_due".to_string(), "tsk_ext".to_string()]);
     assert_eq!(s.expired(now, 1).await.unwrap().len(), 1, "limit");
@@ -277,29 +288,46 @@ pub(crate) async fn expiry_and_tombstones(h: Harness) {
     })
     .await
     .unwrap();
-    assert!(s.expire("tsk_ext", now, now + HOUR).await.unwrap().is_none());
-    assert_eq!(s.expired(now, 10).await.unwrap(), vec!["tsk_due".to_string()]);
+    assert!(
+        s.expire("tsk_ext", now, now + HOUR)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(
+        s.expired(now, 10).await.unwrap(),
+        vec!["tsk_due".to_string()]
+    );
 
     let gone = s.expire("tsk_due", now, now + 1000).await.unwrap().unwrap();
     assert_eq!(gone.record.task_id, "tsk_due");
     assert!(!gone.seen, "nobody read it");
     assert_eq!(s.get("tsk_due").await.unwrap(), None);
     let tomb = s.tombstone("tsk_due").await.unwrap().unwrap();
-    assert_eq!((tomb.tenant.as_str(), tomb.subject.as_str()), ("acme", "alice"));
+    assert_eq!(
+        (tomb.tenant.as_str(), tomb.subject.as_str()),
+        ("acme", "alice")
+    );
     assert!(s.expired(now, 10).await.unwrap().is_empty());
     assert_eq!(s.live_tasks("acme").await.unwrap(), 2);
     // The claim lives as long as the tombstone: the key still names the task.
     let entry = s.idempotency_get(&key).await.unwrap().unwrap();
     assert_eq!(entry.task_id, "tsk_due");
     let again = task("tsk_due2", "acme", now + HOUR);
-    let r = s.create(&again, &route("rt_4", None), Some(&key)).await.unwrap();
+    let r = s
+        .create(&again, &route("rt_4", None), Some(&key))
+        .await
+        .unwrap();
     assert!(matches!(r, Created::Existing(_)), "{r:?}");
     // Swept: tombstone and claim go together, and the key is free again.
     assert_eq!(s.sweep_tombstones(now).await.unwrap(), 0, "not due yet");
     assert_eq!(s.sweep_tombstones(now + 1000).await.unwrap(), 1);
     assert!(s.tombstone("tsk_due").await.unwrap().is_none());
     assert!(s.idempotency_get(&key).await.unwrap().is_none());
-    let r = s.create(&again, &route("rt_4", None), Some(&key)).await.unwrap();
+    let r = s
+        .create(&again, &route("rt_4", None), Some(&key))
+        .await
+        .unwrap();
     assert_eq!(r, Created::New);
 }
 
@@ -316,8 +344,16 @@ pub(crate) async fn read_marks(h: Harness) {
     let ids = vec!["tsk_read".to_string(), "tsk_nothing".to_string()];
     s.mark_seen(&ids).await.unwrap();
     s.mark_seen(&ids).await.unwrap();
-    let a = s.expire("tsk_read", now, now + 1000).await.unwrap().unwrap();
-    let b = s.expire("tsk_unread", now, now + 1000).await.unwrap().unwrap();
+    let a = s
+        .expire("tsk_read", now, now + 1000)
+        .await
+        .unwrap()
+        .unwrap();
+    let b = s
+        .expire("tsk_unread", now, now + 1000)
+        .await
+        .unwrap()
+        .unwrap();
     assert!(a.seen);
     assert!(!b.seen);
     // A mark never outlives its task.
@@ -326,14 +362,20 @@ pub(crate) async fn read_marks(h: Harness) {
     back.status = TaskStatus::Completed;
     s.sweep_tombstones(now + 1000).await.unwrap();
     s.create(&back, &route("rt_3", None), None).await.unwrap();
-    let c = s.expire("tsk_read", now, now + 1000).await.unwrap().unwrap();
+    let c = s
+        .expire("tsk_read", now, now + 1000)
+        .await
+        .unwrap()
+        .unwrap();
     assert!(!c.seen, "a re-created id starts unread");
 }
 
 pub(crate) async fn routes_are_resolved_at_start_up(mut h: Harness) {
     let s = h.store();
     let t = task("tsk_s", "acme", now_ms() + HOUR);
-    s.create(&t, &route("rt_task", Some("tsk_s")), None).await.unwrap();
+    s.create(&t, &route("rt_task", Some("tsk_s")), None)
+        .await
+        .unwrap();
     s.put_route(&route("rt_inline", None)).await.unwrap();
     s.put_route(&route("rt_done", None)).await.unwrap();
     s.remove_route("rt_done").await.unwrap();
@@ -342,7 +384,13 @@ pub(crate) async fn routes_are_resolved_at_start_up(mut h: Harness) {
     h.restart();
     let s = h.store();
     // What a start-up finds: the calls in flight at the last stop, with their tasks.
-    let mut ids: Vec<String> = s.routes().await.unwrap().into_iter().map(|r| r.route_id).collect();
+    let mut ids: Vec<String> = s
+        .routes()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.route_id)
+        .collect();
     ids.sort();
     assert_eq!(ids, ["rt_inline", "rt_task"]);
     assert_eq!(s.get("tsk_s").await.unwrap(), Some(t));
@@ -364,11 +412,17 @@ pub(crate) async fn upstream_identity_and_secrets(mut h: Harness) {
     };
     assert_eq!(s.upstream_identity("demo").await.unwrap(), None);
     assert!(s.put_upstream_identity("demo", &id).await.unwrap());
-    assert!(!s.put_upstream_identity("demo", &id).await.unwrap(), "unchanged");
+    assert!(
+        !s.put_upstream_identity("demo", &id).await.unwrap(),
+        "unchanged"
+    );
     let mut other = id.clone();
     other.server_info = json!({"name": "demo", "version": "2.0"});
     assert!(s.put_upstream_identity("demo", &other).await.unwrap());
-    assert_eq!(s.upstream_identity("demo").await.unwrap(), Some(other.clone()));
+    assert_eq!(
+        s.upstream_identity("demo").await.unwrap(),
+        Some(other.clone())
+    );
     let a = s.secret("a").await.unwrap();
     assert_eq!(s.secret("a").await.unwrap(), a);
     assert_ne!(s.secret("b").await.unwrap(), a);
@@ -377,7 +431,11 @@ pub(crate) async fn upstream_identity_and_secrets(mut h: Harness) {
     if h.restart() {
         let s = h.store();
         assert_eq!(s.upstream_identity("demo").await.unwrap(), Some(other));
-        assert_eq!(s.secret("a").await.unwrap(), a, "a secret survives a restart");
+        assert_eq!(
+            s.secret("a").await.unwrap(),
+            a,
+            "a secret survives a restart"
+        );
     }
 }
 

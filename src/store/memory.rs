@@ -190,7 +190,11 @@ impl MemoryStore {
         due.len()
     }
 
-    fn put_identity_now(&self, name: &str, identity: &UpstreamIdentity) -> Result<bool, StoreError> {
+    fn put_identity_now(
+        &self,
+        name: &str,
+        identity: &UpstreamIdentity,
+    ) -> Result<bool, StoreError> {
         let mut i = identity.clone();
         i.v = SCHEMA_VERSION;
         // Compared as the serialized text, like a backend that stores bytes: key order
@@ -225,7 +229,10 @@ impl TaskStore for MemoryStore {
         ready(Ok(()))
     }
 
-    fn get<'a>(&'a self, task_id: &'a str) -> BoxFuture<'a, Result<Option<TaskRecord>, StoreError>> {
+    fn get<'a>(
+        &'a self,
+        task_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<TaskRecord>, StoreError>> {
         ready(Ok(self.state().tasks.get(task_id).cloned()))
     }
 
@@ -277,11 +284,7 @@ impl TaskStore for MemoryStore {
         ready(Ok(counts))
     }
 
-    fn expired(
-        &self,
-        now_ms: u64,
-        limit: usize,
-    ) -> BoxFuture<'_, Result<Vec<String>, StoreError>> {
+    fn expired(&self, now_ms: u64, limit: usize) -> BoxFuture<'_, Result<Vec<String>, StoreError>> {
         let ids = self
             .state()
             .expiry

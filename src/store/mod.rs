@@ -203,7 +203,8 @@ pub trait TaskStore: Send + Sync + 'static {
     /// group-commit flush shared by concurrent callers; plus fsync in strict mode).
     fn flush(&self) -> BoxFuture<'_, Result<(), StoreError>>;
 
-    fn get<'a>(&'a self, task_id: &'a str) -> BoxFuture<'a, Result<Option<TaskRecord>, StoreError>>;
+    fn get<'a>(&'a self, task_id: &'a str)
+    -> BoxFuture<'a, Result<Option<TaskRecord>, StoreError>>;
 
     /// Atomic read-modify-write of one task (compare-and-swap: no lost updates; `f`
     /// may run more than once). `f` returns `false` to leave the record unchanged.
@@ -231,11 +232,7 @@ pub trait TaskStore: Send + Sync + 'static {
     fn count_by_status(&self) -> BoxFuture<'_, Result<Vec<(TaskStatus, u64)>, StoreError>>;
 
     /// Ids of tasks whose `expires_at_ms <= now_ms`, oldest first, at most `limit`.
-    fn expired(
-        &self,
-        now_ms: u64,
-        limit: usize,
-    ) -> BoxFuture<'_, Result<Vec<String>, StoreError>>;
+    fn expired(&self, now_ms: u64, limit: usize) -> BoxFuture<'_, Result<Vec<String>, StoreError>>;
 
     /// Delete a task whose `expires_at_ms <= now_ms` (and its expiry index entry and
     /// read mark), leaving an owner-only tombstone (written first, so the owner never

@@ -1060,7 +1060,10 @@ impl SledStore {
     /// A claim whose task and tombstone are both gone counts as absent (the next
     /// `create` with the key takes it over): only writes lost out of order can leave
     /// one, and it must not refuse its key forever.
-    pub(crate) fn idempotency_get(&self, key: &[u8]) -> Result<Option<IdempotencyEntry>, StoreError> {
+    pub(crate) fn idempotency_get(
+        &self,
+        key: &[u8],
+    ) -> Result<Option<IdempotencyEntry>, StoreError> {
         let entry = match self.idempotency.get(key) {
             Ok(None) => return Ok(None),
             Ok(Some(b)) => decode_idempotency(key, &b)?,
@@ -1300,7 +1303,10 @@ impl SledStore {
             .map_or(0, |n| u64::try_from(*n).unwrap_or(0)))
     }
 
-    pub(crate) fn upstream_identity(&self, name: &str) -> Result<Option<UpstreamIdentity>, StoreError> {
+    pub(crate) fn upstream_identity(
+        &self,
+        name: &str,
+    ) -> Result<Option<UpstreamIdentity>, StoreError> {
         let key = name.as_bytes();
         match self.upstream_identity.get(key) {
             Ok(None) => Ok(None),
@@ -1396,7 +1402,10 @@ impl TaskStore for SledStore {
         })
     }
 
-    fn get<'a>(&'a self, task_id: &'a str) -> BoxFuture<'a, Result<Option<TaskRecord>, StoreError>> {
+    fn get<'a>(
+        &'a self,
+        task_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<TaskRecord>, StoreError>> {
         Box::pin(async move { SledStore::get(self, task_id) })
     }
 
@@ -1431,11 +1440,7 @@ impl TaskStore for SledStore {
         Box::pin(async move { SledStore::count_by_status(self) })
     }
 
-    fn expired(
-        &self,
-        now_ms: u64,
-        limit: usize,
-    ) -> BoxFuture<'_, Result<Vec<String>, StoreError>> {
+    fn expired(&self, now_ms: u64, limit: usize) -> BoxFuture<'_, Result<Vec<String>, StoreError>> {
         Box::pin(async move { SledStore::expired(self, now_ms, limit) })
     }
 

@@ -1,24 +1,23 @@
 //! The deadline race for a `tools/call` from a client that declared the tasks
-//! extension (design.md policy 1): the upstream call starts at once; an answer within
+//! extension: the upstream call starts at once; an answer within
 //! `promote_after_ms` goes back inline, otherwise the task is written and flushed
 //! *before* its id goes out, and the call carries on in the background.
 
 use std::sync::Arc;
 
-use http::{Response, StatusCode};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::driver::{CallTask, Driven, key_inputs, split_inputs};
+use super::failure::Failure;
+use super::inputs::{self, InlineTiming, InputVerdict, screen_inputs};
+use super::mrtr::{Holds, Pending};
+use super::outcome::{Reply, answer_of};
 use super::promote::Promotion;
 use super::{Engine, fingerprint, ids, snapshot};
 use crate::auth::Principal;
 use crate::config::OnInput;
-use crate::front::inline::{self, InlineTiming, InputVerdict, screen_inputs};
-use crate::front::reply::{self, Body};
-use crate::front::wire::ValidRequest;
-use crate::mrtr::{Holds, Pending};
-use crate::protocol::RpcError;
+use crate::protocol::{RpcError, ValidRequest};
 use crate::store::{Created, RequestRoute, SCHEMA_VERSION, TaskRecord, TaskStatus, now_ms};
 use crate::upstream::{CallEvent, InputRequest, Upstream, UpstreamError};
 
@@ -66,7 +65,7 @@ fn start_call(
     promotion: &Promotion,
 ) -> (CallTask, mpsc::Receiver<CallEvent>) {
     // Progress always: it becomes the task's statusMessage once promoted.
-    let spec = inline::upstream_spec(req, true);
+    let spec = inputs::upstream_spec(req, true);
     let (tx, rx) = mpsc::channel(32);
     let up = upstream.clone();
     let p = principal.clone();
@@ -106,12 +105,10 @@ fn tool_args(req: &ValidRequest) -> (String, Value, String) {
     (tool, args, fp)
 }
 
-fn store_failure(req: &ValidRequest, e: impl std::fmt::Display) -> Response<Body> {
-    reply::unavailable(
-        Some(&req.id),
-        &RpcError::internal(format!("the task could not be stored durably: {e}")),
-        1,
-    )
+fn store_failure(e: impl std::fmt::Display) -> Reply {
+    Reply::Failed(Failure::retry_later(RpcError::internal(format!(
+        "the task could not be stored durably: {e}"
+    ))))
 }
 
 impl Engine {
@@ -165,34 +162,26 @@ impl Engine {
         c: &ToolCall,
         entry: crate::store::IdempotencyEntry,
         fp: &str,
-    ) -> Response<Body> {
-        let req = &c.req;
+    ) -> Reply {
         if entry.args_fingerprint != fp {
-            return reply::rpc_error(
-                StatusCode::OK,
-                Some(&req.id),
-                &RpcError::invalid_params(
-                    "Idempotency-Key was already used with different arguments",
-                ),
-            );
+            return Reply::Complete(Err(RpcError::invalid_params(
+                "Idempotency-Key was already used with different arguments",
+            )));
         }
         if let Err(e) = self.flush().await {
-            return store_failure(req, e);
+            return store_failure(e);
         }
         let mut params = serde_json::Map::new();
         params.insert("taskId".into(), Value::from(entry.task_id));
         match self.resolve(&c.principal, c.upstream.name(), &params).await {
-            Ok(rec) => reply::json(
-                StatusCode::OK,
-                &crate::protocol::response(&req.id, snapshot::create_result(&rec, &c.server_info)),
-            ),
-            Err(e) => reply::rpc_error(StatusCode::OK, Some(&req.id), &e),
+            Ok(rec) => Reply::Task(snapshot::create_result(&rec, &c.server_info)),
+            Err(e) => Reply::Complete(Err(e)),
         }
     }
 
     /// The tenant's live-task quota (issue #4), checked before the upstream call
     /// starts — after the idempotency lookup, so a duplicate still gets its task.
-    async fn over_quota(&self, c: &ToolCall) -> Option<Response<Body>> {
+    async fn over_quota(&self, c: &ToolCall) -> Option<Reply> {
         let live = self
             .store
             .live_tasks(&c.principal.tenant)
@@ -201,11 +190,11 @@ impl Engine {
         self.limits
             .check_quota(live)
             .err()
-            .map(|t| t.response(&c.req.id))
+            .map(|t| Reply::Failed(Failure::throttled(t)))
     }
 
     /// Serve a `tools/call` from a client that declared the tasks extension.
-    pub async fn tools_call(self: &Arc<Self>, c: ToolCall) -> Response<Body> {
+    pub async fn tools_call(self: &Arc<Self>, c: ToolCall) -> Reply {
         let (tool, args, fp) = tool_args(&c.req);
         let idem = c.req.idempotency_key.clone().or_else(|| {
             let arg = c.promotion.idempotency_argument.as_deref()?;
@@ -219,7 +208,7 @@ impl Engine {
             match self.store.idempotency_get(&index).await {
                 Ok(Some(entry)) => return self.existing(&c, entry, &fp).await,
                 Ok(None) => {}
-                Err(e) => return store_failure(&c.req, e),
+                Err(e) => return store_failure(e),
             }
             if let Some(r) = self.over_quota(&c).await {
                 return r;
@@ -240,7 +229,7 @@ impl Engine {
 
     /// Carry on with a call held for an MRTR round (`on_input = "mrtr"`): the race
     /// against the deadline starts again now (spec B4: MRTR first, then the task).
-    pub async fn resume(self: &Arc<Self>, c: ToolCall, pending: Pending) -> Response<Body> {
+    pub async fn resume(self: &Arc<Self>, c: ToolCall, pending: Pending) -> Reply {
         let (tool, _, fp) = tool_args(&c.req);
         self.race(c, tool, fp, pending).await
     }
@@ -252,7 +241,7 @@ impl Engine {
         mut rec: TaskRecord,
         index: Option<Vec<u8>>,
         fp: String,
-    ) -> Response<Body> {
+    ) -> Reply {
         // A call that will wait for an upstream slot says so from the first snapshot
         // on (an estimate: the driver writes the position the queue reports).
         if let Some(msg) = self.limits.queue_status_if_entered(
@@ -266,18 +255,15 @@ impl Engine {
         match self.create_task(&rec, &route, index.as_deref()).await {
             Ok(Created::New) => {}
             Ok(Created::Existing(entry)) => return self.existing(&c, entry, &fp).await,
-            Err(e) => return store_failure(&c.req, e),
+            Err(e) => return store_failure(e),
         }
         if let Err(e) = self.flush().await {
-            return store_failure(&c.req, e);
+            return store_failure(e);
         }
         let (call, events) = start_call(self, &c.upstream, &c.principal, &c.req, &c.promotion);
         self.launch(&c, &rec, &route, call, events, Vec::new());
         crate::metrics::promoted(c.upstream.name(), &rec.task_id);
-        reply::json(
-            StatusCode::OK,
-            &crate::protocol::response(&c.req.id, snapshot::create_result(&rec, &c.server_info)),
-        )
+        Reply::Task(snapshot::create_result(&rec, &c.server_info))
     }
 
     /// Register a promoted call and hand it to its driver.
@@ -316,7 +302,7 @@ impl Engine {
         tool: String,
         fp: String,
         pending: Pending,
-    ) -> Response<Body> {
+    ) -> Reply {
         let Pending {
             mut call,
             mut events,
@@ -334,14 +320,14 @@ impl Engine {
                 r = &mut call => {
                     armed.disarm();
                     crate::metrics::inline_completion(c.upstream.name());
-                    return inline::final_of(&c.req, &c.upstream, &c.server_info, r).into_response();
+                    return answer_of(&c.req.method, c.upstream.name(), &c.server_info, r);
                 }
                 ev = events.recv(), if events_open => match ev {
                     None => events_open = false,
                     Some(CallEvent::Input(ir)) => {
                         match screen_inputs(&c.req, c.upstream.name(), ir, &mut events, c.timing.input_gather).await {
                             InputVerdict::Missing(err) => {
-                                return reply::rpc_error(StatusCode::BAD_REQUEST, Some(&c.req.id), &err);
+                                return Reply::Failed(Failure::refused(err));
                             }
                             InputVerdict::Relay(batch) if c.promotion.on_input == OnInput::Mrtr => {
                                 // MRTR rounds first; the retry resumes this race.
@@ -355,7 +341,7 @@ impl Engine {
                                     &c.req.params,
                                     &c.server_info,
                                 );
-                                return reply::json(StatusCode::OK, &crate::protocol::response(&c.req.id, v));
+                                return Reply::InputRequired(v);
                             }
                             InputVerdict::Relay(batch) => {
                                 // Input before the deadline promotes at once (policy 1).
@@ -367,6 +353,9 @@ impl Engine {
                     }
                     Some(CallEvent::Progress(p)) => {
                         status_message = Some(super::driver::progress_message(&p));
+                    }
+                    Some(CallEvent::Queue(q)) => {
+                        status_message = Some(super::queue_status(q));
                     }
                     Some(CallEvent::Log(_)) => {}
                 },
@@ -386,10 +375,10 @@ impl Engine {
         };
         let route = self.new_route(&c, &rec.task_id);
         if let Err(e) = self.create_task(&rec, &route, None).await {
-            return store_failure(&c.req, e);
+            return store_failure(e);
         }
         if let Err(e) = self.flush().await {
-            return store_failure(&c.req, e);
+            return store_failure(e);
         }
         armed.disarm();
         self.launch(
@@ -401,9 +390,6 @@ impl Engine {
             keys.into_iter().zip(senders).collect(),
         );
         crate::metrics::promoted(c.upstream.name(), &rec.task_id);
-        reply::json(
-            StatusCode::OK,
-            &crate::protocol::response(&c.req.id, snapshot::create_result(&rec, &c.server_info)),
-        )
+        Reply::Task(snapshot::create_result(&rec, &c.server_info))
     }
 }

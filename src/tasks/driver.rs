@@ -12,15 +12,15 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::Engine;
-use crate::front::failure::{CallFailure, failure};
-use crate::front::inline::missing_capability;
-use crate::front::results;
+use super::failure::{CallFailure, failure};
+use super::inputs::missing_capability;
+use super::outcome::JoinedCall;
+use crate::protocol::results;
 use crate::protocol::{ClientCaps, META_RELATED_TASK, RpcError};
 use crate::store::{TaskRecord, TaskStatus, now_ms};
 use crate::upstream::{CallEvent, CallOutcome, InputAnswer, InputRequest, UpstreamError};
 
 pub type CallTask = JoinHandle<Result<CallOutcome, UpstreamError>>;
-type JoinedCall = Result<Result<CallOutcome, UpstreamError>, tokio::task::JoinError>;
 type Applier = Box<dyn Fn(&mut TaskRecord) + Send + Sync>;
 /// An input request as recorded: `(method, params)`.
 pub type InputSpec = (String, Option<Value>);
@@ -216,7 +216,13 @@ impl Engine {
                     None => events_open = false,
                     Some(CallEvent::Log(_)) => {}
                     Some(CallEvent::Progress(p)) => {
-                        if progress.replace(self.on_progress(&task_id, &p)).is_none() {
+                        self.limits.progress_seen(&task_id);
+                        if progress.replace(progress_message(&p)).is_none() {
+                            progress_at = Instant::now() + PROGRESS_COALESCE;
+                        }
+                    }
+                    Some(CallEvent::Queue(q)) => {
+                        if progress.replace(super::queue_status(q)).is_none() {
                             progress_at = Instant::now() + PROGRESS_COALESCE;
                         }
                     }
@@ -227,8 +233,10 @@ impl Engine {
                             match ev {
                                 CallEvent::Input(ir) => batch.push(ir),
                                 CallEvent::Progress(p) => {
-                                    progress = Some(self.on_progress(&task_id, &p));
+                                    self.limits.progress_seen(&task_id);
+                                    progress = Some(progress_message(&p));
                                 }
+                                CallEvent::Queue(q) => progress = Some(super::queue_status(q)),
                                 CallEvent::Log(_) => {}
                             }
                         }
@@ -265,15 +273,6 @@ impl Engine {
             tracing::warn!(task = %task_id, error = %e, "removing a request route failed");
         }
         self.forget_live(&task_id);
-    }
-
-    /// Note upstream progress (the adaptive poll interval sees it at once) and return
-    /// the status message it becomes; the caller coalesces the store write.
-    fn on_progress(&self, task_id: &str, p: &Map<String, Value>) -> String {
-        if !crate::limits::is_queue_event(p) {
-            self.limits.progress_seen(task_id);
-        }
-        progress_message(p)
     }
 
     async fn write_progress(&self, task_id: &str, msg: String) {

@@ -1,5 +1,4 @@
-//! `tasks/get`, `tasks/update`, `tasks/cancel` (spec B5–B7) and the ownership check
-//! (design.md policy 7): every method resolves the record under the caller's
+//! `tasks/get`, `tasks/update`, `tasks/cancel` (spec B5–B7) and the ownership check: every method resolves the record under the caller's
 //! `(tenant, subject)`; anything else is byte-identical to "not found".
 
 use serde_json::{Map, Value};
@@ -7,8 +6,8 @@ use serde_json::{Map, Value};
 use super::driver::conclude;
 use super::{Engine, ids, snapshot};
 use crate::auth::Principal;
-use crate::front::results::add_server_info;
 use crate::protocol::RpcError;
+use crate::protocol::results::add_server_info;
 use crate::store::{TaskRecord, TaskStatus, now_ms};
 use crate::upstream::InputAnswer;
 
@@ -111,20 +110,22 @@ impl Engine {
             return Ok(ack(server_info));
         }
         let keys: Vec<String> = answered.iter().map(|(k, _)| k.clone()).collect();
-        let r = self.update_task(&rec.task_id, &mut |r| {
-            if r.status != TaskStatus::InputRequired {
-                return false;
-            }
-            for k in &keys {
-                r.input_requests.remove(k);
-            }
-            if r.input_requests.is_empty() {
-                r.status = TaskStatus::Working;
-                r.status_message = Some("working".into());
-            }
-            r.last_updated_at_ms = now_ms();
-            true
-        }).await;
+        let r = self
+            .update_task(&rec.task_id, &mut |r| {
+                if r.status != TaskStatus::InputRequired {
+                    return false;
+                }
+                for k in &keys {
+                    r.input_requests.remove(k);
+                }
+                if r.input_requests.is_empty() {
+                    r.status = TaskStatus::Working;
+                    r.status_message = Some("working".into());
+                }
+                r.last_updated_at_ms = now_ms();
+                true
+            })
+            .await;
         r.map_err(|e| RpcError::internal(e.to_string()))?;
         for (key, answer) in answered {
             if let Some(tx) = self.take_responder(&rec.task_id, &key) {
@@ -149,16 +150,18 @@ impl Engine {
             return Ok(ack(server_info));
         }
         let retention = self.cfg.tasks.result_retention_ms;
-        let r = self.update_task(&rec.task_id, &mut |r| {
-            if r.status.is_terminal() {
-                return false;
-            }
-            r.status = TaskStatus::Cancelled;
-            r.status_message = Some("cancelled by the client".into());
-            r.cancel_requested = true;
-            conclude(r, retention);
-            true
-        }).await;
+        let r = self
+            .update_task(&rec.task_id, &mut |r| {
+                if r.status.is_terminal() {
+                    return false;
+                }
+                r.status = TaskStatus::Cancelled;
+                r.status_message = Some("cancelled by the client".into());
+                r.cancel_requested = true;
+                conclude(r, retention);
+                true
+            })
+            .await;
         r.map_err(|e| RpcError::internal(e.to_string()))?;
         self.flush()
             .await

@@ -1,5 +1,7 @@
-//! The tasks engine (design.md policies 1–11, 15): promotes slow `tools/call`s to
-//! durable tasks and serves `tasks/get`, `tasks/update`, `tasks/cancel`.
+//! The tasks engine: promotes slow `tools/call`s to durable tasks, serves
+//! `tasks/get`, `tasks/update`, `tasks/cancel`, holds MRTR rounds, and runs every
+//! upstream call through admission. It answers with a domain [`outcome::Reply`] that
+//! the front renders; it names nothing of HTTP.
 //!
 //! - `promote.rs`: the promotion decision (which deadline, which mode).
 //! - `call.rs`: the deadline race and durable creation before the handle goes out.
@@ -8,12 +10,19 @@
 //! - `sweeper.rs`: expiry, tombstones and restart recovery.
 //! - `seen.rs`: read marks, for counting outcomes nobody collected.
 //! - `snapshot.rs`: the wire shapes.
+//! - `mrtr.rs`: multi round-trip requests for clients that get no task.
+//! - `inputs.rs`: screening upstream input requests; `failure.rs`: the retry class
+//!   of a call that produced no answer; `outcome.rs`: the reply type.
 
 pub mod call;
 pub mod clock;
 pub mod driver;
+pub mod failure;
 pub mod ids;
+pub mod inputs;
 pub mod methods;
+pub mod mrtr;
+pub mod outcome;
 pub mod promote;
 pub mod seen;
 pub mod snapshot;
@@ -34,8 +43,8 @@ use crate::store::{
     UpstreamIdentity,
 };
 use crate::upstream::{
-    CallEvent, CallOutcome, CallSpec, InputAnswer, Upstream, UpstreamError, UpstreamInfo,
-    UpstreamSet,
+    CallEvent, CallOutcome, CallSpec, InputAnswer, QueuePosition, Upstream, UpstreamError,
+    UpstreamInfo, UpstreamSet,
 };
 
 /// A task changed status: `from: None` when it was created, `to: None` when expiry
@@ -102,7 +111,12 @@ impl Engine {
     }
 
     fn notify(&self, t: Transition<'_>) {
-        for f in self.observers.read().unwrap_or_else(|p| p.into_inner()).iter() {
+        for f in self
+            .observers
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
             f(&t);
         }
     }
@@ -162,7 +176,10 @@ impl Engine {
         now_ms: u64,
         tombstone_until_ms: u64,
     ) -> Result<Option<Expired>, StoreError> {
-        let r = self.store.expire(task_id, now_ms, tombstone_until_ms).await?;
+        let r = self
+            .store
+            .expire(task_id, now_ms, tombstone_until_ms)
+            .await?;
         if let Some(gone) = &r {
             self.notify(Transition {
                 task_id,
@@ -271,16 +288,42 @@ impl Engine {
         spec: CallSpec,
         events: tokio::sync::mpsc::Sender<CallEvent>,
     ) -> Result<CallOutcome, UpstreamError> {
-        let _permit = self
+        let report = |pos: Option<usize>| {
+            let q = pos.map_or(QueuePosition::Admitted, QueuePosition::Waiting);
+            let _ = events.try_send(CallEvent::Queue(q));
+        };
+        let admitted = self
             .limits
             .admit(
                 upstream.name(),
                 upstream.cfg.max_concurrency,
                 principal,
-                &events,
+                report,
             )
-            .await?;
+            .await;
+        let Ok(_permit) = admitted else {
+            return Err(UpstreamError::QueueFull {
+                upstream: upstream.name().to_string(),
+            });
+        };
         upstream.call(principal, spec, events).await
+    }
+
+    /// Start an inline call for `req` in its own task (admission included); the
+    /// front waits for it and renders the answer.
+    pub fn start_inline(
+        self: &Arc<Self>,
+        upstream: &Arc<Upstream>,
+        principal: &Principal,
+        req: &crate::protocol::ValidRequest,
+    ) -> mrtr::Pending {
+        let spec = inputs::upstream_spec(req, req.meta.progress_token.is_some());
+        let (ev_tx, events) = tokio::sync::mpsc::channel::<CallEvent>(32);
+        let up = upstream.clone();
+        let p = principal.clone();
+        let engine = self.clone();
+        let call = tokio::spawn(async move { engine.call_upstream(&up, &p, spec, ev_tx).await });
+        mrtr::Pending { call, events }
     }
 
     pub fn subscribe_changes(&self) -> broadcast::Receiver<String> {
@@ -335,6 +378,14 @@ impl Engine {
     }
 }
 
+/// The task status message for a queue report.
+pub fn queue_status(q: QueuePosition) -> String {
+    match q {
+        QueuePosition::Waiting(n) => crate::limits::queue_message(n),
+        QueuePosition::Admitted => "working".into(),
+    }
+}
+
 /// Canonical JSON (object keys sorted) so equal arguments fingerprint equally.
 fn canonical(v: &Value) -> Value {
     match v {
@@ -360,6 +411,9 @@ pub fn fingerprint(args: &Value) -> String {
     let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, &bytes);
     digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
 }
+
+#[cfg(test)]
+mod engine_tests;
 
 #[cfg(test)]
 mod tests {

@@ -4,7 +4,7 @@
 use serde_json::{Map, Value};
 
 use super::clock::iso8601;
-use crate::front::results::{self, add_server_info};
+use crate::protocol::results::{self, add_server_info};
 use crate::store::{TaskRecord, TaskStatus};
 
 /// The `Task` fields every shape shares.

@@ -2370,6 +2370,7 @@ mod tests {
                 match ev {
                     CallEvent::Progress(p) => seen.push(json!({"progress": p})),
                     CallEvent::Log(l) => seen.push(json!({"log": l})),
+                    CallEvent::Queue(_) => {}
                     CallEvent::Input(req) => {
                         seen.push(json!({"input": req.method, "params": req.params}));
                         let _ = req.respond.send(InputAnswer::Result(

@@ -62,6 +62,19 @@ pub enum CallEvent {
     /// `roots/list`) attributed to this call. The transport answers the upstream with
     /// whatever is sent on `respond`; if `respond` is dropped it answers with an error.
     Input(InputRequest),
+    /// Not from the upstream: where the call stands in the upstream's admission queue
+    /// (the engine reports it while the call waits for a slot). Task status only,
+    /// never relayed to clients as progress.
+    Queue(QueuePosition),
+}
+
+/// A call's place in its upstream's admission queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueuePosition {
+    /// Waiting, at this 1-based position.
+    Waiting(usize),
+    /// Admitted after waiting: the call now runs.
+    Admitted,
 }
 
 #[derive(Debug)]

@@ -122,6 +122,23 @@ impl Upstream {
         })
     }
 
+    /// An upstream served by one given transport (every isolation scope shares it):
+    /// for driving the engine against a scripted upstream.
+    pub fn from_transport(cfg: UpstreamConfig, transport: Arc<dyn LegacyTransport>) -> Arc<Self> {
+        let identity = Identity::new(&cfg.name, None);
+        Arc::new(Self {
+            cfg: UpstreamConfig {
+                isolation: Isolation::Shared,
+                ..cfg
+            },
+            boot: transport,
+            boot_tools: Arc::new(Mutex::new(None)),
+            scopes: Mutex::new(HashMap::new()),
+            pid_dir: PathBuf::new(),
+            identity,
+        })
+    }
+
     pub fn name(&self) -> &str {
         &self.cfg.name
     }

@@ -118,6 +118,7 @@ async fn call(
     let handle = |ev: CallEvent, seen: &mut Seen| match ev {
         CallEvent::Progress(p) => seen.push(("progress".into(), Value::Object(p))),
         CallEvent::Log(p) => seen.push(("log".into(), Value::Object(p))),
+        CallEvent::Queue(_) => {}
         CallEvent::Input(req) => {
             seen.push((
                 req.method.clone(),

@@ -4,7 +4,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::protocol::{META_RELATED_TASK, META_SERVER_INFO, RpcError, error};
+use super::{META_RELATED_TASK, META_SERVER_INFO, RpcError, error};
 
 /// Results that must carry `ttlMs` + `cacheScope` (spec A8).
 pub fn is_cacheable(method: &str) -> bool {

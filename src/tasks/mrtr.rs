@@ -20,8 +20,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::auth::Principal;
-use crate::front::results::add_server_info;
 use crate::protocol::RpcError;
+use crate::protocol::results::add_server_info;
 use crate::store::now_ms;
 use crate::upstream::{CallEvent, CallOutcome, InputAnswer, InputRequest, UpstreamError};
 
@@ -80,7 +80,7 @@ pub fn params_fingerprint(method: &str, params: &Map<String, Value>) -> String {
     p.remove("inputResponses");
     p.remove("requestState");
     p.remove("_meta");
-    crate::tasks::fingerprint(&serde_json::json!({"method": method, "params": Value::Object(p)}))
+    super::fingerprint(&serde_json::json!({"method": method, "params": Value::Object(p)}))
 }
 
 fn b64(bytes: &[u8]) -> String {

@@ -1,6 +1,6 @@
 //! What the client is told when a call produced no upstream answer — the one place
-//! that decides the HTTP status and the JSON-RPC error (design.md "Order of checks and
-//! remaining defaults": "HTTP status of upstream failures follows retry safety").
+//! that decides the JSON-RPC error and its retry class (which the front renders as the
+//! HTTP status: README "What the gateway does", retry safety).
 //!
 //! - **Never sent** (upstream not started, restarting, connection refused, gateway
 //!   shutting down, queue full): HTTP 503 + `Retry-After` + `-32603` naming the
@@ -13,16 +13,16 @@
 //!   message would never reach the model. A retry could run the call twice.
 //! - **Sync timeout** (policy 2): 400 `-32021` naming the tasks extension.
 //!
-//! The status applies only while no response header was sent: after SSE headers the
+//! The class applies only while no response header was sent: after SSE headers the
 //! error is the stream's final event, and for a promoted task it is the `failed`
 //! error. Every caller — inline calls, `tools/list` and `server/discover`, the
 //! promotion race, the task driver — goes through [`failure`].
 
 use std::time::Duration;
 
-use http::StatusCode;
 use serde_json::json;
 
+use crate::limits::Throttled;
 use crate::protocol::{RpcError, error};
 use crate::upstream::{Delivery, UpstreamError};
 
@@ -42,30 +42,53 @@ pub enum CallFailure<'a> {
     SyncTimeout(Duration),
 }
 
-/// The client-facing answer to a [`CallFailure`].
+/// How a JSON-RPC error answer may be retried; the front turns it into the HTTP
+/// status (used only while no response header was sent) and `Retry-After`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// The request's outcome (HTTP 200): retrying could run it twice.
+    Outcome,
+    /// Nothing ran; retry after this many seconds (HTTP 503 + `Retry-After`).
+    RetryLater(u64),
+    /// The request cannot succeed as sent (HTTP 400).
+    Refused,
+    /// A limit refused it (HTTP 429, or 503 for a full queue, + `Retry-After`).
+    Throttled(Throttled),
+}
+
+/// The client-facing answer to a [`CallFailure`], or any error answer of the engine.
 #[derive(Debug, Clone)]
 pub struct Failure {
-    /// HTTP status, used only while no response header was sent.
-    pub status: StatusCode,
+    pub class: ErrorClass,
     pub error: RpcError,
-    /// `Retry-After` seconds: only for calls that were never sent.
-    pub retry_after_s: Option<u64>,
 }
 
 impl Failure {
-    fn outcome(error: RpcError) -> Self {
+    pub fn outcome(error: RpcError) -> Self {
         Self {
-            status: StatusCode::OK,
+            class: ErrorClass::Outcome,
             error,
-            retry_after_s: None,
         }
     }
 
-    fn retry_later(error: RpcError) -> Self {
+    pub fn retry_later(error: RpcError) -> Self {
         Self {
-            status: StatusCode::SERVICE_UNAVAILABLE,
+            class: ErrorClass::RetryLater(RETRY_AFTER_S),
             error,
-            retry_after_s: Some(RETRY_AFTER_S),
+        }
+    }
+
+    pub fn refused(error: RpcError) -> Self {
+        Self {
+            class: ErrorClass::Refused,
+            error,
+        }
+    }
+
+    pub fn throttled(t: Throttled) -> Self {
+        Self {
+            class: ErrorClass::Throttled(t),
+            error: t.rpc_error(),
         }
     }
 }
@@ -107,14 +130,12 @@ pub fn failure(upstream: &str, f: CallFailure<'_>) -> Failure {
             ))
             .with_data(data),
         ),
-        CallFailure::SyncTimeout(after) => Failure {
-            status: StatusCode::BAD_REQUEST,
-            error: RpcError::tasks_extension_required(format!(
+        CallFailure::SyncTimeout(after) => {
+            Failure::refused(RpcError::tasks_extension_required(format!(
                 "the call did not finish within sync_timeout_ms ({} ms); declare the tasks extension to run it as a task",
                 after.as_millis()
-            )),
-            retry_after_s: None,
-        },
+            )))
+        }
     }
 }
 
@@ -128,8 +149,7 @@ mod tests {
 
     #[track_caller]
     fn assert_retry_later(f: &Failure, code: i64) {
-        assert_eq!(f.status, StatusCode::SERVICE_UNAVAILABLE, "{f:?}");
-        assert_eq!(f.retry_after_s, Some(1), "{f:?}");
+        assert_eq!(f.class, ErrorClass::RetryLater(1), "{f:?}");
         assert_eq!(f.error.code, code, "{f:?}");
         assert!(
             f.error.message.contains("demo"),
@@ -139,8 +159,7 @@ mod tests {
 
     #[track_caller]
     fn assert_outcome(f: &Failure, says: &str) {
-        assert_eq!(f.status, StatusCode::OK, "{f:?}");
-        assert_eq!(f.retry_after_s, None, "{f:?}");
+        assert_eq!(f.class, ErrorClass::Outcome, "{f:?}");
         assert_eq!(f.error.code, error::INTERNAL_ERROR, "{f:?}");
         assert!(
             f.error.message.contains("demo"),
@@ -204,8 +223,7 @@ mod tests {
     #[test]
     fn sync_timeout_is_400_naming_the_tasks_extension() {
         let f = failure("demo", CallFailure::SyncTimeout(Duration::from_secs(2)));
-        assert_eq!(f.status, StatusCode::BAD_REQUEST);
-        assert_eq!(f.retry_after_s, None);
+        assert_eq!(f.class, ErrorClass::Refused);
         assert_eq!(f.error.code, error::MISSING_CLIENT_CAPABILITY);
         assert!(f.error.message.contains("2000 ms"), "{f:?}");
         let data = f.error.data.unwrap_or_default();

@@ -1,0 +1,535 @@
+//! The engine in process: the in-memory store, a scripted upstream transport and
+//! paused tokio time (deadlines and timeouts cost no wall time). Expiry compares the
+//! wall clock (`store::now_ms`), so those cases use a ttl of a few milliseconds.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+use tokio::sync::{broadcast, mpsc, oneshot};
+
+use super::Engine;
+use super::inputs::InlineTiming;
+use super::mrtr::Holds;
+use super::outcome::Reply;
+use super::promote::Promotion;
+use crate::auth::Principal;
+use crate::config::{Config, OnInput, TaskMode};
+use crate::limits::Limits;
+use crate::protocol::{ClientCaps, RequestMeta, ValidRequest};
+use crate::store::memory::MemoryStore;
+use crate::store::{TaskStatus, TaskStore};
+use crate::tasks::call::ToolCall;
+use crate::upstream::{
+    BoxFuture, CallEvent, CallOutcome, CallSpec, InputAnswer, InputRequest, LegacyTransport,
+    SessionNotification, TransportState, Upstream, UpstreamError, UpstreamInfo,
+};
+
+type Handler = Arc<
+    dyn Fn(
+            CallSpec,
+            mpsc::Sender<CallEvent>,
+        ) -> BoxFuture<'static, Result<CallOutcome, UpstreamError>>
+        + Send
+        + Sync,
+>;
+
+/// A legacy upstream whose every call runs `handler`; counts calls and notes calls
+/// that were dropped (cancelled) before they answered.
+struct Scripted {
+    handler: Handler,
+    calls: AtomicUsize,
+    dropped: Arc<AtomicUsize>,
+    notes: broadcast::Sender<SessionNotification>,
+}
+
+/// Counts a call as dropped unless it finished.
+struct DropGuard(Arc<AtomicUsize>, bool);
+
+impl Drop for DropGuard {
+    fn drop(&mut self) {
+        if !self.1 {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+fn info() -> UpstreamInfo {
+    UpstreamInfo {
+        protocol_version: "2025-06-18".into(),
+        capabilities: serde_json::from_value(json!({"tools": {}})).unwrap_or_default(),
+        server_info: json!({"name": "scripted", "version": "1"}),
+        instructions: None,
+    }
+}
+
+impl LegacyTransport for Scripted {
+    fn ensure_ready(&self) -> BoxFuture<'_, Result<UpstreamInfo, UpstreamError>> {
+        Box::pin(async { Ok(info()) })
+    }
+    fn info(&self) -> Option<UpstreamInfo> {
+        Some(info())
+    }
+    fn state(&self) -> TransportState {
+        TransportState::Ready
+    }
+    fn call(
+        &self,
+        spec: CallSpec,
+        events: mpsc::Sender<CallEvent>,
+    ) -> BoxFuture<'_, Result<CallOutcome, UpstreamError>> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let run = (self.handler)(spec, events);
+        let dropped = self.dropped.clone();
+        Box::pin(async move {
+            let mut guard = DropGuard(dropped, false);
+            let r = run.await;
+            guard.1 = true;
+            r
+        })
+    }
+    fn notifications(&self) -> broadcast::Receiver<SessionNotification> {
+        self.notes.subscribe()
+    }
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+}
+
+struct Rig {
+    engine: Arc<Engine>,
+    store: Arc<dyn TaskStore>,
+    upstream: Arc<Upstream>,
+    transport: Arc<Scripted>,
+    holds: Arc<Holds>,
+}
+
+const CONFIG: &str = r#"
+[auth]
+mode = "none"
+[tasks]
+promote_after_ms = 1000
+input_timeout_ms = 10000
+input_gather_ms = 50
+[[upstream]]
+name = "demo"
+command = ["unused"]
+"#;
+
+fn rig(handler: Handler) -> Rig {
+    let cfg = Config::parse(CONFIG).expect("config");
+    let store: Arc<dyn TaskStore> = MemoryStore::new();
+    let limits = Limits::from_config(&cfg);
+    let transport = Arc::new(Scripted {
+        handler,
+        calls: AtomicUsize::new(0),
+        dropped: Arc::new(AtomicUsize::new(0)),
+        notes: broadcast::channel(4).0,
+    });
+    let upstream = Upstream::from_transport(cfg.upstreams[0].clone(), transport.clone());
+    let holds = Holds::new([7; 32], Duration::from_millis(cfg.tasks.input_timeout_ms));
+    let engine = Engine::new(store.clone(), Arc::new(cfg), limits);
+    Rig {
+        engine,
+        store,
+        upstream,
+        transport,
+        holds,
+    }
+}
+
+fn handler<F, Fut>(f: F) -> Handler
+where
+    F: Fn(CallSpec, mpsc::Sender<CallEvent>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<CallOutcome, UpstreamError>> + Send + 'static,
+{
+    Arc::new(move |spec, events| Box::pin(f(spec, events)))
+}
+
+fn text(s: &str) -> CallOutcome {
+    CallOutcome::Result(json!({"content": [{"type": "text", "text": s}]}))
+}
+
+fn alice() -> Principal {
+    Principal {
+        tenant: "acme".into(),
+        subject: "alice".into(),
+    }
+}
+
+fn request(args: Value, key: Option<&str>) -> ValidRequest {
+    let mut params = Map::new();
+    params.insert("name".into(), Value::from("tool"));
+    params.insert("arguments".into(), args);
+    let caps = json!({"elicitation": {}, "extensions": {"io.modelcontextprotocol/tasks": {}}});
+    ValidRequest {
+        id: json!(1),
+        method: "tools/call".into(),
+        params,
+        meta: RequestMeta {
+            protocol_version: "2026-07-28".into(),
+            caps: ClientCaps(caps.as_object().cloned().unwrap_or_default()),
+            client_info: None,
+            log_level: None,
+            progress_token: None,
+        },
+        idempotency_key: key.map(str::to_string),
+    }
+}
+
+impl Rig {
+    fn call(
+        &self,
+        req: ValidRequest,
+        promote_after_ms: u64,
+        call_timeout: Option<u64>,
+    ) -> ToolCall {
+        ToolCall {
+            upstream: self.upstream.clone(),
+            principal: alice(),
+            req,
+            server_info: json!({"name": "scripted", "version": "1"}),
+            promotion: Promotion {
+                mode: TaskMode::Optional,
+                promote_after: Duration::from_millis(promote_after_ms),
+                on_input: OnInput::Task,
+                idempotency_argument: None,
+                call_timeout: call_timeout.map(Duration::from_millis),
+            },
+            timing: InlineTiming {
+                keepalive: Duration::from_secs(15),
+                sync_timeout: Duration::from_secs(300),
+                input_gather: Duration::from_millis(50),
+            },
+            holds: self.holds.clone(),
+        }
+    }
+
+    async fn tools_call(&self, args: Value, promote_after_ms: u64) -> Reply {
+        let c = self.call(request(args, None), promote_after_ms, None);
+        self.engine.tools_call(c).await
+    }
+
+    async fn status(&self, task_id: &str) -> TaskStatus {
+        self.store
+            .get(task_id)
+            .await
+            .ok()
+            .flatten()
+            .map(|r| r.status)
+            .expect("task exists")
+    }
+
+    /// Let spawned tasks (drivers, settles) run to their next wait.
+    async fn settle(&self) {
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    async fn get(&self, task_id: &str) -> Result<Value, crate::protocol::RpcError> {
+        let mut p = Map::new();
+        p.insert("taskId".into(), Value::from(task_id));
+        self.engine
+            .get(&alice(), "demo", &p, &json!({"name": "scripted"}))
+            .await
+    }
+
+    async fn update(&self, task_id: &str, responses: Value) {
+        let mut p = Map::new();
+        p.insert("taskId".into(), Value::from(task_id));
+        p.insert("inputResponses".into(), responses);
+        self.engine
+            .update(&alice(), "demo", &p, &json!({}))
+            .await
+            .expect("update");
+    }
+
+    async fn cancel(&self, task_id: &str) {
+        let mut p = Map::new();
+        p.insert("taskId".into(), Value::from(task_id));
+        self.engine
+            .cancel(&alice(), "demo", &p, &json!({}))
+            .await
+            .expect("cancel");
+    }
+}
+
+fn task_id(r: &Reply) -> String {
+    match r {
+        Reply::Task(v) => v["taskId"].as_str().unwrap_or_default().to_string(),
+        other => panic!("expected a task, got {other:?}"),
+    }
+}
+
+fn sleep_then(ms: u64, answer: &'static str) -> Handler {
+    handler(move |_, _| async move {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        Ok(text(answer))
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_answer_before_the_deadline_is_inline_a_later_one_a_task() {
+    let r = rig(sleep_then(500, "fast"));
+    match r.tools_call(json!({}), 1000).await {
+        Reply::Complete(Ok(v)) => assert_eq!(v["content"][0]["text"], "fast"),
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        r.store.count_by_status().await.unwrap().is_empty(),
+        "no task"
+    );
+
+    let r = rig(sleep_then(3000, "slow"));
+    let id = task_id(&r.tools_call(json!({}), 1000).await);
+    assert_eq!(r.status(&id).await, TaskStatus::Working);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    r.settle().await;
+    let got = r.get(&id).await.unwrap();
+    assert_eq!(got["status"], "completed", "{got}");
+    assert_eq!(got["result"]["content"][0]["text"], "slow", "{got}");
+}
+
+/// The answer and the deadline at the same instant: either the answer goes back
+/// inline and no task exists, or a task exists and holds the answer — never a task
+/// that lost it, never both.
+#[tokio::test(start_paused = true)]
+async fn the_promotion_race_at_the_deadline_loses_nothing() {
+    for _ in 0..20 {
+        let r = rig(sleep_then(1000, "tie"));
+        match r.tools_call(json!({}), 1000).await {
+            Reply::Complete(Ok(v)) => {
+                assert_eq!(v["content"][0]["text"], "tie");
+                assert!(r.store.count_by_status().await.unwrap().is_empty());
+            }
+            reply => {
+                let id = task_id(&reply);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                r.settle().await;
+                let got = r.get(&id).await.unwrap();
+                assert_eq!(got["status"], "completed", "{got}");
+                assert_eq!(got["result"]["content"][0]["text"], "tie", "{got}");
+            }
+        }
+        assert_eq!(r.transport.calls.load(Ordering::SeqCst), 1);
+    }
+}
+
+/// Two elicitations close together become one set of input requests; answering one
+/// leaves the task waiting for the other; the call gets both answers.
+#[tokio::test(start_paused = true)]
+async fn input_requests_are_gathered_and_partial_answers_keep_waiting() {
+    let ask = handler(|_, events: mpsc::Sender<CallEvent>| async move {
+        let mut answers = Vec::new();
+        let mut rxs = Vec::new();
+        for q in ["first?", "second?"] {
+            let (tx, rx) = oneshot::channel();
+            let _ = events
+                .send(CallEvent::Input(InputRequest {
+                    method: "elicitation/create".into(),
+                    params: Some(json!({"message": q, "requestedSchema": {"type": "object"}})),
+                    respond: tx,
+                }))
+                .await;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            rxs.push(rx);
+        }
+        for rx in rxs {
+            match rx.await {
+                Ok(InputAnswer::Result(v)) => answers.push(v["content"]["a"].clone()),
+                _ => answers.push(Value::Null),
+            }
+        }
+        Ok(CallOutcome::Result(
+            json!({"content": [], "answers": answers}),
+        ))
+    });
+    let r = rig(ask);
+    let reply = r.tools_call(json!({}), 1000).await;
+    let id = task_id(&reply);
+    let Reply::Task(created) = &reply else {
+        unreachable!()
+    };
+    assert_eq!(
+        created["status"], "input_required",
+        "input promotes at once: {created}"
+    );
+    let got = r.get(&id).await.unwrap();
+    let keys: Vec<&String> = got["inputRequests"].as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["elicitation-1", "elicitation-2"], "{got}");
+
+    r.update(
+        &id,
+        json!({"elicitation-2": {"action": "accept", "content": {"a": 2}}}),
+    )
+    .await;
+    let got = r.get(&id).await.unwrap();
+    assert_eq!(got["status"], "input_required", "{got}");
+    let keys: Vec<&String> = got["inputRequests"].as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["elicitation-1"], "{got}");
+
+    r.update(
+        &id,
+        json!({"elicitation-1": {"action": "accept", "content": {"a": 1}}}),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    r.settle().await;
+    let got = r.get(&id).await.unwrap();
+    assert_eq!(got["status"], "completed", "{got}");
+    assert_eq!(got["result"]["answers"], json!([1, 2]), "{got}");
+}
+
+/// A cancel that lands while the answer arrives: the first terminal state wins and
+/// stays; a cancel before the answer drops the upstream call.
+#[tokio::test(start_paused = true)]
+async fn cancel_racing_completion_keeps_the_first_terminal_state() {
+    for _ in 0..10 {
+        let r = rig(sleep_then(1000, "late"));
+        let id = task_id(&r.tools_call(json!({}), 0).await);
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        r.cancel(&id).await;
+        r.settle().await;
+        let first = r.status(&id).await;
+        assert!(
+            matches!(first, TaskStatus::Cancelled | TaskStatus::Completed),
+            "{first:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        r.settle().await;
+        assert_eq!(r.status(&id).await, first, "a terminal state never changes");
+    }
+
+    let r = rig(sleep_then(60_000, "never"));
+    let id = task_id(&r.tools_call(json!({}), 0).await);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    r.cancel(&id).await;
+    r.settle().await;
+    assert_eq!(r.status(&id).await, TaskStatus::Cancelled);
+    assert_eq!(
+        r.transport.dropped.load(Ordering::SeqCst),
+        1,
+        "the call was cancelled"
+    );
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    r.settle().await;
+    assert_eq!(r.status(&id).await, TaskStatus::Cancelled);
+}
+
+#[tokio::test(start_paused = true)]
+async fn unanswered_input_fails_the_task_after_input_timeout() {
+    let ask = handler(|_, events: mpsc::Sender<CallEvent>| async move {
+        let (tx, rx) = oneshot::channel();
+        let _ = events
+            .send(CallEvent::Input(InputRequest {
+                method: "elicitation/create".into(),
+                params: Some(json!({"message": "?", "requestedSchema": {"type": "object"}})),
+                respond: tx,
+            }))
+            .await;
+        let _ = rx.await;
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        Ok(text("unreachable"))
+    });
+    let r = rig(ask);
+    let id = task_id(&r.tools_call(json!({}), 1000).await);
+    assert_eq!(r.status(&id).await, TaskStatus::InputRequired);
+    tokio::time::sleep(Duration::from_millis(10_100)).await;
+    r.settle().await;
+    let got = r.get(&id).await.unwrap();
+    assert_eq!(got["status"], "failed", "{got}");
+    let msg = got["error"]["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("input_timeout_ms"), "{got}");
+    assert_eq!(r.transport.dropped.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_past_call_timeout_fails_its_task() {
+    let r = rig(sleep_then(60_000, "never"));
+    let c = r.call(request(json!({}), None), 0, Some(500));
+    let id = task_id(&r.engine.tools_call(c).await);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    r.settle().await;
+    let got = r.get(&id).await.unwrap();
+    assert_eq!(got["status"], "failed", "{got}");
+    assert_eq!(got["error"]["code"], -32603, "{got}");
+    let msg = got["error"]["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("call_timeout_ms"), "{got}");
+    assert_eq!(r.transport.dropped.load(Ordering::SeqCst), 1);
+}
+
+/// Expiry (wall clock): a finished task is swept to an owner-only tombstone, and a
+/// task still running when it expires has its call stopped.
+#[tokio::test(start_paused = true)]
+async fn expiry_leaves_a_tombstone_and_stops_a_running_call() {
+    let r = rig(sleep_then(60_000, "never"));
+    // Short-lived tasks: a few wall-clock milliseconds.
+    let mut cfg = (*r.engine.cfg).clone();
+    cfg.tasks.ttl_ms = 5;
+    cfg.tasks.result_retention_ms = 5;
+    let engine = Engine::new(r.store.clone(), Arc::new(cfg), r.engine.limits.clone());
+    let r = Rig { engine, ..r };
+    let id = task_id(&r.tools_call(json!({}), 0).await);
+    // The call is running upstream before the task expires.
+    r.settle().await;
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(r.engine.sweep().await.unwrap(), 1);
+    r.settle().await;
+    assert_eq!(
+        r.transport.dropped.load(Ordering::SeqCst),
+        1,
+        "the call stopped"
+    );
+    let err = r.get(&id).await.unwrap_err();
+    assert_eq!(err.message, "task expired");
+    let mut p = Map::new();
+    p.insert("taskId".into(), Value::from(id.as_str()));
+    let bob = Principal {
+        tenant: "acme".into(),
+        subject: "bob".into(),
+    };
+    let err = r
+        .engine
+        .get(&bob, "demo", &p, &json!({}))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.message, "task not found",
+        "only the owner learns of the expiry"
+    );
+}
+
+/// Concurrent calls with one idempotency key share one task and one upstream call;
+/// the key with other arguments is refused.
+#[tokio::test(start_paused = true)]
+async fn idempotent_duplicates_share_one_task() {
+    let r = Arc::new(rig(sleep_then(5000, "once")));
+    let mut joins = Vec::new();
+    for _ in 0..4 {
+        let r = r.clone();
+        joins.push(tokio::spawn(async move {
+            let c = r.call(request(json!({"x": 1}), Some("key-1")), 1000, None);
+            task_id(&r.engine.tools_call(c).await)
+        }));
+    }
+    let mut ids = Vec::new();
+    for j in joins {
+        ids.push(j.await.unwrap());
+    }
+    assert!(ids.iter().all(|i| *i == ids[0]), "{ids:?}");
+    let c = r.call(request(json!({"x": 2}), Some("key-1")), 1000, None);
+    match r.engine.tools_call(c).await {
+        Reply::Complete(Err(e)) => assert_eq!(e.code, -32602, "{e:?}"),
+        other => panic!("{other:?}"),
+    }
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    r.settle().await;
+    assert_eq!(r.status(&ids[0]).await, TaskStatus::Completed);
+    assert_eq!(
+        r.transport.calls.load(Ordering::SeqCst),
+        1,
+        "one upstream call"
+    );
+}

@@ -1,0 +1,117 @@
+//! Upstream input requests (elicitation, sampling, roots) while a call is answered
+//! inline or raced against its promotion deadline: which the client can be asked, and
+//! gathering those that arrive together into one set.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use crate::protocol::meta::InputKind;
+use crate::protocol::{ClientCaps, RpcError, ValidRequest};
+use crate::upstream::{CallEvent, CallSpec, InputAnswer, InputRequest};
+
+/// Timing knobs for one inline call.
+#[derive(Debug, Clone, Copy)]
+pub struct InlineTiming {
+    pub keepalive: Duration,
+    pub sync_timeout: Duration,
+    pub input_gather: Duration,
+}
+
+/// The `requiredCapabilities` an input request needs that `caps` lacks, if any.
+pub fn missing_capability(
+    caps: &ClientCaps,
+    method: &str,
+    params: Option<&Value>,
+) -> Option<RpcError> {
+    let kind = InputKind::of_method(method)?;
+    if !caps.declares(kind) {
+        return Some(RpcError::missing_capability(
+            format!(
+                "the upstream needs the client capability `{}`",
+                kind.capability()
+            ),
+            json!({ kind.capability(): {} }),
+        ));
+    }
+    if kind == InputKind::Elicitation {
+        let mode = params
+            .and_then(|p| p.get("mode"))
+            .and_then(Value::as_str)
+            .unwrap_or("form");
+        if !caps.elicitation_allows_mode(mode) {
+            return Some(RpcError::missing_capability(
+                format!("the upstream needs elicitation mode `{mode}`"),
+                json!({ "elicitation": { mode: {} } }),
+            ));
+        }
+    }
+    None
+}
+
+/// Methods whose result may be `input_required` (spec A7).
+pub fn mrtr_eligible(method: &str) -> bool {
+    matches!(method, "tools/call" | "prompts/get" | "resources/read")
+}
+
+/// What to do with the upstream's input requests.
+pub enum InputVerdict {
+    /// The client did not declare a kind: cancel and answer `-32021`.
+    Missing(RpcError),
+    /// Relay them to the client as MRTR `input_required`.
+    Relay(Vec<InputRequest>),
+    /// Not relayable for this method: answered upstream with an error.
+    Refused,
+}
+
+/// Screen a first input request, gathering the ones that arrive within
+/// `input_gather_ms` of it so they are surfaced together.
+pub async fn screen_inputs(
+    req: &ValidRequest,
+    upstream: &str,
+    first: InputRequest,
+    events: &mut mpsc::Receiver<CallEvent>,
+    gather: Duration,
+) -> InputVerdict {
+    let mut batch = vec![first];
+    while let Ok(Some(ev)) = tokio::time::timeout(gather, events.recv()).await {
+        if let CallEvent::Input(ir) = ev {
+            batch.push(ir);
+        }
+    }
+    if let Some(err) = batch
+        .iter()
+        .find_map(|ir| missing_capability(&req.meta.caps, &ir.method, ir.params.as_ref()))
+    {
+        for ir in batch {
+            let _ = ir.respond.send(InputAnswer::Error(RpcError::internal(
+                "the client did not declare this capability",
+            )));
+        }
+        return InputVerdict::Missing(err);
+    }
+    if !mrtr_eligible(&req.method) {
+        tracing::warn!(upstream, method = %req.method, "upstream input request during a method that cannot return input_required");
+        for ir in batch {
+            let _ = ir.respond.send(InputAnswer::Error(RpcError::internal(
+                "this request cannot ask the client for input",
+            )));
+        }
+        return InputVerdict::Refused;
+    }
+    InputVerdict::Relay(batch)
+}
+
+/// The upstream request for `req`: its params minus the MRTR fields, which are the
+/// gateway's business, never the upstream's.
+pub fn upstream_spec(req: &ValidRequest, want_progress: bool) -> CallSpec {
+    let mut params = req.params.clone();
+    params.remove("inputResponses");
+    params.remove("requestState");
+    CallSpec {
+        method: req.method.clone(),
+        params,
+        want_progress,
+    }
+}
