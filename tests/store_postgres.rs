@@ -227,10 +227,18 @@ async fn postgres_kill9_mid_create_leaves_every_returned_handle_resolvable() {
     let gw = Gateway::launch(dir, config_path).await;
     gw.wait_ready().await;
     let c = tasks_client(&gw, "alice", "acme");
+    let mut restarted = 0;
     for id in &ids {
+        // Every handle resolves: failed by the restart, or (calls beyond the
+        // upstream's queue) failed before it.
         let t = poll_terminal(&c, id).await;
         assert_eq!(t["status"], "failed", "{id}: {t}");
         let m = t["error"]["message"].as_str().unwrap_or_default();
-        assert!(m.contains("gateway restarted"), "{id}: {t}");
+        assert!(
+            m.contains("gateway restarted") || m.contains("queue is full"),
+            "{id}: {t}"
+        );
+        restarted += usize::from(m.contains("gateway restarted"));
     }
+    assert!(restarted > 0, "some calls were in flight at the kill");
 }
