@@ -245,6 +245,7 @@ pub fn upstream_spec(req: &ValidRequest, want_progress: bool) -> CallSpec {
         method: req.method.clone(),
         params,
         want_progress,
+        tenant: None,
     }
 }
 

@@ -167,6 +167,7 @@ async fn subscribe(up: &Arc<Upstream>, who: &Principal, method: &str, uri: &str)
         method: method.into(),
         params,
         want_progress: false,
+        tenant: None,
     };
     matches!(
         up.call(who, spec, tx).await,

@@ -65,6 +65,7 @@ impl Upstream {
                 args,
                 env: cfg.env.clone(),
                 processes: cfg.stdio_processes(),
+                spares: cfg.stdio_spares(),
                 cancel_grace_ms: cfg.cancel_grace_ms,
                 idle_reap_ms: cfg.idle_reap_ms,
                 max_message_bytes: cfg.max_message_bytes,
@@ -183,9 +184,10 @@ impl Upstream {
     pub async fn call(
         &self,
         principal: &Principal,
-        spec: CallSpec,
+        mut spec: CallSpec,
         events: mpsc::Sender<CallEvent>,
     ) -> Result<CallOutcome, UpstreamError> {
+        spec.tenant = Some(principal.tenant.clone());
         // ---- limits: per-upstream concurrency with fair queueing (issue #4) ----
         let _permit = crate::limits::get()
             .admit(self.name(), self.cfg.max_concurrency, principal, &events)
@@ -231,6 +233,7 @@ impl Upstream {
                     method: "tools/list".into(),
                     params: Map::new(),
                     want_progress: false,
+                    tenant: None,
                 },
                 tx,
             )
