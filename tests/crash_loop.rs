@@ -35,7 +35,10 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 
-per_backend!(crash_loop);
+per_backend!(
+    crash_loop,
+    terminal_state_seen_right_before_a_kill_survives_it
+);
 
 const TASKS: &str = "io.modelcontextprotocol/tasks";
 const OWNERS: [(&str, &str); 3] = [("alice", "acme"), ("bob", "acme"), ("carol", "globex")];
@@ -672,5 +675,112 @@ async fn crash_loop(b: StoreBackend) {
         l.handles.len() >= rounds,
         "{}",
         ctx("the load created almost no tasks: the run proves nothing")
+    );
+}
+
+/// The narrowest spot of the loop above, made likely: many tasks finish together while
+/// each is polled in a tight loop, and the poller that first reads a terminal state
+/// SIGKILLs the gateway at once. After the restart that task (and every other one read
+/// terminal before the kill) must still say what was read; a terminal state handed out
+/// before it was durable comes back as "gateway restarted while the call was in
+/// flight".
+async fn terminal_state_seen_right_before_a_kill_survives_it(b: StoreBackend) {
+    const TASKS_PER_ATTEMPT: usize = 24;
+    const ATTEMPTS: usize = 4;
+    let demo = DemoHttp::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config_path = dir.path().join("taskgate.toml");
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n{}{}\
+         [tasks]\npoll_interval_ms = 50\n[limits]\npoll_burst = 100000\n{}",
+        b.store_section(dir.path(), ""),
+        jwt_auth(),
+        demo_http_upstream(
+            demo.port,
+            "max_concurrency = 64\n[upstream.tools.sleep]\npromote_after_ms = 0\n"
+        ),
+    );
+    write(&config_path, &text);
+    let mut gw = Gateway::launch(dir, config_path).await;
+    gw.wait_ready().await;
+    let mut seen_total = 0;
+    for attempt in 1..=ATTEMPTS {
+        let c = client(gw.addr, 0);
+        let mut ids = Vec::new();
+        for _ in 0..TASKS_PER_ATTEMPT {
+            let v = rpc(
+                &c,
+                "tools/call",
+                json!({"name": "sleep", "arguments": {"ms": 1500}}),
+                None,
+            )
+            .await
+            .expect("tools/call");
+            assert_eq!(v["result"]["resultType"], "task", "{v}");
+            ids.push(v["result"]["taskId"].as_str().unwrap().to_string());
+        }
+        let seen: Arc<Mutex<Vec<(String, Value)>>> = Arc::default();
+        let pid = gw.pid() as i32;
+        let pollers: Vec<_> = ids
+            .iter()
+            .map(|id| {
+                let (c, id, seen) = (client(gw.addr, 0), id.clone(), seen.clone());
+                tokio::spawn(async move {
+                    let start = Instant::now();
+                    while start.elapsed() < Duration::from_secs(60) {
+                        let Some(v) = rpc(&c, "tasks/get", json!({"taskId": id}), None).await
+                        else {
+                            return; // killed
+                        };
+                        let r = &v["result"];
+                        if is_terminal(r["status"].as_str().unwrap_or_default()) {
+                            // SAFETY: kill(2) on the gateway this test started.
+                            unsafe { libc::kill(pid, libc::SIGKILL) };
+                            let view = json!({"status": r["status"], "result": r.get("result"),
+                                "error": r.get("error")});
+                            seen.lock().unwrap().push((id, view));
+                            return;
+                        }
+                    }
+                })
+            })
+            .collect();
+        for p in pollers {
+            p.await.unwrap();
+        }
+        let Gateway {
+            mut proc,
+            dir,
+            config_path,
+            ..
+        } = gw;
+        proc.kill9();
+        drop(proc);
+        gw = Gateway::launch(dir, config_path).await;
+        gw.wait_ready().await;
+        let seen = seen.lock().unwrap().clone();
+        assert!(
+            !seen.is_empty(),
+            "attempt {attempt}: no poller read a terminal state"
+        );
+        seen_total += seen.len();
+        let c = client(gw.addr, 0);
+        for (id, view) in &seen {
+            let v = rpc(&c, "tasks/get", json!({"taskId": id}), None)
+                .await
+                .expect("tasks/get");
+            let r = &v["result"];
+            let now = json!({"status": r["status"], "result": r.get("result"),
+                "error": r.get("error")});
+            assert_eq!(
+                &now, view,
+                "attempt {attempt}: {id} was read terminal right before the kill and \
+                 changed after the restart"
+            );
+        }
+    }
+    eprintln!(
+        "terminal before kill[{}]: {ATTEMPTS} kills, {seen_total} terminal reads checked",
+        b.name()
     );
 }

@@ -180,10 +180,19 @@ impl Engine {
         let mut params = serde_json::Map::new();
         params.insert("taskId".into(), Value::from(entry.task_id));
         match self.resolve(&c.principal, c.upstream.name(), &params) {
-            Ok(rec) => reply::json(
-                StatusCode::OK,
-                &crate::protocol::response(&req.id, snapshot::create_result(&rec, &c.server_info)),
-            ),
+            Ok(rec) => {
+                // It may have finished meanwhile: its status shows once durable.
+                if let Err(e) = self.durable(&rec).await {
+                    return store_failure(req, e);
+                }
+                reply::json(
+                    StatusCode::OK,
+                    &crate::protocol::response(
+                        &req.id,
+                        snapshot::create_result(&rec, &c.server_info),
+                    ),
+                )
+            }
             Err(e) => reply::rpc_error(StatusCode::OK, Some(&req.id), &e),
         }
     }
