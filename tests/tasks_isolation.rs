@@ -689,3 +689,36 @@ async fn isolation_fuzz_colliding_principals_and_header_tricks() {
         owned.len()
     );
 }
+
+/// `isolation = "principal"` gives each `(tenant, subject)` its own upstream child,
+/// however their names would join: the demo's `counter` is per process, so a shared
+/// child would count on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn principal_isolation_keeps_colliding_principals_apart() {
+    let body = format!(
+        "{}{}{}",
+        jwt_auth(),
+        tasks_section(""),
+        stdio_upstream_bare("isolation = \"principal\"\nmax_concurrency = 1\n")
+    );
+    let gw = start_ready(&body).await;
+    let count = |who: (&'static str, &'static str)| {
+        let c = plain_client(&gw, who.1, who.0, json!({}));
+        async move {
+            let r = c.call_tool("counter", json!({"key": "scope"})).await;
+            first_text(&ok_result(&r))
+        }
+    };
+    // Control: the same principal twice shares its child.
+    assert_eq!(count(("acme", "alice")).await, "count=1");
+    assert_eq!(count(("acme", "alice")).await, "count=2");
+    for pair in COLLIDING[..6].chunks(2) {
+        for who in pair {
+            assert_eq!(
+                count(*who).await,
+                "count=1",
+                "{who:?} shares an upstream child with another principal"
+            );
+        }
+    }
+}
