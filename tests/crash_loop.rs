@@ -249,12 +249,12 @@ async fn worker(s: Arc<Shared>, mut rng: StdRng, round: usize, w: u64) {
         let op = rng.random_range(0..100);
         let ok = match op {
             // Slow calls: inline below the deadline, a task above it.
-            0..=11 => {
+            0..=5 => {
                 let owner = rng.random_range(0..OWNERS.len());
                 let ms = if rng.random_bool(0.2) {
                     rng.random_range(10..PROMOTE_AFTER_MS / 2)
                 } else {
-                    rng.random_range(PROMOTE_AFTER_MS * 2..2000)
+                    rng.random_range(PROMOTE_AFTER_MS * 2..1500)
                 };
                 let steps = rng.random_range(1..5);
                 let c = client(addr, owner);
@@ -267,7 +267,7 @@ async fn worker(s: Arc<Shared>, mut rng: StdRng, round: usize, w: u64) {
                     None => false,
                 }
             }
-            12..=19 => {
+            6..=11 => {
                 let owner = rng.random_range(0..OWNERS.len());
                 let c = client(addr, owner);
                 let args = json!({"name": "elicit", "arguments": {"message": format!("r{round}")}});
@@ -279,7 +279,7 @@ async fn worker(s: Arc<Shared>, mut rng: StdRng, round: usize, w: u64) {
                     None => false,
                 }
             }
-            20..=22 => {
+            12..=13 => {
                 let owner = rng.random_range(0..OWNERS.len());
                 let c = client(addr, owner);
                 let key = format!("k-{round}-{w}-{n}");
@@ -300,7 +300,7 @@ async fn worker(s: Arc<Shared>, mut rng: StdRng, round: usize, w: u64) {
                     None => false,
                 }
             }
-            23..=69 => {
+            14..=69 => {
                 let picked = pick(&mut rng, &s.ledger(), round, |_| true);
                 match picked {
                     None => true,
@@ -320,8 +320,14 @@ async fn worker(s: Arc<Shared>, mut rng: StdRng, round: usize, w: u64) {
             }
             70..=89 => {
                 // Answer an elicitation once its question is out.
-                let picked = pick(&mut rng, &s.ledger(), round, |h| {
-                    matches!(h.kind, Kind::Elicit) && !is_terminal(&h.last_status)
+                // One known to be waiting first, else any elicitation still running.
+                let waiting = pick(&mut rng, &s.ledger(), round, |h| {
+                    h.last_status == "input_required"
+                });
+                let picked = waiting.or_else(|| {
+                    pick(&mut rng, &s.ledger(), round, |h| {
+                        matches!(h.kind, Kind::Elicit) && !is_terminal(&h.last_status)
+                    })
                 });
                 match picked {
                     None => true,
