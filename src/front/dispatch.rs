@@ -220,7 +220,7 @@ async fn tasks_method(
     let e = &gw.engine;
     let name = upstream.name();
     let r = match req.method.as_str() {
-        "tasks/get" => e.get(principal, name, &req.params, server_info),
+        "tasks/get" => e.get(principal, name, &req.params, server_info).await,
         "tasks/update" => e.update(principal, name, &req.params, server_info),
         _ => e.cancel(principal, name, &req.params, server_info).await,
     };

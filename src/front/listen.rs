@@ -213,6 +213,10 @@ async fn relay(
                         // A full snapshot, equal to what tasks/get returns now (spec B9),
                         // so a completed result carries the upstream's current identity.
                         if let Ok(Some(mut rec)) = engine.store.get(&id) {
+                            // A terminal state goes out only once it is durable.
+                            if engine.durable(&rec).await.is_err() {
+                                continue;
+                            }
                             crate::limits::get().adapt_for_owner(&mut rec);
                             let si = up.identity().server_info;
                             let detailed = snapshot::detailed(&rec, &si);

@@ -51,11 +51,28 @@ impl Drop for Armed {
     }
 }
 
-/// Idempotency index key: `(tenant, subject, upstream, tool, key)` (policy 9).
+/// Idempotency index key: `(tenant, subject, upstream, tool, key)` (policy 9), the
+/// parts joined by NUL with each NUL inside a part written as NUL 0xFF. A UTF-8 part
+/// never holds 0xFF, so one key names one tuple (tenant "a\0b" with subject "c" is not
+/// tenant "a" with subject "b\0c"), and parts without NUL give the keys they always
+/// gave.
 fn idempotency_index(p: &Principal, upstream: &str, tool: &str, key: &str) -> Vec<u8> {
-    [p.tenant.as_str(), p.subject.as_str(), upstream, tool, key]
-        .join("\u{0}")
-        .into_bytes()
+    let mut out = Vec::new();
+    for (i, part) in [p.tenant.as_str(), p.subject.as_str(), upstream, tool, key]
+        .iter()
+        .enumerate()
+    {
+        if i > 0 {
+            out.push(0);
+        }
+        for &b in part.as_bytes() {
+            out.push(b);
+            if b == 0 {
+                out.push(0xff);
+            }
+        }
+    }
+    out
 }
 
 fn start_call(
@@ -180,10 +197,19 @@ impl Engine {
         let mut params = serde_json::Map::new();
         params.insert("taskId".into(), Value::from(entry.task_id));
         match self.resolve(&c.principal, c.upstream.name(), &params) {
-            Ok(rec) => reply::json(
-                StatusCode::OK,
-                &crate::protocol::response(&req.id, snapshot::create_result(&rec, &c.server_info)),
-            ),
+            Ok(rec) => {
+                // It may have finished meanwhile: its status shows once durable.
+                if let Err(e) = self.durable(&rec).await {
+                    return store_failure(req, e);
+                }
+                reply::json(
+                    StatusCode::OK,
+                    &crate::protocol::response(
+                        &req.id,
+                        snapshot::create_result(&rec, &c.server_info),
+                    ),
+                )
+            }
             Err(e) => reply::rpc_error(StatusCode::OK, Some(&req.id), &e),
         }
     }
@@ -399,5 +425,38 @@ impl Engine {
             StatusCode::OK,
             &crate::protocol::response(&c.req.id, snapshot::create_result(&rec, &c.server_info)),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn principal(tenant: &str, subject: &str) -> Principal {
+        Principal {
+            tenant: tenant.into(),
+            subject: subject.into(),
+        }
+    }
+
+    #[test]
+    fn idempotency_index_names_one_tuple() {
+        // Unchanged for parts without NUL: keys stored by earlier versions still match.
+        assert_eq!(
+            idempotency_index(&principal("acme", "alice"), "demo", "slow", "k"),
+            b"acme\0alice\0demo\0slow\0k"
+        );
+        let keys = [
+            idempotency_index(&principal("a", "b\0c"), "u", "t", "k"),
+            idempotency_index(&principal("a\0b", "c"), "u", "t", "k"),
+            idempotency_index(&principal("a", "b"), "u", "t\0k", ""),
+            idempotency_index(&principal("a", "b"), "u", "t", "\0k"),
+            idempotency_index(&principal("a", "b\0"), "u", "t", "k"),
+        ];
+        for (i, a) in keys.iter().enumerate() {
+            for b in &keys[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
     }
 }

@@ -101,6 +101,7 @@ impl Engine {
     /// Apply a terminal outcome unless the task is already terminal.
     pub(super) async fn settle(&self, task_id: &str, apply: impl Fn(&mut TaskRecord)) {
         let retention = self.cfg.tasks.result_retention_ms;
+        self.terminal_writing(task_id);
         let updated = self.store.update(task_id, &mut |rec| {
             if rec.status.is_terminal() {
                 return false;
@@ -110,11 +111,13 @@ impl Engine {
             true
         });
         match updated {
-            Ok(_) => {
-                if let Err(e) = self.store.flush().await {
+            Ok(_) => match self.store.flush().await {
+                Ok(()) => self.terminal_flushed(task_id),
+                // Still unflushed: readers flush (and fail) before showing it.
+                Err(e) => {
                     tracing::error!(task = task_id, error = %e, "flushing a terminal state failed");
                 }
-            }
+            },
             Err(e) => {
                 tracing::error!(task = task_id, error = %e, "recording a terminal state failed")
             }

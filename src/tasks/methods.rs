@@ -67,7 +67,7 @@ impl Engine {
         }
     }
 
-    pub fn get(
+    pub async fn get(
         &self,
         principal: &Principal,
         upstream: &str,
@@ -75,6 +75,10 @@ impl Engine {
         server_info: &Value,
     ) -> Result<Value, RpcError> {
         let mut rec = self.resolve(principal, upstream, params)?;
+        // A terminal state is shown only once it is durable.
+        self.durable(&rec)
+            .await
+            .map_err(|e| RpcError::internal(e.to_string()))?;
         // Adaptive pollIntervalMs, remembered as advertised (issue #4).
         crate::limits::get().adapt(principal, &mut rec);
         // `resolve` only answers the owner: this read collects the outcome.
@@ -149,6 +153,7 @@ impl Engine {
             return Ok(ack(server_info));
         }
         let retention = self.cfg.tasks.result_retention_ms;
+        self.terminal_writing(&rec.task_id);
         let r = self.store.update(&rec.task_id, &mut |r| {
             if r.status.is_terminal() {
                 return false;
@@ -164,6 +169,7 @@ impl Engine {
             .flush()
             .await
             .map_err(|e| RpcError::internal(e.to_string()))?;
+        self.terminal_flushed(&rec.task_id);
         // Dropping the call sends `notifications/cancelled` upstream.
         self.abort_live(&rec.task_id);
         self.changed(&rec.task_id);

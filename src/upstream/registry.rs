@@ -22,11 +22,18 @@ use crate::protocol::RpcError;
 use crate::store::TaskStore;
 
 /// Scope key for upstream state isolation: "" (shared), tenant, or tenant + subject.
+/// The tenant's length comes first, so no two `(tenant, subject)` pairs share a key
+/// whatever characters (NUL included) their names hold.
 fn scope_key(isolation: Isolation, principal: &Principal) -> String {
     match isolation {
         Isolation::Shared => String::new(),
         Isolation::Tenant => format!("t:{}", principal.tenant),
-        Isolation::Principal => format!("p:{}\u{0}{}", principal.tenant, principal.subject),
+        Isolation::Principal => format!(
+            "p:{}:{}\u{0}{}",
+            principal.tenant.len(),
+            principal.tenant,
+            principal.subject
+        ),
     }
 }
 
