@@ -1,6 +1,7 @@
 //! Replays of fuzzer inputs: every committed corpus file of every target (so a corpus
-//! input that once found a defect keeps being checked by `cargo test`), plus the
-//! minimised inputs of the defects the fuzzers found, one test each.
+//! input that once found a defect keeps being checked by `cargo test`). A crash input
+//! the fuzzers find gets its own test here, next to its fix (none so far; the one
+//! defect found, by the SSE chunking property, is tested in `upstream/sse.rs`).
 
 use std::path::Path;
 
