@@ -36,6 +36,7 @@
 //! [`kill_leftovers`] can clean up after a `kill -9` — only groups whose recording
 //! gateway is provably dead.
 
+pub(crate) mod framing;
 mod process;
 mod throttle;
 
@@ -48,13 +49,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
-use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::process::{ChildStderr, ChildStdout};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, broadcast, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 pub use process::{Leftovers, kill_leftovers, kill_legacy_leftovers};
 
+use self::framing::{LineReader, Next};
 use self::throttle::{Caller, CrashThrottle, Verdict};
 use super::identity::Identity;
 use super::session::{self, Inbound};
@@ -1399,69 +1401,6 @@ async fn handle_notification(
         _ => {
             tracing::debug!(upstream = %shared.name(), pid = child.pid, %method,
                 "ignoring upstream notification");
-        }
-    }
-}
-
-enum Next {
-    Line(Vec<u8>),
-    /// The line exceeded the limit; its remainder has been skipped.
-    TooLong,
-    Eof,
-}
-
-/// Newline-delimited reader with a per-line cap, so a child cannot make the gateway
-/// buffer an unbounded line. Cancel-safe: partial lines survive a dropped `next()`.
-struct LineReader<R> {
-    inner: R,
-    buf: Vec<u8>,
-    max: usize,
-    skipping: bool,
-}
-
-impl<R: AsyncBufRead + Unpin> LineReader<R> {
-    fn new(inner: R, max: usize) -> Self {
-        Self {
-            inner,
-            buf: Vec::new(),
-            max,
-            skipping: false,
-        }
-    }
-
-    async fn next(&mut self) -> std::io::Result<Next> {
-        loop {
-            let avail = self.inner.fill_buf().await?;
-            if avail.is_empty() {
-                // An unterminated last line still counts as a message.
-                return Ok(if self.buf.is_empty() || self.skipping {
-                    self.skipping = false;
-                    self.buf.clear();
-                    Next::Eof
-                } else {
-                    Next::Line(std::mem::take(&mut self.buf))
-                });
-            }
-            let newline = avail.iter().position(|&b| b == b'\n');
-            let take = newline.unwrap_or(avail.len());
-            if self.skipping {
-                self.inner.consume(take + usize::from(newline.is_some()));
-                if newline.is_some() {
-                    self.skipping = false;
-                }
-                continue;
-            }
-            if self.buf.len() + take > self.max {
-                self.buf.clear();
-                self.skipping = newline.is_none();
-                self.inner.consume(take + usize::from(newline.is_some()));
-                return Ok(Next::TooLong);
-            }
-            self.buf.extend_from_slice(&avail[..take]);
-            self.inner.consume(take + usize::from(newline.is_some()));
-            if newline.is_some() {
-                return Ok(Next::Line(std::mem::take(&mut self.buf)));
-            }
         }
     }
 }
