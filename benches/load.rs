@@ -42,6 +42,8 @@ const META_TASKS: &str = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"
 
 #[path = "load/native.rs"]
 mod native;
+#[path = "load/stdio_pool.rs"]
+mod stdio_pool;
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 type MakeReq = Arc<dyn Fn(u64) -> Request<Full<Bytes>> + Send + Sync>;
@@ -866,6 +868,9 @@ fn main() {
     }
     if want("native") {
         native::native_reference(&rt, &o, &mut rep, &c);
+    }
+    if want("pool") {
+        stdio_pool::stdio_pool(&rt, &o, &mut rep, &c, work.path());
     }
     rep.note(&format!(
         "Harness wall time: {:.0} s.",
