@@ -292,8 +292,13 @@ promote_after_ms = 0
 }
 
 fn start_gateway(dir: &Path, upstream: SocketAddr) -> Gateway {
+    start_gateway_with(dir, &gateway_config(&dir.join("data"), upstream))
+}
+
+/// Start the gateway in `dir` with the configuration `config`.
+fn start_gateway_with(dir: &Path, config: &str) -> Gateway {
     let cfg = dir.join("taskgate.toml");
-    std::fs::write(&cfg, gateway_config(&dir.join("data"), upstream)).unwrap();
+    std::fs::write(&cfg, config).unwrap();
     let mut cmd = Command::new(taskgate_bin());
     cmd.arg("--config").arg(&cfg).current_dir(dir);
     cmd.env("TASKGATE_LOG", "warn,taskgate=info");

@@ -25,24 +25,9 @@ fn tasks_caps() -> Value {
     json!({"extensions": {"io.modelcontextprotocol/tasks": {}}})
 }
 
-/// Direct children of `pid` (the gateway's stdio children).
+/// Live direct children of `pid` (the gateway's stdio children).
 fn children_of(pid: u32) -> BTreeSet<u32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return BTreeSet::new();
-    };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|p| {
-            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
-            let mut rest = stat
-                .rsplit_once(')')
-                .map(|(_, r)| r.split_whitespace())
-                .into_iter()
-                .flatten();
-            let state = rest.next();
-            let ppid = rest.next().and_then(|v| v.parse::<u32>().ok());
-            ppid == Some(pid) && state != Some("Z")
-        })
-        .collect()
+    child_processes(pid).into_iter().map(|(p, _)| p).collect()
 }
 
 async fn echo(c: &Client2026, text: &str) -> Resp {

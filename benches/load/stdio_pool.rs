@@ -11,7 +11,6 @@
 //! items.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -19,9 +18,9 @@ use http::{HeaderValue, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 
 use super::{
-    AUDIENCE, Gateway, HttpClient, ISSUER, META, META_TASKS, MakeReq, Opts, Outcome, Proc, Report,
-    SECRET, Stats, addr_after, check_echo, contains, err_note, gw_req, ms, run_load, taskgate_bin,
-    token,
+    AUDIENCE, Gateway, HttpClient, ISSUER, META, META_TASKS, MakeReq, Opts, Outcome, Report,
+    SECRET, Stats, check_echo, contains, err_note, gw_req, ms, run_load, start_gateway_with,
+    taskgate_bin, token,
 };
 
 const TITLE: &str = "Stdio pool: noisy neighbour on one shared pool (demo over stdio)";
@@ -57,22 +56,7 @@ max_concurrency = 8
 
 fn start(dir: &Path) -> Gateway {
     std::fs::create_dir_all(dir).unwrap();
-    let cfg = dir.join("taskgate.toml");
-    std::fs::write(&cfg, config(&dir.join("data"))).unwrap();
-    let mut cmd = Command::new(taskgate_bin());
-    cmd.arg("--config").arg(&cfg).current_dir(dir);
-    cmd.env("TASKGATE_LOG", "warn,taskgate=info");
-    let t0 = Instant::now();
-    let mut proc = Proc::spawn(cmd);
-    let line = proc
-        .wait_log("taskgate listening on http://", Duration::from_secs(120))
-        .unwrap_or_else(|| panic!("gateway did not start:\n{}", proc.log_text()));
-    Gateway {
-        addr: addr_after(&line, "http://"),
-        startup: t0.elapsed(),
-        spawned: t0,
-        proc,
-    }
+    start_gateway_with(dir, &config(&dir.join("data")))
 }
 
 /// Polls `/readyz` until it answers 200 (the pool's first child is initialised).
