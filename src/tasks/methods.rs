@@ -151,6 +151,11 @@ impl Engine {
     ) -> Result<Value, RpcError> {
         let rec = self.resolve(principal, upstream, params).await?;
         if rec.status.is_terminal() {
+            // The ack says the task is over: a crash must not bring it back, so the
+            // terminal write it saw has to be durable first.
+            self.durable(&rec)
+                .await
+                .map_err(|e| RpcError::internal(e.to_string()))?;
             return Ok(ack(server_info));
         }
         let retention = self.cfg.tasks.result_retention_ms;
