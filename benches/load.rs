@@ -42,6 +42,8 @@ const META_TASKS: &str = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"
 
 #[path = "load/native.rs"]
 mod native;
+#[path = "load/stdio_pool.rs"]
+mod stdio_pool;
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 type MakeReq = Arc<dyn Fn(u64) -> Request<Full<Bytes>> + Send + Sync>;
@@ -290,8 +292,13 @@ promote_after_ms = 0
 }
 
 fn start_gateway(dir: &Path, upstream: SocketAddr) -> Gateway {
+    start_gateway_with(dir, &gateway_config(&dir.join("data"), upstream))
+}
+
+/// Start the gateway in `dir` with the configuration `config`.
+fn start_gateway_with(dir: &Path, config: &str) -> Gateway {
     let cfg = dir.join("taskgate.toml");
-    std::fs::write(&cfg, gateway_config(&dir.join("data"), upstream)).unwrap();
+    std::fs::write(&cfg, config).unwrap();
     let mut cmd = Command::new(taskgate_bin());
     cmd.arg("--config").arg(&cfg).current_dir(dir);
     cmd.env("TASKGATE_LOG", "warn,taskgate=info");
@@ -866,6 +873,9 @@ fn main() {
     }
     if want("native") {
         native::native_reference(&rt, &o, &mut rep, &c);
+    }
+    if want("pool") {
+        stdio_pool::stdio_pool(&rt, &o, &mut rep, &c, work.path());
     }
     rep.note(&format!(
         "Harness wall time: {:.0} s.",

@@ -15,6 +15,11 @@ cargo build --release --all-targets --locked 2>&1 | tail -n 3
 echo "== format and lints"
 cargo fmt --all -- --check
 cargo clippy --release --all-targets --locked -- -D warnings 2>&1 | tail -n 3
+# The library as the cargo-fuzz crate (fuzz/) builds it. The fuzz crate itself is not
+# built here: it is one-line wrappers around this feature's functions, and building it
+# means libFuzzer's C++ plus a second pass over the dependency tree (minutes, not
+# seconds). README "Fuzzing" says how to run it.
+cargo clippy --release --lib --features fuzzing --locked -- -D warnings 2>&1 | tail -n 3
 
 echo "== PostgreSQL for the store tests (scripts/pg.sh; stopped on exit)"
 # shellcheck source=scripts/pg.sh

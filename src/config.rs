@@ -490,6 +490,10 @@ pub struct UpstreamConfig {
     pub call_timeout_ms: Option<u64>,
     #[serde(default)]
     pub stdio_processes: Option<usize>,
+    /// Initialised idle children a stdio pool keeps ready beyond those in use
+    /// (default 1; counted within `stdio_processes`, 0 when that is 1).
+    #[serde(default)]
+    pub stdio_spares: Option<usize>,
     #[serde(default = "default_cancel_grace_ms")]
     pub cancel_grace_ms: u64,
     #[serde(default = "default_idle_reap_ms")]
@@ -564,6 +568,16 @@ impl UpstreamConfig {
 
     pub fn stdio_processes(&self) -> usize {
         self.stdio_processes.unwrap_or(self.max_concurrency).max(1)
+    }
+
+    /// Spares per pool: a single-child pool has none (its one child is the spare).
+    pub fn stdio_spares(&self) -> usize {
+        let processes = self.stdio_processes();
+        if processes == 1 {
+            0
+        } else {
+            self.stdio_spares.unwrap_or(1).min(processes)
+        }
     }
 
     /// Static upstream headers with `${VAR}` expanded from the environment.
@@ -891,6 +905,14 @@ impl Config {
             if u.stdio_processes == Some(0) {
                 return Err(invalid(key("stdio_processes"), "must be > 0"));
             }
+            if let Some(spares) = u.stdio_spares
+                && spares > u.stdio_processes()
+            {
+                return Err(invalid(
+                    key("stdio_spares"),
+                    "must be <= stdio_processes (spares are counted within the pool)",
+                ));
+            }
             if u.max_message_bytes < 1024 {
                 return Err(invalid(key("max_message_bytes"), "must be >= 1024"));
             }
@@ -927,6 +949,26 @@ command = ["@self", "demo-upstream"]
         assert_eq!(c.tasks.promote_after_ms, 1000);
         assert_eq!(c.upstreams[0].path, "/mcp");
         assert_eq!(c.upstreams[0].stdio_processes(), 16);
+        assert_eq!(c.upstreams[0].stdio_spares(), 1);
+    }
+
+    #[test]
+    fn stdio_spares_are_counted_within_the_pool() {
+        let parse = |extra: &str| {
+            Config::parse(&format!(
+                "[auth]\nmode = \"none\"\n[[upstream]]\nname = \"d\"\ncommand = [\"x\"]\n{extra}"
+            ))
+        };
+        let one = parse("stdio_processes = 1\nstdio_spares = 1\n").unwrap();
+        assert_eq!(
+            one.upstreams[0].stdio_spares(),
+            0,
+            "a one-child pool has no spare"
+        );
+        let two = parse("stdio_processes = 4\nstdio_spares = 2\n").unwrap();
+        assert_eq!(two.upstreams[0].stdio_spares(), 2);
+        let err = parse("stdio_processes = 2\nstdio_spares = 3\n").unwrap_err();
+        assert!(err.to_string().contains("stdio_spares"), "{err}");
     }
 
     #[test]

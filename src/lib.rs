@@ -5,6 +5,8 @@ pub mod auth;
 pub mod config;
 pub mod demo;
 pub mod front;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 pub mod limits;
 pub mod logsink;
 pub mod metrics;

@@ -109,6 +109,10 @@ fn describe() {
         "stdio child restarts and HTTP session re-initialisations, by upstream and kind"
     );
     describe_counter!(
+        "taskgate_stdio_throttled_calls_total",
+        "calls delayed by a stdio pool's crash throttle (their tenant's calls of this tool kept killing children), by upstream and tool"
+    );
+    describe_counter!(
         "taskgate_tasks_expired_unread_total",
         "terminal tasks that expired before their owner received the terminal state, by status (completed, failed)"
     );
@@ -185,6 +189,16 @@ pub fn upstream_restart(upstream: &str, kind: &'static str) {
         "taskgate_upstream_restarts_total",
         "upstream" => upstream.to_string(),
         "kind" => kind
+    )
+    .increment(1);
+}
+
+/// A call held back by a stdio pool's crash throttle.
+pub fn stdio_throttled(upstream: &str, tool: &str) {
+    counter!(
+        "taskgate_stdio_throttled_calls_total",
+        "upstream" => upstream.to_string(),
+        "tool" => tool.to_string()
     )
     .increment(1);
 }

@@ -776,3 +776,76 @@ async fn conflicting_body_framing_is_refused_or_read_as_chunked() {
     assert!(reply.contains("supportedVersions"), "{reply}");
     assert!(closed, "connection kept open after CL + TE: {reply}");
 }
+
+/// Write `bytes` one at a time, `every` apart, until the peer closes the connection
+/// or everything is sent; returns whether the peer closed it first.
+async fn dribble(mut conn: TcpStream, bytes: Vec<u8>, every: Duration) -> bool {
+    for b in bytes {
+        if conn.write_all(&[b]).await.is_err() {
+            return true;
+        }
+        tokio::time::sleep(every).await;
+    }
+    read_until_closed(&mut conn, Duration::from_secs(20))
+        .await
+        .is_ok()
+}
+
+/// Slow clients at `max_connections`: sockets that send nothing, slowloris heads (a
+/// byte every 100 ms, so no single read ever stalls) and slow bodies fill the cap; a
+/// normal client is still served, the slow heads are cut by `header_timeout_ms`
+/// (a deadline for the whole head, not per read) and the slow bodies by
+/// `body_timeout_ms`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slowloris_and_slow_bodies_at_the_cap_starve_no_one() {
+    let s = http_gateway("max_connections = 6\nheader_timeout_ms = 1500\nbody_timeout_ms = 1500\n")
+        .await;
+    let c = s.client();
+    let params = json!({});
+    let headers: Vec<(&str, String)> = c.headers("tools/list", &params).into_iter().collect();
+    let body = c.body(json!(1), "tools/list", &params).to_string();
+    let full = http1_request(s.gw.addr, "/mcp", &headers, body.as_bytes());
+    let head_len = full.len() - body.len();
+    let every = Duration::from_millis(100);
+
+    let mut silent = Vec::new();
+    for _ in 0..2 {
+        silent.push(TcpStream::connect(s.gw.addr).await.unwrap());
+    }
+    let mut slow = Vec::new();
+    for _ in 0..2 {
+        // Slowloris: the head, byte by byte (it would take ~full.len() × 100 ms).
+        let conn = TcpStream::connect(s.gw.addr).await.unwrap();
+        slow.push(("head", tokio::spawn(dribble(conn, full.clone(), every))));
+    }
+    for _ in 0..2 {
+        // Slow body: the whole head at once, then the body byte by byte.
+        let mut conn = TcpStream::connect(s.gw.addr).await.unwrap();
+        conn.write_all(&full[..head_len]).await.unwrap();
+        let rest = full[head_len..].to_vec();
+        slow.push(("body", tokio::spawn(dribble(conn, rest, every))));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // The cap is full of slow clients; a normal one is served anyway.
+    let r = tokio::time::timeout(
+        Duration::from_secs(30),
+        c.call_tool("echo", json!({"text": "normal"})),
+    )
+    .await
+    .expect("a normal client was not served while slow clients held the cap");
+    assert_eq!(r.status, 200, "{}", body_text(&r));
+    assert_eq!(first_text(&r.json()["result"]), "normal");
+
+    // Every slow client is cut off, though it never stopped sending.
+    for (kind, h) in slow {
+        assert!(h.await.unwrap(), "a slow {kind} kept its connection");
+    }
+    for conn in &mut silent {
+        let got = read_until_closed(conn, Duration::from_secs(20)).await;
+        assert!(got.is_ok(), "a silent socket was kept open");
+    }
+    // And the gateway still serves.
+    let r = c.call_tool("echo", json!({"text": "after"})).await;
+    assert_eq!(r.status, 200, "{}", body_text(&r));
+}

@@ -367,3 +367,79 @@ async fn queued_task_reports_position_from_creation_when_created_first() {
     // promote_after_ms = 0: the task is created before its call enters the queue.
     queued_tasks_say_so_from_the_start("[upstream.tools.sleep]\npromote_after_ms = 0\n").await;
 }
+
+/// A flood of concurrent polls on one task: the poll limiter answers (well-formed
+/// 429s, nothing else), the flood never reaches the upstream, the task record is
+/// untouched, and the task still completes with its result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poll_flood_on_one_task_is_answered_by_the_limiter_and_touches_nothing() {
+    let s = setup(
+        "[tasks]\npoll_interval_ms = 1000\n[limits]\npoll_burst = 3\n",
+        "[upstream.tools.sleep]\npromote_after_ms = 0\n",
+    )
+    .await;
+    let c = s.client().with_caps(tasks_caps());
+    let t = sleep_task(&c, 4_000).await;
+    let first = get_with_id(&c, &t, json!("first")).await;
+    assert_eq!(first.status, 200, "{}", text(&first));
+    let before = first.json()["result"].clone();
+    let calls_before = demo_stats(&c).await["calls"].as_u64().unwrap();
+
+    let mut ok = 0;
+    let mut throttled = 0;
+    for wave in 0..4 {
+        let replies = futures_util::future::join_all((0..100).map(|i| {
+            let id = json!(format!("flood-{wave}-{i}"));
+            let c = &c;
+            let t = &t;
+            async move { (get_with_id(c, t, id.clone()).await, id) }
+        }))
+        .await;
+        for (r, id) in replies {
+            if r.status == 429 {
+                assert_throttle(&r, 429, "poll_interval", &id);
+                throttled += 1;
+            } else {
+                assert_eq!(r.status, 200, "{}", text(&r));
+                let v = r.json();
+                assert_eq!(v["id"], id, "{v}");
+                assert_eq!(v["result"]["status"], "working", "{v}");
+                assert_eq!(v["result"]["lastUpdatedAt"], before["lastUpdatedAt"], "{v}");
+                ok += 1;
+            }
+        }
+    }
+    assert!(
+        throttled >= 300,
+        "only {throttled} of 400 flooding polls throttled"
+    );
+    // The flood reached neither the upstream nor the task.
+    let calls_after = demo_stats(&c).await["calls"].as_u64().unwrap();
+    assert_eq!(calls_after, calls_before + 1, "polls reached the upstream");
+    let wait = Duration::from_millis(1_100);
+    tokio::time::sleep(wait).await;
+    let now = get_with_id(&c, &t, json!("after")).await;
+    assert_eq!(now.status, 200, "{}", text(&now));
+    let now = now.json()["result"].clone();
+    for k in [
+        "taskId",
+        "status",
+        "statusMessage",
+        "createdAt",
+        "lastUpdatedAt",
+    ] {
+        assert_eq!(now[k], before[k], "{k} changed under the flood");
+    }
+    // Polling at the advertised pace, the task completes with its result.
+    let start = std::time::Instant::now();
+    loop {
+        let r = get_with_id(&c, &t, json!("done")).await;
+        if r.status == 200 && r.json()["result"]["status"] == "completed" {
+            assert_eq!(first_text(&r.json()["result"]["result"]), "slept 4000 ms");
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "{}", text(&r));
+        tokio::time::sleep(wait).await;
+    }
+    eprintln!("poll flood: {ok} answered, {throttled} throttled");
+}

@@ -385,3 +385,340 @@ async fn expired_task_owner_sees_expired_stranger_sees_not_found() {
         "{ack}"
     );
 }
+
+// ---------------------------------------------------------------------------------
+// Isolation fuzz: colliding principals, every method on every foreign id, header
+// tricks
+// ---------------------------------------------------------------------------------
+
+/// `(tenant, subject)` pairs whose names collide once joined by a separator (`:`,
+/// `/`, NUL), differ only in case, a trailing NUL or a combining accent.
+const COLLIDING: [(&str, &str); 10] = [
+    ("a", "b:c"),
+    ("a:b", "c"),
+    ("a", "b\u{0}c"),
+    ("a\u{0}b", "c"),
+    ("a/b", "c"),
+    ("a", "b/c"),
+    ("acme", "alice"),
+    ("acme", "Alice"),
+    ("acme\u{0}", "alice"),
+    ("acme", "alic\u{0065}\u{0301}"),
+];
+
+fn fuzz_client(gw: &Gateway, (tenant, sub): (&str, &str)) -> Client2026 {
+    tasks_client(gw, sub, tenant)
+}
+
+/// `=?base64?…?=`: how a header carries a value that is not plain visible ASCII.
+fn b64_header(v: &str) -> String {
+    use base64::Engine as _;
+    format!(
+        "=?base64?{}?=",
+        base64::engine::general_purpose::STANDARD.encode(v)
+    )
+}
+
+/// One probe: a method, the params' `taskId` (or none), the `Mcp-Name` header
+/// values (none, one or several), and whether the body is written by hand with the
+/// id's `_` as the JSON escape `\u005f`.
+struct Probe {
+    what: &'static str,
+    method: &'static str,
+    body_id: Option<String>,
+    names: Vec<String>,
+    escaped: bool,
+}
+
+/// Every probe of a stranger on `target`, whose own task is `own`. Building the same
+/// list for a never-issued id gives the reply every one of them must equal.
+fn probes(target: &str, own: &str) -> Vec<Probe> {
+    let p = |what, method, body_id: Option<&str>, names: Vec<String>| Probe {
+        what,
+        method,
+        body_id: body_id.map(str::to_string),
+        names,
+        escaped: false,
+    };
+    let t = target.to_string();
+    let mut v = Vec::new();
+    for method in ["tasks/get", "tasks/update", "tasks/cancel"] {
+        v.push(p("plain", method, Some(target), vec![t.clone()]));
+        // Header names the caller's own task, body the foreign one, and back.
+        v.push(p(
+            "header own, body foreign",
+            method,
+            Some(target),
+            vec![own.into()],
+        ));
+        v.push(p(
+            "header foreign, body own",
+            method,
+            Some(own),
+            vec![t.clone()],
+        ));
+        v.push(p(
+            "header foreign, no body id",
+            method,
+            None,
+            vec![t.clone()],
+        ));
+        v.push(p(
+            "base64 header",
+            method,
+            Some(target),
+            vec![b64_header(target)],
+        ));
+        v.push(p(
+            "repeated header",
+            method,
+            Some(target),
+            vec![t.clone(), t.clone()],
+        ));
+        v.push(p(
+            "repeated header, own first",
+            method,
+            Some(target),
+            vec![own.into(), t.clone()],
+        ));
+        let nul = format!("{target}\u{0}");
+        v.push(p(
+            "trailing NUL",
+            method,
+            Some(&nul),
+            vec![b64_header(&nul)],
+        ));
+        v.push(Probe {
+            what: "escaped body id",
+            method,
+            body_id: Some(t.clone()),
+            names: vec![t.clone()],
+            escaped: true,
+        });
+    }
+    v
+}
+
+/// `(status, content-type, body)` of one probe.
+async fn send_probe(c: &Client2026, p: &Probe) -> (u16, Option<String>, String) {
+    let mut params = json!({});
+    if let Some(id) = &p.body_id {
+        params["taskId"] = json!(id);
+    }
+    if p.method == "tasks/update" {
+        params["inputResponses"] =
+            json!({"elicitation-1": {"action": "accept", "content": {"answer": "pwned"}}});
+    }
+    let mut h: Vec<(&str, String)> = c
+        .headers(p.method, &json!({}))
+        .into_iter()
+        .filter(|(k, _)| *k != "mcp-name")
+        .collect();
+    for n in &p.names {
+        h.push(("mcp-name", n.clone()));
+    }
+    let mut body = c.body(json!(1), p.method, &params).to_string();
+    if p.escaped
+        && let Some(id) = &p.body_id
+    {
+        body = body.replace(id.as_str(), &id.replacen('_', "\\u005f", 1));
+    }
+    let r = raw(&c.url, "POST", &h, Bytes::from(body))
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", p.what));
+    (
+        r.status,
+        r.header("content-type"),
+        String::from_utf8_lossy(&r.body).into_owned(),
+    )
+}
+
+/// The first event of a `subscriptions/listen` for `ids`, as JSON text.
+async fn listen_ack(c: &Client2026, ids: &[&str]) -> String {
+    let mut l = SseStream::listen(c, json!("fuzz"), json!({"taskIds": ids})).await;
+    assert_eq!(l.status, 200);
+    l.next(Duration::from_secs(10))
+        .await
+        .expect("listen ack")
+        .to_string()
+}
+
+/// Every owner's view of each of its tasks, byte for byte.
+async fn owner_views(gw: &Gateway, owned: &[(usize, String)]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (who, id) in owned {
+        let c = fuzz_client(gw, COLLIDING[*who]);
+        let r = tasks_get(&c, id).await;
+        assert_eq!(r.status, 200);
+        out.push(String::from_utf8_lossy(&r.body).into_owned());
+    }
+    out
+}
+
+/// Several tenants × subjects with colliding names: each owns a working, an
+/// input-required and a terminal task plus a keyed one (the same Idempotency-Key and
+/// arguments for everyone). Every stranger sends every task method (with header/body
+/// tricks) and `subscriptions/listen` on every foreign id; each reply must be
+/// byte-identical to the reply for a never-issued id (the id substituted where a reply
+/// embeds it), and no owner's view may change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn isolation_fuzz_colliding_principals_and_header_tricks() {
+    let (_up, url) = start_demo_http().await;
+    // A fixed pollIntervalMs (floor = ceiling), so views differ only if state does.
+    let body = format!(
+        "{}[tasks]\npoll_interval_ms = 5000\nmax_poll_interval_ms = 5000\n\
+         [limits]\npoll_burst = 100000\n{}",
+        jwt_auth(),
+        http_upstream(
+            "demo",
+            "/mcp",
+            &url,
+            "max_concurrency = 64\n[upstream.tools.sleep]\npromote_after_ms = 0\n\
+             [upstream.tools.elicit]\npromote_after_ms = 0\n"
+        )
+    );
+    let gw = start_ready(&body).await;
+
+    let mut owned: Vec<(usize, String)> = Vec::new();
+    let mut terminal: Vec<String> = Vec::new();
+    let mut elicits: Vec<String> = Vec::new();
+    for (i, who) in COLLIDING.iter().enumerate() {
+        let c = fuzz_client(&gw, *who);
+        let working = task_id(&create_task(&c, "sleep", json!({"ms": 120_000})).await);
+        let elicit = task_id(&create_task(&c, "elicit", json!({})).await);
+        let done = task_id(&create_task(&c, "sleep", json!({"ms": 120_000})).await);
+        if i % 2 == 0 {
+            ok_result(&tasks_cancel(&c, &done).await);
+        } else {
+            let quick = task_id(&create_task(&c, "sleep", json!({"ms": 10})).await);
+            terminal.push(quick.clone());
+            owned.push((i, quick));
+            ok_result(&tasks_cancel(&c, &done).await);
+        }
+        // The same key and arguments for every principal: each gets its own task.
+        let params = json!({"name": "sleep", "arguments": {"ms": 120_000}});
+        let mut h = c.headers("tools/call", &params);
+        h.push(("idempotency-key", "same-key-for-all".into()));
+        let r = raw(
+            &c.url,
+            "POST",
+            &h,
+            Bytes::from(c.body(json!(1), "tools/call", &params).to_string()),
+        )
+        .await
+        .unwrap();
+        let v = msg(&r);
+        assert_eq!(
+            v["result"]["resultType"], "task",
+            "{who:?}: a keyed call collided with another principal's key: {v}"
+        );
+        let keyed = task_id(&v["result"]);
+        assert!(
+            !owned.iter().any(|(_, t)| *t == keyed),
+            "{who:?} was handed another principal's task {keyed}"
+        );
+        terminal.push(done.clone());
+        elicits.push(elicit.clone());
+        owned.extend([(i, working), (i, elicit), (i, done), (i, keyed)]);
+    }
+    // Settle: the elicitations are waiting for input, the terminal tasks terminal.
+    for (who, id) in &owned {
+        let c = fuzz_client(&gw, COLLIDING[*who]);
+        if elicits.contains(id) {
+            poll_until(&c, id, Duration::from_secs(30), |r| {
+                r["status"] == "input_required"
+            })
+            .await;
+        } else if terminal.contains(id) {
+            poll_terminal(&c, id).await;
+        }
+    }
+    let before = owner_views(&gw, &owned).await;
+
+    // Every stranger probes every foreign id, concurrently per stranger.
+    let counts = futures_util::future::join_all((0..COLLIDING.len()).map(|s| {
+        let gw = &gw;
+        let owned = &owned;
+        async move {
+            let c = fuzz_client(gw, COLLIDING[s]);
+            let own = owned.iter().find(|(w, _)| *w == s).unwrap().1.clone();
+            let unknown = never_issued_id();
+            let mut expected = Vec::new();
+            for p in probes(&unknown, &own) {
+                expected.push(send_probe(&c, &p).await);
+            }
+            let listen_expected = listen_ack(&c, &[&unknown]).await;
+            let listen_own_expected = listen_ack(&c, &[&own, &unknown]).await;
+            let mut n = 0;
+            for (w, target) in owned.iter().filter(|(w, _)| *w != s) {
+                let ctx = format!("{:?} on {:?}'s {target}", COLLIDING[s], COLLIDING[*w]);
+                for (p, (st, ct, body)) in probes(target, &own).iter().zip(&expected) {
+                    let (st_f, ct_f, body_f) = send_probe(&c, p).await;
+                    let want = body.replace(&unknown, target);
+                    assert_eq!(
+                        (st_f, &ct_f, &body_f),
+                        (*st, ct, &want),
+                        "{ctx}: {} {}: the reply differs from a never-issued id's",
+                        p.method,
+                        p.what
+                    );
+                    assert!(!body_f.contains("\"result\""), "{ctx}: {body_f}");
+                    n += 1;
+                }
+                assert_eq!(listen_ack(&c, &[target]).await, listen_expected, "{ctx}");
+                assert_eq!(
+                    listen_ack(&c, &[&own, target]).await,
+                    listen_own_expected,
+                    "{ctx}"
+                );
+                n += 2;
+            }
+            n
+        }
+    }))
+    .await;
+
+    let after = owner_views(&gw, &owned).await;
+    for (((who, id), b), a) in owned.iter().zip(&before).zip(&after) {
+        assert_eq!(b, a, "{:?}'s view of {id} changed", COLLIDING[*who]);
+    }
+    let probes: usize = counts.iter().sum();
+    eprintln!(
+        "isolation fuzz: {} principals, {} tasks, {probes} foreign probes, 0 leaks",
+        COLLIDING.len(),
+        owned.len()
+    );
+}
+
+/// `isolation = "principal"` gives each `(tenant, subject)` its own upstream child,
+/// however their names would join: the demo's `counter` is per process, so a shared
+/// child would count on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn principal_isolation_keeps_colliding_principals_apart() {
+    let body = format!(
+        "{}{}{}",
+        jwt_auth(),
+        tasks_section(""),
+        stdio_upstream_bare("isolation = \"principal\"\nmax_concurrency = 1\n")
+    );
+    let gw = start_ready(&body).await;
+    let count = |who: (&'static str, &'static str)| {
+        let c = plain_client(&gw, who.1, who.0, json!({}));
+        async move {
+            let r = c.call_tool("counter", json!({"key": "scope"})).await;
+            first_text(&ok_result(&r))
+        }
+    };
+    // Control: the same principal twice shares its child.
+    assert_eq!(count(("acme", "alice")).await, "count=1");
+    assert_eq!(count(("acme", "alice")).await, "count=2");
+    for pair in COLLIDING[..6].chunks(2) {
+        for who in pair {
+            assert_eq!(
+                count(*who).await,
+                "count=1",
+                "{who:?} shares an upstream child with another principal"
+            );
+        }
+    }
+}

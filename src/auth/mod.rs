@@ -46,7 +46,7 @@
 //!   at start-up; config validation already refuses it off loopback.
 
 mod cache;
-mod jwks;
+pub(crate) mod jwks;
 mod jwt;
 mod metadata;
 mod mint;

@@ -65,6 +65,8 @@ impl Stats {
             .map(|(k, v)| (k.clone(), json!(v)))
             .collect();
         json!({
+            // Which process answered: tells tests which stdio child served a call.
+            "pid": std::process::id(),
             "calls": self.calls.load(Ordering::SeqCst),
             "cancelled": self.cancelled.load(Ordering::SeqCst),
             "counter": counters,
@@ -777,7 +779,7 @@ mod tests {
                 .expect("json");
         assert_eq!(
             stats,
-            json!({"calls":8,"cancelled":0,"counter":{"default":2}})
+            json!({"pid":std::process::id(),"calls":8,"cancelled":0,"counter":{"default":2}})
         );
         let r = h
             .call(9, "tools/call", json!({"name":"expire_session"}))

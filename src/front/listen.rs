@@ -172,6 +172,7 @@ async fn subscribe(
         method: method.into(),
         params,
         want_progress: false,
+        tenant: None,
     };
     matches!(
         engine.call_upstream(up, who, spec, tx).await,
@@ -217,6 +218,10 @@ async fn relay(
                         // A full snapshot, equal to what tasks/get returns now (spec B9),
                         // so a completed result carries the upstream's current identity.
                         if let Ok(Some(mut rec)) = engine.store.get(&id).await {
+                            // A terminal state goes out only once it is durable.
+                            if engine.durable(&rec).await.is_err() {
+                                continue;
+                            }
                             engine.limits.adapt_for_owner(&mut rec);
                             let si = up.identity().server_info;
                             let detailed = snapshot::detailed(&rec, &si);

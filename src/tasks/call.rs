@@ -50,11 +50,28 @@ impl Drop for Armed {
     }
 }
 
-/// Idempotency index key: `(tenant, subject, upstream, tool, key)` (policy 9).
+/// Idempotency index key: `(tenant, subject, upstream, tool, key)` (policy 9), the
+/// parts joined by NUL with each NUL inside a part written as NUL 0xFF. A UTF-8 part
+/// never holds 0xFF, so one key names one tuple (tenant "a\0b" with subject "c" is not
+/// tenant "a" with subject "b\0c"), and parts without NUL give the keys they always
+/// gave.
 fn idempotency_index(p: &Principal, upstream: &str, tool: &str, key: &str) -> Vec<u8> {
-    [p.tenant.as_str(), p.subject.as_str(), upstream, tool, key]
-        .join("\u{0}")
-        .into_bytes()
+    let mut out = Vec::new();
+    for (i, part) in [p.tenant.as_str(), p.subject.as_str(), upstream, tool, key]
+        .iter()
+        .enumerate()
+    {
+        if i > 0 {
+            out.push(0);
+        }
+        for &b in part.as_bytes() {
+            out.push(b);
+            if b == 0 {
+                out.push(0xff);
+            }
+        }
+    }
+    out
 }
 
 fn start_call(
@@ -174,7 +191,13 @@ impl Engine {
         let mut params = serde_json::Map::new();
         params.insert("taskId".into(), Value::from(entry.task_id));
         match self.resolve(&c.principal, c.upstream.name(), &params).await {
-            Ok(rec) => Reply::Task(snapshot::create_result(&rec, &c.server_info)),
+            Ok(rec) => {
+                // It may have finished meanwhile: its status shows once durable.
+                match self.durable(&rec).await {
+                    Ok(()) => Reply::Task(snapshot::create_result(&rec, &c.server_info)),
+                    Err(e) => Reply::Complete(Err(RpcError::internal(e.to_string()))),
+                }
+            }
             Err(e) => Reply::Complete(Err(e)),
         }
     }
@@ -391,5 +414,38 @@ impl Engine {
         );
         crate::metrics::promoted(c.upstream.name(), &rec.task_id);
         Reply::Task(snapshot::create_result(&rec, &c.server_info))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn principal(tenant: &str, subject: &str) -> Principal {
+        Principal {
+            tenant: tenant.into(),
+            subject: subject.into(),
+        }
+    }
+
+    #[test]
+    fn idempotency_index_names_one_tuple() {
+        // Unchanged for parts without NUL: keys stored by earlier versions still match.
+        assert_eq!(
+            idempotency_index(&principal("acme", "alice"), "demo", "slow", "k"),
+            b"acme\0alice\0demo\0slow\0k"
+        );
+        let keys = [
+            idempotency_index(&principal("a", "b\0c"), "u", "t", "k"),
+            idempotency_index(&principal("a\0b", "c"), "u", "t", "k"),
+            idempotency_index(&principal("a", "b"), "u", "t\0k", ""),
+            idempotency_index(&principal("a", "b"), "u", "t", "\0k"),
+            idempotency_index(&principal("a", "b\0"), "u", "t", "k"),
+        ];
+        for (i, a) in keys.iter().enumerate() {
+            for b in &keys[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
     }
 }

@@ -105,6 +105,7 @@ impl Engine {
         apply: impl Fn(&mut TaskRecord) + Send + Sync,
     ) {
         let retention = self.cfg.tasks.result_retention_ms;
+        self.terminal_writing(task_id);
         let updated = self
             .update_task(task_id, &mut |rec| {
                 if rec.status.is_terminal() {
@@ -116,11 +117,13 @@ impl Engine {
             })
             .await;
         match updated {
-            Ok(_) => {
-                if let Err(e) = self.flush().await {
+            Ok(_) => match self.flush().await {
+                Ok(()) => self.terminal_flushed(task_id),
+                // Still unflushed: readers flush (and fail) before showing it.
+                Err(e) => {
                     tracing::error!(task = task_id, error = %e, "flushing a terminal state failed");
                 }
-            }
+            },
             Err(e) => {
                 tracing::error!(task = task_id, error = %e, "recording a terminal state failed")
             }

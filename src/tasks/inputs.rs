@@ -113,5 +113,6 @@ pub fn upstream_spec(req: &ValidRequest, want_progress: bool) -> CallSpec {
         method: req.method.clone(),
         params,
         want_progress,
+        tenant: None,
     }
 }

@@ -74,6 +74,10 @@ impl Engine {
         server_info: &Value,
     ) -> Result<Value, RpcError> {
         let mut rec = self.resolve(principal, upstream, params).await?;
+        // A terminal state is shown only once it is durable.
+        self.durable(&rec)
+            .await
+            .map_err(|e| RpcError::internal(e.to_string()))?;
         // Adaptive pollIntervalMs, remembered as advertised (issue #4).
         self.limits.adapt(principal, &mut rec);
         // `resolve` only answers the owner: this read collects the outcome.
@@ -147,9 +151,15 @@ impl Engine {
     ) -> Result<Value, RpcError> {
         let rec = self.resolve(principal, upstream, params).await?;
         if rec.status.is_terminal() {
+            // The ack says the task is over: a crash must not bring it back, so the
+            // terminal write it saw has to be durable first.
+            self.durable(&rec)
+                .await
+                .map_err(|e| RpcError::internal(e.to_string()))?;
             return Ok(ack(server_info));
         }
         let retention = self.cfg.tasks.result_retention_ms;
+        self.terminal_writing(&rec.task_id);
         let r = self
             .update_task(&rec.task_id, &mut |r| {
                 if r.status.is_terminal() {
@@ -166,6 +176,7 @@ impl Engine {
         self.flush()
             .await
             .map_err(|e| RpcError::internal(e.to_string()))?;
+        self.terminal_flushed(&rec.task_id);
         // Dropping the call sends `notifications/cancelled` upstream.
         self.abort_live(&rec.task_id);
         self.changed(&rec.task_id);

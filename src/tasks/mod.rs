@@ -85,6 +85,12 @@ pub struct Engine {
     /// Terminal snapshots the owner received, waiting to be marked in the store.
     seen: seen::SeenMarks,
     observers: RwLock<Vec<Observer>>,
+    /// Tasks with a terminal write that no flush has covered yet (by writer count):
+    /// sled shows a write before it is durable, so a reader that finds such a task
+    /// terminal flushes first ([`Engine::durable`]); otherwise a crash could turn a
+    /// result a client already read back into "gateway restarted" (README
+    /// "Durability").
+    unflushed: Mutex<HashMap<String, usize>>,
 }
 
 impl Engine {
@@ -99,6 +105,7 @@ impl Engine {
             changes,
             seen: seen::SeenMarks::default(),
             observers: RwLock::new(Vec::new()),
+            unflushed: Mutex::new(HashMap::new()),
         })
     }
 
@@ -268,6 +275,25 @@ impl Engine {
         }
     }
 
+    /// Note a terminal write of `task_id` that is about to be made; call
+    /// [`Engine::terminal_flushed`] once a flush after it resolved.
+    fn terminal_writing(&self, task_id: &str) {
+        if let Ok(mut u) = self.unflushed.lock() {
+            *u.entry(task_id.to_string()).or_default() += 1;
+        }
+    }
+
+    fn terminal_flushed(&self, task_id: &str) {
+        if let Ok(mut u) = self.unflushed.lock()
+            && let Some(n) = u.get_mut(task_id)
+        {
+            *n -= 1;
+            if *n == 0 {
+                u.remove(task_id);
+            }
+        }
+    }
+
     /// Mark the gateway as stopping (see the `draining` field).
     pub fn begin_shutdown(&self) {
         self.draining.store(true, Ordering::SeqCst);
@@ -324,6 +350,20 @@ impl Engine {
         let engine = self.clone();
         let call = tokio::spawn(async move { engine.call_upstream(&up, &p, spec, ev_tx).await });
         mrtr::Pending { call, events }
+    }
+
+    /// Before `rec` (just read) is shown to anyone: if it is terminal and that write
+    /// may not be durable yet, flush (a flush started after the read covers it).
+    pub async fn durable(&self, rec: &TaskRecord) -> Result<(), crate::store::StoreError> {
+        let pending = rec.status.is_terminal()
+            && self
+                .unflushed
+                .lock()
+                .map_or(true, |u| u.contains_key(&rec.task_id));
+        if pending {
+            self.store.flush().await?;
+        }
+        Ok(())
     }
 
     pub fn subscribe_changes(&self) -> broadcast::Receiver<String> {

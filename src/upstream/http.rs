@@ -2278,6 +2278,7 @@ mod tests {
             method: "tools/call".into(),
             params,
             want_progress,
+            tenant: None,
         }
     }
 

@@ -49,6 +49,10 @@ pub struct CallSpec {
     pub params: Map<String, Value>,
     /// Ask the upstream for progress (a gateway-minted token, unique per session).
     pub want_progress: bool,
+    /// The tenant the call is made for; `None` for the gateway's own calls (such as
+    /// the cached `tools/list`). A stdio pool throttles a tenant + tool whose calls
+    /// keep killing its children.
+    pub tenant: Option<String>,
 }
 
 /// Something the upstream said about an in-flight call.

@@ -21,11 +21,18 @@ use crate::config::{Isolation, UpstreamConfig, UpstreamTarget};
 use crate::protocol::RpcError;
 
 /// Scope key for upstream state isolation: "" (shared), tenant, or tenant + subject.
+/// The tenant's length comes first, so no two `(tenant, subject)` pairs share a key
+/// whatever characters (NUL included) their names hold.
 fn scope_key(isolation: Isolation, principal: &Principal) -> String {
     match isolation {
         Isolation::Shared => String::new(),
         Isolation::Tenant => format!("t:{}", principal.tenant),
-        Isolation::Principal => format!("p:{}\u{0}{}", principal.tenant, principal.subject),
+        Isolation::Principal => format!(
+            "p:{}:{}\u{0}{}",
+            principal.tenant.len(),
+            principal.tenant,
+            principal.subject
+        ),
     }
 }
 
@@ -64,6 +71,7 @@ impl Upstream {
                 args,
                 env: cfg.env.clone(),
                 processes: cfg.stdio_processes(),
+                spares: cfg.stdio_spares(),
                 cancel_grace_ms: cfg.cancel_grace_ms,
                 idle_reap_ms: cfg.idle_reap_ms,
                 max_message_bytes: cfg.max_message_bytes,
@@ -206,9 +214,10 @@ impl Upstream {
     pub async fn call(
         &self,
         principal: &Principal,
-        spec: CallSpec,
+        mut spec: CallSpec,
         events: mpsc::Sender<CallEvent>,
     ) -> Result<CallOutcome, UpstreamError> {
+        spec.tenant = Some(principal.tenant.clone());
         let started = std::time::Instant::now();
         let (transport, _) = self.scoped(principal);
         transport.ensure_ready().await?;
@@ -249,6 +258,7 @@ impl Upstream {
                     method: "tools/list".into(),
                     params: Map::new(),
                     want_progress: false,
+                    tenant: None,
                 },
                 tx,
             )

@@ -21,7 +21,8 @@
 //!
 //! Memory is bounded: an event (data plus the line being read) larger than
 //! `max_event_bytes` is an error, so a misbehaving upstream cannot grow the buffer
-//! without limit.
+//! without limit. The check is made on every line as a whole, so whether a stream is
+//! refused never depends on how the network chunked it.
 
 use std::fmt;
 
@@ -146,6 +147,13 @@ impl SseParser {
                         } else if chunk[0] == b'\n' {
                             chunk = &chunk[1..];
                         }
+                    }
+                    // The whole line counts against the limit, however it was
+                    // chunked (a line that arrived in one chunk is never checked
+                    // below while it is being read).
+                    if self.line.len() + self.data.len() > self.max_event_bytes {
+                        self.failed = true;
+                        return Err(self.too_large());
                     }
                     let line = std::mem::take(&mut self.line);
                     self.process_line(&line, &mut out)?;
@@ -369,5 +377,29 @@ mod tests {
         // An endless line without terminator is caught too.
         let mut p = SseParser::new(16);
         assert!(p.feed(&[b'a'; 64]).is_err());
+    }
+
+    #[test]
+    fn limit_does_not_depend_on_chunking() {
+        // A 28-byte `event` line against a 16-byte limit: refused whether it arrives
+        // in one chunk or in two (before, only the split line was refused).
+        let input = b"event: 0123456789abcdefghij\n\ndata: x\n\n";
+        let mut whole = SseParser::new(16);
+        assert_eq!(
+            whole.feed(input),
+            Err(SseError::EventTooLarge { limit: 16 })
+        );
+        let mut split = SseParser::new(16);
+        assert!(split.feed(&input[..20]).is_err());
+        // Data lines count with their field name, as they do while being read.
+        let input = b"data: 01234567\ndata: 0123456\n\n";
+        let mut whole = SseParser::new(16);
+        assert!(whole.feed(input).is_err());
+        let mut bytes = SseParser::new(16);
+        assert!(
+            input
+                .iter()
+                .any(|b| bytes.feed(std::slice::from_ref(b)).is_err())
+        );
     }
 }

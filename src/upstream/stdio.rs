@@ -18,15 +18,27 @@
 //! killed and the slot restarts with a fresh child.
 //!
 //! # Lifecycle
-//! Slot 0 is started eagerly by [`StdioPool::start`]; further slots (up to
-//! `processes`) start on demand and are reaped after `idle_reap_ms` idle. A child that
-//! dies fails its in-flight call with [`UpstreamError::Broken`] and is restarted with
-//! exponential backoff. Children lead their own process group, get `SIGKILL` if the
-//! gateway dies, and are recorded in `pid_dir` (this replica's directory under
-//! `store.runtime_dir`) so [`kill_leftovers`] can clean up after a `kill -9` — only
-//! groups whose recording gateway is provably dead.
+//! Slot 0 is started eagerly by [`StdioPool::start`]. The pool keeps `spares`
+//! initialised idle children ready beyond those in use (and beyond the calls waiting
+//! for one), starting as many slots as that needs **at once**, ahead of need, up to
+//! `processes`; idle extra children beyond the spares are reaped after `idle_reap_ms`.
+//! So a call rarely waits out a child's start-up and settle window.
+//!
+//! A child that dies while serving a call fails that call with
+//! [`UpstreamError::Broken`] and is replaced at once. Backoff (100 ms doubling to 5 s,
+//! pool-wide) applies only to children that fail to start — the spawn or `initialize`
+//! fails, or the child exits idle soon after starting. A caller (tenant + tool) whose
+//! calls keep killing children is throttled (see [`throttle`]) so it cannot keep the
+//! pool cold for everyone else.
+//!
+//! Children lead their own process group, get `SIGKILL` if the gateway dies, and are
+//! recorded in `pid_dir` (this replica's directory under `store.runtime_dir`) so
+//! [`kill_leftovers`] can clean up after a `kill -9` — only groups whose recording
+//! gateway is provably dead.
 
+pub(crate) mod framing;
 mod process;
+mod throttle;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -37,13 +49,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
-use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::process::{ChildStderr, ChildStdout};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, broadcast, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 pub use process::{Leftovers, kill_leftovers, kill_legacy_leftovers};
 
+use self::framing::{LineReader, Next};
+use self::throttle::{Caller, CrashThrottle, Verdict};
 use super::identity::Identity;
 use super::session::{self, Inbound};
 use super::{
@@ -52,10 +66,12 @@ use super::{
 };
 use crate::protocol::RpcError;
 
-/// First restart delay after a crash; doubles per consecutive failure up to the max.
+/// First delay after a failed start; doubles per consecutive failure up to the max.
 const BACKOFF_INITIAL: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
-/// A child that stayed up this long resets the backoff (it was not crash-looping).
+/// A child that exits on its own, idle, sooner than this after becoming ready counts
+/// as a failed start (a server that quits right after its handshake would otherwise
+/// be respawned in a tight loop).
 const STABLE_UPTIME: Duration = Duration::from_secs(10);
 /// Bound on the `initialize` round trip (covers slow `npx`/`uvx` cold starts).
 /// Quiet period between `initialized` and a child's first call (see `spawn_child`).
@@ -82,6 +98,9 @@ pub struct StdioOptions {
     pub env: BTreeMap<String, String>,
     /// Maximum number of children (= concurrent calls).
     pub processes: usize,
+    /// Initialised idle children kept ready beyond those in use (counted within
+    /// `processes`; 0 when `processes` is 1).
+    pub spares: usize,
     pub cancel_grace_ms: u64,
     pub idle_reap_ms: u64,
     /// Longest accepted stdout line; longer is a protocol error.
@@ -116,10 +135,20 @@ struct Shared {
     info: Mutex<Option<UpstreamInfo>>,
     /// Every child with a process, including ones still in the handshake.
     live: Mutex<HashMap<u64, Arc<Child>>>,
+    /// Effective spares: `opts.spares` capped to the pool (0 for a single child).
+    spares: usize,
+    throttle: CrashThrottle,
 }
 
 struct PoolState {
     slots: Vec<Slot>,
+    /// Calls holding a permit that have not been given a child yet: demand that the
+    /// pool starts children for, on top of the spares.
+    waiting: usize,
+    /// Consecutive failed starts, pool-wide, and the backoff they impose on starting
+    /// further slots.
+    start_failures: u32,
+    starts_blocked_until: Option<Instant>,
 }
 
 struct Slot {
@@ -158,11 +187,16 @@ struct Child {
     doomed: AtomicBool,
     info: Mutex<Option<UpstreamInfo>>,
     pid_file: Option<PathBuf>,
+    /// Set when the child went away on its own while serving a call (not killed by
+    /// the pool): its replacement starts at once.
+    died_serving: AtomicBool,
 }
 
 /// Routing for the call in flight on a child.
 struct Active {
     request_id: u64,
+    /// Whose call it is, for the crash throttle (`None` for the gateway's own calls).
+    caller: Option<Caller>,
     progress_token: Option<String>,
     events: mpsc::Sender<CallEvent>,
     reply: oneshot::Sender<Result<CallOutcome, UpstreamError>>,
@@ -229,6 +263,11 @@ impl StdioPool {
     /// tokio runtime.
     pub fn start(opts: StdioOptions) -> Arc<Self> {
         let processes = opts.processes.max(1);
+        let spares = if processes == 1 {
+            0
+        } else {
+            opts.spares.min(processes)
+        };
         let now = Instant::now();
         let slots = (0..processes)
             .map(|_| Slot {
@@ -240,7 +279,12 @@ impl StdioPool {
         let (notifications, _) = broadcast::channel(NOTIFICATION_CAPACITY);
         let shared = Arc::new(Shared {
             opts,
-            state: Mutex::new(PoolState { slots }),
+            state: Mutex::new(PoolState {
+                slots,
+                waiting: 0,
+                start_failures: 0,
+                starts_blocked_until: None,
+            }),
             changed: Notify::new(),
             permits: Arc::new(Semaphore::new(processes)),
             notifications,
@@ -250,9 +294,12 @@ impl StdioPool {
             shutdown: CancellationToken::new(),
             info: Mutex::new(None),
             live: Mutex::new(HashMap::new()),
+            spares,
+            throttle: CrashThrottle::default(),
         });
         if let Ok(mut st) = shared.state.lock() {
             shared.activate(&mut st, 0);
+            shared.replenish(&mut st);
         }
         Arc::new(Self { shared })
     }
@@ -304,25 +351,89 @@ impl Shared {
         tokio::spawn(supervise(self.clone(), idx));
     }
 
-    fn set_slot(&self, idx: usize, state: SlotState) {
-        if let Ok(mut st) = self.state.lock()
-            && let Some(slot) = st.slots.get_mut(idx)
-        {
-            slot.state = state;
-            slot.idle_since = Instant::now();
+    /// Start inactive slots until the pool has enough children ready or starting for
+    /// the calls waiting plus the spares — all of them at once, so replacements start
+    /// in parallel and before anyone needs them. Caller holds the state lock.
+    fn replenish(self: &Arc<Self>, st: &mut PoolState) {
+        if self.shutdown.is_cancelled() {
+            return;
+        }
+        if st.starts_blocked_until.is_some_and(|t| Instant::now() < t) {
+            return; // backing off after failed starts
+        }
+        let coming = |s: &Slot| {
+            !s.busy
+                && match &s.state {
+                    SlotState::Starting => true,
+                    SlotState::Ready(c) => c.usable(),
+                    _ => false,
+                }
+        };
+        let idle = st.slots.iter().filter(|s| coming(s)).count();
+        let live = st
+            .slots
+            .iter()
+            .filter(|s| matches!(s.state, SlotState::Starting | SlotState::Ready(_)))
+            .count();
+        let mut need = st.waiting + self.spares;
+        if live == 0 {
+            need = need.max(1);
+        }
+        let missing = need.saturating_sub(idle);
+        let inactive: Vec<usize> = st
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| !s.busy && matches!(s.state, SlotState::Inactive))
+            .map(|(i, _)| i)
+            .take(missing)
+            .collect();
+        for idx in inactive {
+            self.activate(st, idx);
+        }
+    }
+
+    fn set_slot(self: &Arc<Self>, idx: usize, state: SlotState) {
+        if let Ok(mut st) = self.state.lock() {
+            if let Some(slot) = st.slots.get_mut(idx) {
+                slot.state = state;
+                slot.idle_since = Instant::now();
+            }
+            self.replenish(&mut st);
         }
         self.changed.notify_waiters();
     }
 
     /// Return a slot reservation (call finished, or its cancelled call was settled).
-    fn release(&self, idx: usize) {
-        if let Ok(mut st) = self.state.lock()
-            && let Some(slot) = st.slots.get_mut(idx)
-        {
-            slot.busy = false;
-            slot.idle_since = Instant::now();
+    fn release(self: &Arc<Self>, idx: usize) {
+        if let Ok(mut st) = self.state.lock() {
+            if let Some(slot) = st.slots.get_mut(idx) {
+                slot.busy = false;
+                slot.idle_since = Instant::now();
+            }
+            self.replenish(&mut st);
         }
         self.changed.notify_waiters();
+    }
+
+    /// A start failed (or a child quit right after starting): back off further
+    /// starts pool-wide. Returns the delay.
+    fn start_failed(&self) -> Duration {
+        let Ok(mut st) = self.state.lock() else {
+            return BACKOFF_MAX;
+        };
+        st.start_failures = st.start_failures.saturating_add(1);
+        let doublings = st.start_failures.saturating_sub(1).min(16);
+        let delay = (BACKOFF_INITIAL * 2u32.pow(doublings)).min(BACKOFF_MAX);
+        st.starts_blocked_until = Some(Instant::now() + delay);
+        delay
+    }
+
+    fn start_succeeded(&self) {
+        if let Ok(mut st) = self.state.lock() {
+            st.start_failures = 0;
+            st.starts_blocked_until = None;
+        }
     }
 
     fn unavailable(&self, reason: impl Into<String>) -> UpstreamError {
@@ -333,8 +444,20 @@ impl Shared {
     }
 
     /// Reserve a ready child for one call. The caller holds a semaphore permit, so at
-    /// least one slot is unreserved.
+    /// least one slot is unreserved. While it waits, the call counts as demand.
     async fn checkout(self: &Arc<Self>) -> Result<(usize, Arc<Child>), UpstreamError> {
+        struct Waiting<'a>(&'a Shared);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                if let Ok(mut st) = self.0.state.lock() {
+                    st.waiting = st.waiting.saturating_sub(1);
+                }
+            }
+        }
+        if let Ok(mut st) = self.state.lock() {
+            st.waiting += 1;
+        }
+        let _waiting = Waiting(self);
         loop {
             let mut notified = pin!(self.changed.notified());
             notified.as_mut().enable();
@@ -356,31 +479,27 @@ impl Shared {
                     if let Some(slot) = st.slots.get_mut(idx) {
                         slot.busy = true;
                     }
+                    // No longer waiting; taking a child may have used up a spare.
+                    st.waiting = st.waiting.saturating_sub(1);
+                    self.replenish(&mut st);
+                    st.waiting += 1; // undone by `_waiting`
                     return Ok((idx, child));
                 }
+                self.replenish(&mut st);
                 // A free slot that is (re)starting will become ready: wait for it.
                 let starting = st.slots.iter().any(|s| {
                     free(s) && matches!(&s.state, SlotState::Starting | SlotState::Ready(_))
                 });
                 if !starting {
-                    let inactive = st
+                    let reason = st
                         .slots
                         .iter()
-                        .position(|s| free(s) && matches!(s.state, SlotState::Inactive));
-                    match inactive {
-                        Some(idx) => self.activate(&mut st, idx),
-                        None => {
-                            let reason = st
-                                .slots
-                                .iter()
-                                .find_map(|s| match &s.state {
-                                    SlotState::Down(r) if free(s) => Some(r.clone()),
-                                    _ => None,
-                                })
-                                .unwrap_or_else(|| "no child available".into());
-                            return Err(self.unavailable(reason));
-                        }
-                    }
+                        .find_map(|s| match &s.state {
+                            SlotState::Down(r) => Some(r.clone()),
+                            _ => None,
+                        })
+                        .unwrap_or_else(|| "no child available".into());
+                    return Err(self.unavailable(reason));
                 }
             }
             tokio::select! {
@@ -467,6 +586,29 @@ impl Shared {
         if self.shutdown.is_cancelled() {
             return Err(UpstreamError::ShuttingDown);
         }
+        let caller = spec.tenant.as_ref().map(|tenant| Caller {
+            tenant: tenant.clone(),
+            tool: spec
+                .params
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or(&spec.method)
+                .to_string(),
+        });
+        // Held for the whole call: a throttled caller runs one call at a time.
+        let _throttled = match &caller {
+            Some(c) => {
+                let admitted = tokio::select! {
+                    p = self.throttle.admit(c) => p,
+                    () = self.shutdown.cancelled() => return Err(UpstreamError::ShuttingDown),
+                };
+                if admitted.is_some() {
+                    crate::metrics::stdio_throttled(self.name(), &c.tool);
+                }
+                admitted
+            }
+            None => None,
+        };
         let permit = tokio::select! {
             p = self.permits.clone().acquire_owned() => {
                 p.map_err(|_| UpstreamError::ShuttingDown)?
@@ -509,6 +651,7 @@ impl Shared {
             // progress from the child would be treated as unowned.
             *a = Some(Active {
                 request_id,
+                caller,
                 progress_token,
                 events,
                 reply: reply_tx,
@@ -651,14 +794,14 @@ impl Drop for CallGuard {
 
 /// Keep one slot's child alive: spawn, initialize, wait for exit or idleness, restart.
 async fn supervise(shared: Arc<Shared>, idx: usize) {
-    let mut backoff = BACKOFF_INITIAL;
     loop {
         if shared.shutdown.is_cancelled() {
             return;
         }
-        match spawn_child(&shared).await {
+        let backoff = match spawn_child(&shared).await {
             Ok(child) => {
                 let started = Instant::now();
+                shared.start_succeeded();
                 if let Some(info) = child.info.lock().ok().and_then(|i| i.clone())
                     && let Ok(mut slot_info) = shared.info.lock()
                 {
@@ -672,29 +815,40 @@ async fn supervise(shared: Arc<Shared>, idx: usize) {
                     }
                     return;
                 }
-                shared.set_slot(idx, SlotState::Starting);
-                if started.elapsed() >= STABLE_UPTIME {
-                    backoff = BACKOFF_INITIAL;
-                }
-                tracing::warn!(upstream = %shared.name(), pid = child.pid, slot = idx,
-                    delay_ms = backoff.as_millis() as u64, "stdio child exited; restarting");
                 crate::metrics::upstream_restart(shared.name(), "stdio_restart");
+                // Dying while serving a call says nothing about the child's ability to
+                // start: replace it at once (repeat offenders are throttled instead).
+                let quick_idle_exit =
+                    !child.died_serving.load(Ordering::SeqCst) && started.elapsed() < STABLE_UPTIME;
+                let delay = if quick_idle_exit {
+                    shared.start_failed()
+                } else {
+                    Duration::ZERO
+                };
+                tracing::warn!(upstream = %shared.name(), pid = child.pid, slot = idx,
+                    delay_ms = delay.as_millis() as u64, "stdio child exited; restarting");
+                if delay.is_zero() {
+                    shared.set_slot(idx, SlotState::Starting);
+                    continue;
+                }
+                delay
             }
             Err(reason) => {
+                let delay = shared.start_failed();
                 tracing::warn!(upstream = %shared.name(), slot = idx, %reason,
-                    "stdio child failed to start");
+                    delay_ms = delay.as_millis() as u64, "stdio child failed to start");
                 shared.set_slot(idx, SlotState::Down(reason));
                 if idx > 0 {
-                    // Extra slots are on-demand: let a later call try again rather
-                    // than keep a failing process spinning.
-                    sleep_or_shutdown(&shared, backoff).await;
+                    // Extra slots serve demand: once the backoff is over the pool
+                    // starts whichever slots it then needs.
+                    sleep_or_shutdown(&shared, delay).await;
                     shared.set_slot(idx, SlotState::Inactive);
                     return;
                 }
+                delay
             }
-        }
+        };
         sleep_or_shutdown(&shared, backoff).await;
-        backoff = (backoff * 2).min(BACKOFF_MAX);
         if shared.shutdown.is_cancelled() {
             return;
         }
@@ -710,7 +864,8 @@ async fn sleep_or_shutdown(shared: &Shared, d: Duration) {
 }
 
 /// Wait until the child goes away (false) or, for extra slots, is reaped because it
-/// stayed idle for `idle_reap_ms` (true; the slot is then already `Inactive`).
+/// stayed idle for `idle_reap_ms` while the pool had more idle children than its
+/// spares (true; the slot is then already `Inactive`).
 async fn watch_child(shared: &Shared, idx: usize, child: &Child) -> bool {
     if idx == 0 {
         // The first child is never reaped: it answers `ensure_ready` and `info()`.
@@ -723,13 +878,21 @@ async fn watch_child(shared: &Shared, idx: usize, child: &Child) -> bool {
             let Ok(mut st) = shared.state.lock() else {
                 return false;
             };
-            let Some(slot) = st.slots.get_mut(idx) else {
+            let Some(slot) = st.slots.get(idx) else {
                 return false;
             };
             let idle_for = slot.idle_since.elapsed();
-            if !slot.busy && child.usable() && idle_for >= reap_after {
-                // Marked under the lock so no call can check the child out any more.
-                slot.state = SlotState::Inactive;
+            let reapable = !slot.busy && child.usable() && idle_for >= reap_after;
+            let idle_ready = st
+                .slots
+                .iter()
+                .filter(|s| !s.busy && matches!(&s.state, SlotState::Ready(c) if c.usable()))
+                .count();
+            if reapable && idle_ready > shared.spares {
+                if let Some(slot) = st.slots.get_mut(idx) {
+                    // Marked under the lock so no call can check the child out any more.
+                    slot.state = SlotState::Inactive;
+                }
                 child.doomed.store(true, Ordering::SeqCst);
                 drop(st);
                 shared.changed.notify_waiters();
@@ -737,9 +900,14 @@ async fn watch_child(shared: &Shared, idx: usize, child: &Child) -> bool {
                     "reaping idle stdio child");
                 return true;
             }
-            reap_after
-                .saturating_sub(idle_for)
-                .max(Duration::from_millis(10))
+            if reapable {
+                // Idle long enough but one of the spares: look again a period later.
+                reap_after
+            } else {
+                reap_after
+                    .saturating_sub(idle_for)
+                    .max(Duration::from_millis(10))
+            }
         };
         tokio::select! {
             () = child.gone.cancelled() => return false,
@@ -789,6 +957,7 @@ async fn spawn_child(shared: &Arc<Shared>) -> Result<Arc<Child>, String> {
         doomed: AtomicBool::new(false),
         info: Mutex::new(None),
         pid_file,
+        died_serving: AtomicBool::new(false),
     });
     if let Ok(mut live) = shared.live.lock() {
         live.insert(child.serial, child.clone());
@@ -915,7 +1084,8 @@ async fn run_child(
             }
         }
     };
-    child.doomed.store(true, Ordering::SeqCst);
+    // Doomed already = the pool killed it (reaped, cancel not settled, shutdown).
+    let killed_by_pool = child.doomed.swap(true, Ordering::SeqCst);
     match &cause {
         EndCause::Exited => {
             // The final answer may still be in the pipe: read what is left, bounded
@@ -958,6 +1128,17 @@ async fn run_child(
     };
     if let Some(active) = child.take_active() {
         active.token.cancel();
+        child.died_serving.store(true, Ordering::SeqCst);
+        if !killed_by_pool
+            && !shared.shutdown.is_cancelled()
+            && let Some(caller) = &active.caller
+            && let Verdict::Throttled(penalty) = shared.throttle.crashed(caller, Instant::now())
+        {
+            tracing::warn!(upstream = %shared.name(), tenant = %caller.tenant,
+                tool = %caller.tool, penalty_ms = penalty.as_millis() as u64,
+                "calls keep killing stdio children; throttling this tenant and tool \
+                 (one call at a time, each after the penalty)");
+        }
         let err = if shared.shutdown.is_cancelled() {
             UpstreamError::ShuttingDown
         } else if matches!(cause, EndCause::TooLong) {
@@ -1220,69 +1401,6 @@ async fn handle_notification(
         _ => {
             tracing::debug!(upstream = %shared.name(), pid = child.pid, %method,
                 "ignoring upstream notification");
-        }
-    }
-}
-
-enum Next {
-    Line(Vec<u8>),
-    /// The line exceeded the limit; its remainder has been skipped.
-    TooLong,
-    Eof,
-}
-
-/// Newline-delimited reader with a per-line cap, so a child cannot make the gateway
-/// buffer an unbounded line. Cancel-safe: partial lines survive a dropped `next()`.
-struct LineReader<R> {
-    inner: R,
-    buf: Vec<u8>,
-    max: usize,
-    skipping: bool,
-}
-
-impl<R: AsyncBufRead + Unpin> LineReader<R> {
-    fn new(inner: R, max: usize) -> Self {
-        Self {
-            inner,
-            buf: Vec::new(),
-            max,
-            skipping: false,
-        }
-    }
-
-    async fn next(&mut self) -> std::io::Result<Next> {
-        loop {
-            let avail = self.inner.fill_buf().await?;
-            if avail.is_empty() {
-                // An unterminated last line still counts as a message.
-                return Ok(if self.buf.is_empty() || self.skipping {
-                    self.skipping = false;
-                    self.buf.clear();
-                    Next::Eof
-                } else {
-                    Next::Line(std::mem::take(&mut self.buf))
-                });
-            }
-            let newline = avail.iter().position(|&b| b == b'\n');
-            let take = newline.unwrap_or(avail.len());
-            if self.skipping {
-                self.inner.consume(take + usize::from(newline.is_some()));
-                if newline.is_some() {
-                    self.skipping = false;
-                }
-                continue;
-            }
-            if self.buf.len() + take > self.max {
-                self.buf.clear();
-                self.skipping = newline.is_none();
-                self.inner.consume(take + usize::from(newline.is_some()));
-                return Ok(Next::TooLong);
-            }
-            self.buf.extend_from_slice(&avail[..take]);
-            self.inner.consume(take + usize::from(newline.is_some()));
-            if newline.is_some() {
-                return Ok(Next::Line(std::mem::take(&mut self.buf)));
-            }
         }
     }
 }

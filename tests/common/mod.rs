@@ -775,3 +775,95 @@ pub fn traced_cancel_of(path: &Path, tool: &str) -> bool {
             && ids.iter().any(|id| **id == m["params"]["requestId"])
     })
 }
+
+// ---------------------------------------------------------------------------------
+// Store backends (README "Durability"): tests that must hold for every backend take a
+// `StoreBackend` and are generated per backend by `per_backend!`.
+
+/// A durable store backend the gateway can run on. Adding one: a variant here, its
+/// `[store]` table in `store_section`, and one `name => Variant` line in
+/// `per_backend!`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreBackend {
+    Sled,
+}
+
+impl StoreBackend {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Sled => "sled",
+        }
+    }
+
+    /// The `[store]` table of a store kept under `dir` (a restart on the same `dir`
+    /// reopens the same store), with `extra` keys appended.
+    pub fn store_section(self, dir: &Path, extra: &str) -> String {
+        match self {
+            Self::Sled => format!(
+                "[store]\npath = {}\n{extra}\n",
+                toml_string(&dir.join("data").display().to_string())
+            ),
+        }
+    }
+}
+
+/// Generate `<backend>::NAME` tests from `async fn NAME(b: StoreBackend)`, one module
+/// per backend listed in the `@backends` arm.
+#[allow(unused_macros)]
+macro_rules! per_backend {
+    ($($f:ident),* $(,)?) => {
+        per_backend!(@backends [sled => Sled] [$($f),*]);
+    };
+    (@backends [$($m:ident => $v:ident),*] $fns:tt) => {
+        $( per_backend!(@one $m $v $fns); )*
+    };
+    (@one $m:ident $v:ident [$($f:ident),*]) => {
+        mod $m {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $f() {
+                    super::$f(crate::common::StoreBackend::$v).await
+                }
+            )*
+        }
+    };
+}
+
+/// Pids (with their `/proc/PID/stat` start time) of the live children of `parent`.
+pub fn child_processes(parent: u32) -> Vec<(u32, u64)> {
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in dir.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if let Some((state, ppid, start)) = proc_stat(pid)
+            && ppid == parent
+            && state != 'Z'
+        {
+            out.push((pid, start));
+        }
+    }
+    out
+}
+
+/// Whether `pid` still names the process that started at `starttime` and has not
+/// exited (a zombie counts as exited: it runs nothing and holds nothing).
+pub fn process_alive(pid: u32, starttime: u64) -> bool {
+    proc_stat(pid).is_some_and(|(state, _, start)| start == starttime && state != 'Z')
+}
+
+/// `(state, ppid, starttime)` from `/proc/PID/stat` (fields 3, 4 and 22).
+fn proc_stat(pid: u32) -> Option<(char, u32, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may contain spaces and parentheses: fields start after the
+    // last ')'.
+    let rest = &text[text.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let state = fields.first()?.chars().next()?;
+    let ppid = fields.get(1)?.parse().ok()?;
+    let start = fields.get(19)?.parse().ok()?;
+    Some((state, ppid, start))
+}

@@ -219,13 +219,11 @@ pub fn task_id(create: &Value) -> String {
     create["taskId"].as_str().unwrap().to_string()
 }
 
-/// A well-formed task id that was never issued.
+/// A well-formed task id that was never issued: `tsk_` + base64url of 16 random
+/// bytes, the shape of a real one.
 pub fn never_issued_id() -> String {
     use base64::Engine as _;
-    let mut b = [0u8; 16];
-    for (i, x) in b.iter_mut().enumerate() {
-        *x = (i as u8).wrapping_mul(37).wrapping_add(11);
-    }
+    let b: [u8; 16] = rand::random();
     format!(
         "tsk_{}",
         base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b)

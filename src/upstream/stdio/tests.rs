@@ -60,6 +60,7 @@ impl Fixture {
             args: vec![self.dir.join("server.py").display().to_string()],
             env,
             processes,
+            spares: 1,
             cancel_grace_ms: 10_000,
             idle_reap_ms: 600_000,
             max_message_bytes: 1 << 20,
@@ -99,6 +100,7 @@ fn tool(name: &str, args: Value) -> CallSpec {
         method: "tools/call".into(),
         params,
         want_progress: false,
+        tenant: None,
     }
 }
 

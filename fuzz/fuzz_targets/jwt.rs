@@ -1,0 +1,3 @@
+#![no_main]
+// The checks live in the main crate (`taskgate::fuzzing::auth`), shared with its proptests.
+libfuzzer_sys::fuzz_target!(|data: &[u8]| taskgate::fuzzing::auth::fuzz(data));
