@@ -786,12 +786,14 @@ pub fn traced_cancel_of(path: &Path, tool: &str) -> bool {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StoreBackend {
     Sled,
+    Postgres,
 }
 
 impl StoreBackend {
     pub fn name(self) -> &'static str {
         match self {
             Self::Sled => "sled",
+            Self::Postgres => "postgres",
         }
     }
 
@@ -803,8 +805,22 @@ impl StoreBackend {
                 "[store]\npath = {}\n{extra}\n",
                 toml_string(&dir.join("data").display().to_string())
             ),
+            // The schema is named after `dir`, so a restart in it finds its tasks.
+            Self::Postgres => format!(
+                "[store]\npath = {}\n{}{extra}\n",
+                toml_string(&dir.join("data").display().to_string()),
+                pg_store_keys(&schema_for_dir(dir))
+            ),
         }
     }
+}
+
+/// A schema name that is the same for every gateway started in `dir`.
+fn schema_for_dir(dir: &Path) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    dir.hash(&mut h);
+    format!("dir_{:016x}", h.finish())
 }
 
 /// Generate `<backend>::NAME` tests from `async fn NAME(b: StoreBackend)`, one module
@@ -812,7 +828,7 @@ impl StoreBackend {
 #[allow(unused_macros)]
 macro_rules! per_backend {
     ($($f:ident),* $(,)?) => {
-        per_backend!(@backends [sled => Sled] [$($f),*]);
+        per_backend!(@backends [sled => Sled, postgres => Postgres] [$($f),*]);
     };
     (@backends [$($m:ident => $v:ident),*] $fns:tt) => {
         $( per_backend!(@one $m $v $fns); )*
