@@ -212,6 +212,60 @@ fn top_level_modules_form_no_cycle() {
     }
 }
 
+/// Which sibling files of `src/demo/` each file names (`super::X` or `crate::demo::X`),
+/// test modules aside (their `super::` is the file itself).
+fn demo_file_edges() -> BTreeMap<String, BTreeSet<String>> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/demo");
+    let mut files = Vec::new();
+    rust_files(&dir, &mut files);
+    let names: BTreeSet<String> = files
+        .iter()
+        .filter_map(|f| f.file_stem()?.to_str().map(str::to_string))
+        .filter(|n| n != "mod")
+        .collect();
+    let mut out = BTreeMap::new();
+    for f in &files {
+        let Some(name) = f.file_stem().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        if name == "mod" {
+            continue;
+        }
+        let text = std::fs::read_to_string(f).unwrap_or_default();
+        let code = code_of(&text);
+        let code = code.split("#[cfg(test)]").next().unwrap_or_default();
+        let mut named = BTreeSet::new();
+        for prefix in ["super::", "crate::demo::"] {
+            let rewritten = code.replace(prefix, "crate::");
+            named.extend(
+                named_modules(&rewritten)
+                    .into_iter()
+                    .filter(|n| names.contains(n)),
+            );
+        }
+        named.remove(name);
+        out.insert(name.to_string(), named);
+    }
+    out
+}
+
+#[test]
+fn the_demo_files_import_one_way() {
+    let edges = demo_file_edges();
+    assert!(
+        edges.get("server").is_some_and(|s| s.contains("tools")),
+        "the scan finds server -> tools: {edges:?}"
+    );
+    for (from, tos) in &edges {
+        for to in tos {
+            assert!(
+                !edges.get(to).is_some_and(|back| back.contains(from)),
+                "demo/{from}.rs and demo/{to}.rs import each other"
+            );
+        }
+    }
+}
+
 #[test]
 fn the_scanner_reads_groups_and_ignores_comments() {
     let code = code_of(

@@ -5,6 +5,7 @@
 //! HTTP at `/mcp` ([`run_http`], [`serve_http`]). Both transports share the
 //! protocol core in [`server`]; the tools live in `tools.rs`.
 
+mod call;
 pub mod http;
 pub mod server;
 pub mod stdio;

@@ -7,13 +7,16 @@
 //! final response; the session's *standalone* sink receives unsolicited
 //! messages (list-changed notifications, the optional `roots/list` on init).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
+pub(crate) use super::call::lock;
+use super::call::{Answer, CallCtx, Peer, ToolOutcome};
+pub use super::call::{ClientCaps, NullSink, Outbound, Sink, Stats, Transport};
 use super::tools;
 
 /// Protocol versions the demo accepts, newest first.
@@ -21,86 +24,12 @@ pub const SUPPORTED_VERSIONS: [&str; 4] = ["2025-11-25", "2025-06-18", "2025-03-
 /// Version answered when the client asks for one we do not support.
 pub const LATEST_VERSION: &str = "2025-11-25";
 
-/// Something the session wants to deliver to the client.
-#[derive(Debug, Clone)]
-pub enum Outbound {
-    /// A JSON-RPC message (notification, request or response).
-    Message(Value),
-    /// HTTP only: emit an SSE priming event with `retry:` and close the
-    /// connection without ending the stream (2025-11-25 polling).
-    PollDisconnect { retry_ms: u64 },
-    /// HTTP only: drop the connection without answering (the `crash` tool).
-    Abort,
-}
-
-/// Destination of outbound messages.
-pub trait Sink: Send + Sync {
-    fn send(&self, out: Outbound);
-}
-
-/// A sink that discards everything (for POSTed notifications/responses).
-pub struct NullSink;
-
-impl Sink for NullSink {
-    fn send(&self, _out: Outbound) {}
-}
-
-/// Locks a std mutex, ignoring poisoning.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Per-process counters observable through the `stats` tool.
-#[derive(Default)]
-pub struct Stats {
-    pub calls: AtomicU64,
-    pub cancelled: AtomicU64,
-    pub counters: Mutex<BTreeMap<String, u64>>,
-}
-
-impl Stats {
-    pub fn snapshot(&self) -> Value {
-        let counters: serde_json::Map<String, Value> = lock(&self.counters)
-            .iter()
-            .map(|(k, v)| (k.clone(), json!(v)))
-            .collect();
-        json!({
-            // Which process answered: tells tests which stdio child served a call.
-            "pid": std::process::id(),
-            "calls": self.calls.load(Ordering::SeqCst),
-            "cancelled": self.cancelled.load(Ordering::SeqCst),
-            "counter": counters,
-        })
-    }
-
-    pub fn bump(&self, key: &str) -> u64 {
-        let mut m = lock(&self.counters);
-        let v = m.entry(key.to_string()).or_insert(0);
-        *v += 1;
-        *v
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Transport {
-    Stdio,
-    Http,
-}
-
 #[derive(Clone, Debug)]
 pub struct SessionConfig {
     pub transport: Transport,
     /// After `notifications/initialized`, send a `roots/list` request and
     /// ignore the answer (like server-everything).
     pub send_roots_on_init: bool,
-}
-
-/// Client capabilities declared in `initialize`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ClientCaps {
-    pub elicitation: bool,
-    pub sampling: bool,
-    pub roots: bool,
 }
 
 /// Shape of an incoming JSON-RPC message.
@@ -306,7 +235,7 @@ impl Session {
         let task_key = key.clone();
         let handle = tokio::spawn(async move {
             let ctx = CallCtx {
-                session: session.clone(),
+                session: Box::new(session.clone()),
                 sink,
                 progress_token: params.pointer("/_meta/progressToken").cloned(),
                 expire_after: AtomicBool::new(false),
@@ -505,49 +434,29 @@ impl Drop for PendingGuard<'_> {
     }
 }
 
-/// What a tool produced.
-pub(crate) enum ToolOutcome {
-    Result(Value),
-    Error(RpcError),
-    /// Send nothing (the `crash` tool on HTTP).
-    NoResponse,
-}
-
-/// Context of one `tools/call`.
-pub(crate) struct CallCtx {
-    pub session: Session,
-    pub sink: Arc<dyn Sink>,
-    pub progress_token: Option<Value>,
-    /// Set by `expire_session`: forget the session after answering.
-    pub expire_after: AtomicBool,
-}
-
-impl CallCtx {
-    pub fn notify(&self, method: &str, params: Value) {
-        self.sink
-            .send(Outbound::Message(notification(method, params)));
+impl Peer for Session {
+    fn transport(&self) -> Transport {
+        Session::transport(self)
     }
-
-    pub fn progress(&self, progress: u64, total: u64, message: String) {
-        if let Some(token) = &self.progress_token {
-            self.notify(
-                "notifications/progress",
-                json!({"progressToken": token, "progress": progress, "total": total, "message": message}),
-            );
-        }
+    fn caps(&self) -> ClientCaps {
+        Session::caps(self)
     }
-
-    pub fn log(&self, level: &str, data: Value) {
-        if self.session.log_enabled(level) {
-            self.notify(
-                "notifications/message",
-                json!({"level": level, "logger": "taskgate-demo", "data": data}),
-            );
-        }
+    fn stats(&self) -> &Arc<Stats> {
+        Session::stats(self)
     }
-
-    pub async fn request(&self, method: &str, params: Value) -> Result<Value, Value> {
-        self.session.request(&self.sink, method, params).await
+    fn log_enabled(&self, level: &str) -> bool {
+        Session::log_enabled(self, level)
+    }
+    fn standalone(&self) -> &Arc<dyn Sink> {
+        Session::standalone(self)
+    }
+    fn request<'a>(
+        &'a self,
+        sink: &'a Arc<dyn Sink>,
+        method: &'a str,
+        params: Value,
+    ) -> Answer<'a> {
+        Box::pin(Session::request(self, sink, method, params))
     }
 }
 

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::server::{CallCtx, Outbound, RpcError, ToolOutcome, Transport};
+use super::call::{CallCtx, Outbound, ToolOutcome, Transport};
+use crate::protocol::{RpcError, notification};
 
 /// Largest payload the `big` tool will produce.
 const MAX_BIG: u64 = 64 * 1024 * 1024;
@@ -257,7 +258,7 @@ pub(crate) async fn call(ctx: &CallCtx, name: &str, args: &Value) -> ToolOutcome
         "touch_tools" => {
             ctx.session
                 .standalone()
-                .send(Outbound::Message(super::server::notification(
+                .send(Outbound::Message(notification(
                     "notifications/tools/list_changed",
                     json!({}),
                 )));

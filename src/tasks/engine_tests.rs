@@ -118,7 +118,11 @@ command = ["unused"]
 "#;
 
 fn rig(handler: Handler) -> Rig {
-    let cfg = Config::parse(CONFIG).expect("config");
+    rig_with(CONFIG, handler)
+}
+
+fn rig_with(config: &str, handler: Handler) -> Rig {
+    let cfg = Config::parse(config).expect("config");
     let store: Arc<dyn TaskStore> = MemoryStore::new();
     let limits = Limits::from_config(&cfg);
     let transport = Arc::new(Scripted {
@@ -532,4 +536,37 @@ async fn idempotent_duplicates_share_one_task() {
         1,
         "one upstream call"
     );
+}
+
+/// Limits and the draining flag belong to one engine: two engines in one process,
+/// each with a one-slot admission gate on an upstream of the same name, do not
+/// queue behind each other, and stopping one leaves the other serving.
+#[tokio::test(start_paused = true)]
+async fn two_engines_in_one_process_share_no_state() {
+    let config = format!("{CONFIG}max_concurrency = 1\n");
+    let a = rig_with(&config, sleep_then(5000, "a"));
+    let b = rig_with(&config, sleep_then(5000, "b"));
+    let a1 = task_id(&a.tools_call(json!({}), 1000).await);
+    let b1 = task_id(&b.tools_call(json!({}), 1000).await);
+    let a2 = task_id(&a.tools_call(json!({}), 1000).await);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    a.settle().await;
+    b.settle().await;
+    let message = |v: &Value| v["statusMessage"].as_str().unwrap_or_default().to_string();
+    let queued = message(&a.get(&a2).await.unwrap());
+    assert!(
+        queued.contains("queue"),
+        "A's second call waits for A's slot: {queued}"
+    );
+    let running = message(&b.get(&b1).await.unwrap());
+    assert!(!running.contains("queue"), "B has its own slot: {running}");
+
+    a.engine.begin_shutdown();
+    assert!(!b.engine.shutting_down(), "draining A does not drain B");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    a.settle().await;
+    b.settle().await;
+    assert_eq!(b.status(&b1).await, TaskStatus::Completed);
+    // A stopping keeps its in-flight task for the next start to resolve.
+    assert_eq!(a.status(&a1).await, TaskStatus::Working);
 }
