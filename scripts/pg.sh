@@ -23,9 +23,12 @@ pg__as_owner() {
 }
 
 pg__free_port() {
-    local port
+    local port lo
+    # Below the kernel's ephemeral range, so no outgoing connection of a running test
+    # takes the port between this check and the bind.
+    lo=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
     for _ in $(seq 1 50); do
-        port=$((20000 + RANDOM % 30000))
+        port=$((10000 + RANDOM % (lo - 10000)))
         # Nothing answers on it (bash's /dev/tcp connect fails) → free enough.
         if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
             echo "$port"
@@ -68,14 +71,24 @@ pg_start() {
         cat "$PG_TEST_DIR/initdb.log" >&2
         return 1
     }
-    port=$(pg__free_port)
-    # max_connections: every test opens its own pool (default 16 connections).
-    pg__as_owner "$PG_BIN/pg_ctl" -D "$PG_TEST_DIR/data" -w -t 30 -l "$PG_TEST_DIR/server.log" \
-        -o "-c listen_addresses=127.0.0.1 -p $port -k $PG_TEST_DIR -c max_connections=400" \
-        start >/dev/null || {
+    # The port can still be taken before the bind: try a few.
+    local attempt started=""
+    for attempt in 1 2 3 4 5; do
+        port=$(pg__free_port)
+        # max_connections: every test opens its own pool (default 16 connections).
+        if pg__as_owner "$PG_BIN/pg_ctl" -D "$PG_TEST_DIR/data" -w -t 30 \
+            -l "$PG_TEST_DIR/server.log" \
+            -o "-c listen_addresses=127.0.0.1 -p $port -k $PG_TEST_DIR -c max_connections=400" \
+            start >/dev/null; then
+            started=1
+            break
+        fi
+        echo "== PostgreSQL did not start on port $port (attempt $attempt)" >&2
+    done
+    if [ -z "$started" ]; then
         cat "$PG_TEST_DIR/server.log" >&2
         return 1
-    }
+    fi
     export TASKGATE_TEST_PG_URL="postgres://postgres@127.0.0.1:$port/postgres"
     export TASKGATE_TEST_PG_DIR="$PG_TEST_DIR"
     echo "== PostgreSQL ready at 127.0.0.1:$port in $((($(date +%s%N) - t0) / 1000000)) ms"

@@ -86,7 +86,9 @@ struct Handle {
     /// `(status, result, error)` of the first terminal snapshot seen.
     terminal: Option<Value>,
     last_status: String,
-    cancel_acked: bool,
+    /// When the cancel's acknowledgement arrived. A read sent before it may still
+    /// say `working`; only reads sent after it must not.
+    cancel_acked: Option<Instant>,
 }
 
 #[derive(Default)]
@@ -114,8 +116,9 @@ impl Ledger {
         self.violations.push(what);
     }
 
-    /// Check one `tasks/get` answer by the owner of `id` against everything seen.
-    fn observe(&mut self, id: &str, round: usize, v: &Value) {
+    /// Check one `tasks/get` answer by the owner of `id`, sent at `sent`, against
+    /// everything seen.
+    fn observe(&mut self, id: &str, round: usize, sent: Instant, v: &Value) {
         let Some(h) = self.handles.get_mut(id) else {
             return;
         };
@@ -136,7 +139,7 @@ impl Ledger {
             }
             Some(_) => {}
             None if is_terminal(&status) => h.terminal = Some(view),
-            None if h.cancel_acked => {
+            None if h.cancel_acked.is_some_and(|acked| sent > acked) => {
                 bad = Some(format!(
                     "round {round}: {id} is {status} after its cancel was acknowledged"
                 ));
@@ -227,7 +230,7 @@ fn created(s: &Shared, v: &Value, owner: usize, kind: Kind, round: usize) {
                     round,
                     terminal: None,
                     last_status: status,
-                    cancel_acked: false,
+                    cancel_acked: None,
                 },
             );
         }
@@ -306,11 +309,12 @@ async fn worker(s: Arc<Shared>, mut rng: StdRng, round: usize, w: u64) {
                     None => true,
                     Some((id, owner)) => {
                         let c = client(addr, owner);
+                        let sent = Instant::now();
                         match rpc(&c, "tasks/get", json!({"taskId": id}), None).await {
                             Some(v) => {
                                 let mut l = s.ledger();
                                 l.n.polls += 1;
-                                l.observe(&id, round, &v);
+                                l.observe(&id, round, sent, &v);
                                 true
                             }
                             None => false,
@@ -333,6 +337,7 @@ async fn worker(s: Arc<Shared>, mut rng: StdRng, round: usize, w: u64) {
                     None => true,
                     Some((id, owner)) => {
                         let c = client(addr, owner);
+                        let sent = Instant::now();
                         match rpc(&c, "tasks/get", json!({"taskId": id}), None).await {
                             None => false,
                             Some(v) => {
@@ -340,7 +345,7 @@ async fn worker(s: Arc<Shared>, mut rng: StdRng, round: usize, w: u64) {
                                 {
                                     let mut l = s.ledger();
                                     l.n.polls += 1;
-                                    l.observe(&id, round, &v);
+                                    l.observe(&id, round, sent, &v);
                                 }
                                 if asked {
                                     answer(&s, &c, &id, round).await
@@ -367,7 +372,7 @@ async fn worker(s: Arc<Shared>, mut rng: StdRng, round: usize, w: u64) {
                                     l.n.cancels += 1;
                                     if v.get("result").is_some() {
                                         if let Some(h) = l.handles.get_mut(&id) {
-                                            h.cancel_acked = true;
+                                            h.cancel_acked = Some(Instant::now());
                                         }
                                     } else {
                                         l.n.lost += 1;
@@ -376,10 +381,11 @@ async fn worker(s: Arc<Shared>, mut rng: StdRng, round: usize, w: u64) {
                                 }
                                 // Read it back at once: the acknowledged cancel is what
                                 // every later read (and every restart) must keep.
+                                let sent = Instant::now();
                                 if let Some(v) =
                                     rpc(&c, "tasks/get", json!({"taskId": id}), None).await
                                 {
-                                    s.ledger().observe(&id, round, &v);
+                                    s.ledger().observe(&id, round, sent, &v);
                                 }
                                 true
                             }
@@ -431,8 +437,9 @@ async fn answer(s: &Shared, c: &Client2026, id: &str, round: usize) -> bool {
             l.violation(format!("round {round}: update of {id}: {v}"));
         }
     }
+    let sent = Instant::now();
     if let Some(v) = rpc(c, "tasks/get", json!({"taskId": id}), None).await {
-        s.ledger().observe(id, round, &v);
+        s.ledger().observe(id, round, sent, &v);
     }
     true
 }
@@ -460,12 +467,13 @@ async fn verify_all(s: &Shared, round: usize, after_restart: bool) {
         .collect();
     for (id, owner) in all {
         let c = client(addr, owner);
+        let sent = Instant::now();
         let Some(v) = rpc(&c, "tasks/get", json!({"taskId": id}), None).await else {
             panic!("round {round}: the restarted gateway did not answer");
         };
         let mut l = s.ledger();
         l.n.polls += 1;
-        l.observe(&id, round, &v);
+        l.observe(&id, round, sent, &v);
         let st = l.handles[&id].last_status.clone();
         if after_restart && v.get("result").is_some() && !is_terminal(&st) {
             l.violation(format!(
