@@ -33,11 +33,19 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
     run_tests() { cargo test --release --locked --no-fail-fast "$@"; }
 fi
-run_tests
-
-# The gateway's task tests once more with the PostgreSQL backend (the contract suite
-# and tests/store_postgres.rs ran on it above already).
+# The gateway's task tests once more with the PostgreSQL backend (the contract suite,
+# tests/store_postgres.rs and the crash loop run on it in the main pass too). First, so
+# the main pass's summary line ends the output; a failure here still fails the script.
 echo "== tasks_lifecycle on the PostgreSQL store"
 pg_t0=$(date +%s)
-TASKGATE_TEST_STORE=postgres run_tests --test tasks_lifecycle
-echo "== PostgreSQL pass: $(($(date +%s) - pg_t0)) s"
+pg_rc=0
+TASKGATE_TEST_STORE=postgres run_tests --test tasks_lifecycle || pg_rc=$?
+echo "== PostgreSQL pass: $(($(date +%s) - pg_t0)) s, exit $pg_rc"
+
+echo "== all tests"
+main_rc=0
+run_tests || main_rc=$?
+if [ "$pg_rc" != 0 ]; then
+    echo "FAILED: the tasks_lifecycle pass on PostgreSQL (exit $pg_rc, above)"
+fi
+exit $((main_rc != 0 ? main_rc : pg_rc))
