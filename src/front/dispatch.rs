@@ -108,7 +108,7 @@ pub async fn dispatch(
     // upstream plane"): tasks/* and listen answer from the store with the identity
     // known now, whether the upstream is down, restarting or warming up. Everything
     // else needs the upstream and gets the retry-safety 503 while it is not there
-    // (front::failure).
+    // (tasks::failure).
     let task_plane = req.method.starts_with("tasks/") || req.method == "subscriptions/listen";
     let info = if task_plane {
         upstream.identity()

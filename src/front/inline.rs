@@ -11,7 +11,7 @@
 //! `sync_timeout_ms` counts from the request's arrival and is raced in both phases:
 //! while headers are still held it answers HTTP 400 `-32021`, once the SSE stream is
 //! open `-32021` is the final event; either way the upstream call is cancelled. How
-//! a call that produced no answer is reported is decided in [`super::failure`].
+//! a call that produced no answer is reported is decided in [`crate::tasks::failure`].
 
 use std::sync::Arc;
 

@@ -112,7 +112,7 @@ pub enum CallOutcome {
 /// "HTTP front", "Retry safety of upstream failures"), given by
 /// [`UpstreamError::delivery`]: a transport picks the variant by whether the request
 /// may have reached the upstream, and the front maps that to the client's status in one
-/// place (`front::failure`).
+/// place (`tasks::failure`).
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum UpstreamError {
     /// Never sent: not started, restarting, connection refused, or the session was
