@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install the third-party MCP peers that taskgate's tests run against, into
-# <repo>/.peers/ (see shared/peers.md). Idempotent: every part writes a marker file
+# <repo>/.peers/ (README "The two commands" lists them). Idempotent: every part writes a
+# marker file
 # holding a fingerprint of its pinned inputs and is skipped while that marker matches
 # (a warm run takes well under a second).
 #

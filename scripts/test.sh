@@ -20,6 +20,9 @@ cargo clippy --release --all-targets --locked -- -D warnings 2>&1 | tail -n 3
 # means libFuzzer's C++ plus a second pass over the dependency tree (minutes, not
 # seconds). README "Fuzzing" says how to run it.
 cargo clippy --release --lib --features fuzzing --locked -- -D warnings 2>&1 | tail -n 3
+# Rustdoc: broken intra-doc links and other doc warnings fail the run (pipefail keeps
+# cargo's exit status through `tail`).
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --locked 2>&1 | tail -n 3
 
 echo "== PostgreSQL for the store tests (scripts/pg.sh; stopped on exit)"
 # shellcheck source=scripts/pg.sh

@@ -1,5 +1,6 @@
-//! Configuration contract (design.md "Configuration contract"): TOML file, env overrides
-//! for secrets, validated once at start-up with errors naming the key and the problem.
+//! Configuration contract (docs/design.md "Configuration contract"): TOML file, env
+//! overrides for secrets, validated once at start-up with errors naming the key and the
+//! problem.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -8,7 +9,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 /// The dev HS256 secret shipped in `config/taskgate.toml`; refusing it on a
-/// non-loopback listener is part of the hardening in design.md policy 12.
+/// non-loopback listener is part of the hardening in docs/design.md §12 "HTTP front".
 pub const SHIPPED_DEV_SECRET: &str = "taskgate-dev-secret-change-me-0123456789abcdef";
 
 #[derive(Debug, thiserror::Error)]

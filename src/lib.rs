@@ -1,5 +1,6 @@
 //! taskgate: an MCP 2026-07-28 + Tasks gateway in front of legacy synchronous MCP
-//! servers. See `README.md` for the architecture and `../shared/design.md` for policies.
+//! servers. See `README.md` for what it does, `ARCHITECTURE.md` for the layers and
+//! `docs/design.md` for the design decisions.
 
 pub mod auth;
 pub mod config;

@@ -1,12 +1,13 @@
 //! Where log lines go: a memory buffer that one background thread writes to stderr.
 //!
-//! Every request logs one line (issue #4). Written straight to stderr that is one
-//! `write(2)` under stderr's lock per request, which measured ~20% of the gateway's CPU
-//! under a `tasks/get` load (issue #5). Here a request only appends its line to a
-//! buffer; the writer thread drains it every [`TICK`] (or sooner when it fills up), so
-//! a burst of lines costs one write. Lines stay whole and in order.
+//! Every request logs one line (README "Limits and metrics", "Logs"). Written straight
+//! to stderr that is one `write(2)` under stderr's lock per request, which measured
+//! ~20% of the gateway's CPU under a `tasks/get` load (benches/RESULTS.md). Here a
+//! request only appends its line to a buffer; the writer thread drains it every
+//! `TICK` (or sooner when it fills up), so a burst of lines costs one write. Lines
+//! stay whole and in order.
 //!
-//! Bounded: when stderr cannot keep up and [`MAX_BUFFERED`] bytes are waiting, further
+//! Bounded: when stderr cannot keep up and `MAX_BUFFERED` bytes are waiting, further
 //! lines are dropped and counted, and a line saying how many were dropped is written
 //! once the writer catches up — a blocked log reader never stalls requests, and a
 //! loss is never silent. [`flush`] writes what is buffered at once; `main` calls it

@@ -245,7 +245,7 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
     tracing::info!(addr = %local, "taskgate listening on http://{local}");
     front::serve(gw, listener, shutdown).await;
     // From here a promoted call ended by the upstream shutdown keeps its request
-    // route, so the next start resolves its task (policy 10).
+    // route, so the next start resolves its task (docs/design.md §10 "Restart").
     engine.begin_shutdown();
     tracing::info!("draining done; stopping upstreams");
     upstreams.shutdown().await;

@@ -1,6 +1,6 @@
-//! Prometheus metrics at `GET /metrics` (issue #4 item 6), via the `metrics` facade
-//! and `metrics-exporter-prometheus` (no HTTP listener feature: the gateway serves
-//! the text itself, on its own listener or `server.metrics_listen`).
+//! Prometheus metrics at `GET /metrics` (README "Limits and metrics"), via the
+//! `metrics` facade and `metrics-exporter-prometheus` (no HTTP listener feature: the
+//! gateway serves the text itself, on its own listener or `server.metrics_listen`).
 //!
 //! Every metric the gateway records is named here, as a small function the rest of
 //! the code calls. This module is a leaf: it names no other module of the crate, so

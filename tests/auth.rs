@@ -1,4 +1,4 @@
-//! Bearer JWT authentication through the real binary (design.md policy 13): every
+//! Bearer JWT authentication through the real binary (docs/design.md §13 "Auth"): every
 //! refusal is 401 (or 403 for scope) with an RFC 6750 challenge pointing at the RFC
 //! 9728 metadata; HS256 and RS256 (JWKS file with rotation, JWKS URL); the `token` CLI.
 

@@ -3,9 +3,9 @@
 //! from `.peers/node22`) behind the gateway, over stdio (the gateway's child) and over
 //! Streamable HTTP (started here as its own process).
 //!
-//! server-everything's quirks that these tests exercise (shared/peers.md): it ignores
-//! stdin EOF, sends `roots/list` right after `initialize`, registers some tools only
-//! for clients that declared capabilities (announced with
+//! server-everything's quirks that these tests exercise (observed with the pinned
+//! release): it ignores stdin EOF, sends `roots/list` right after `initialize`,
+//! registers some tools only for clients that declared capabilities (announced with
 //! `notifications/tools/list_changed`), and marks `simulate-research-query` with the
 //! legacy 2025-11-25 `execution.taskSupport: "required"`.
 
@@ -628,14 +628,14 @@ async fn stdio_kill9_gateway_orphans_no_server_everything() {
 // ---------------------------------------------------------------------------------
 // Known bug (reported): over stdio the gateway pins every server->client request that
 // arrives while a call is in flight on that child to the call. server-everything sends
-// an unsolicited `roots/list` 350 ms after `notifications/initialized` (policy 14's own
-// example of a request no call owns), so the first call on a fresh child that is
-// still running at that moment is failed with 400 -32021 "needs the client capability
-// `roots`" (or, for a roots-declaring client, would be shown a roots question the
-// tool never asked). Every new child hits this window: start-up, a crash restart, an
-// on-demand pool slot, an idle-reaped slot coming back, a new tenant pool under
-// `isolation = "tenant"`. Over HTTP the same request arrives on the standalone
-// stream and is answered as unowned, so the HTTP twin passes.
+// an unsolicited `roots/list` 350 ms after `notifications/initialized` (the example
+// docs/design.md §14 "Upstream sessions" gives of a request no call owns), so the first
+// call on a fresh child that is still running at that moment is failed with 400 -32021
+// "needs the client capability `roots`" (or, for a roots-declaring client, would be
+// shown a roots question the tool never asked). Every new child hits this window:
+// start-up, a crash restart, an on-demand pool slot, an idle-reaped slot coming back, a
+// new tenant pool under `isolation = "tenant"`. Over HTTP the same request arrives on
+// the standalone stream and is answered as unowned, so the HTTP twin passes.
 
 async fn first_call_on_fresh_child(t: Transport) {
     let s = Setup::start(t, "").await;

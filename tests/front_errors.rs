@@ -1,5 +1,5 @@
-//! One test per row of the HTTP front's error table (design.md policy 12), against the
-//! real binary: status code, JSON-RPC code, id echo.
+//! One test per row of the HTTP front's error table (docs/design.md §12 "HTTP front";
+//! README "Bad input"), against the real binary: status code, JSON-RPC code, id echo.
 
 mod common;
 

@@ -1,6 +1,7 @@
-//! The client-facing HTTP front through the real binary (design.md policy 12): DNS
-//! rebinding protection and CORS, the JSON-or-SSE choice with keep-alives, header and
-//! body read timeouts, and "a client that goes away cancels the upstream call".
+//! The client-facing HTTP front through the real binary (docs/design.md §12 "HTTP
+//! front"): DNS rebinding protection and CORS, the JSON-or-SSE choice with keep-alives,
+//! header and body read timeouts, and "a client that goes away cancels the upstream
+//! call".
 
 #[macro_use]
 mod common;
@@ -340,9 +341,10 @@ const UPSTREAM_EXTRA: &str = "max_concurrency = 2\n";
 
 /// The upstream saw the cancellation of its `tool` call. HTTP: the demo server's
 /// `stats.cancelled` (one process, shared stats). stdio: each child has its own stats
-/// and a child whose cancelled call never answers is killed and replaced (policy 14),
-/// so the proof is on the wire: the gateway wrote `notifications/cancelled` for that
-/// call's upstream request id to the child's stdin.
+/// and a child whose cancelled call never answers is killed and replaced
+/// (docs/design.md §14 "Upstream sessions"), so the proof is on the wire: the gateway
+/// wrote `notifications/cancelled` for that call's upstream request id to the child's
+/// stdin.
 async fn assert_upstream_cancelled(s: &DemoSetup, c: &Client2026, tool: &str) {
     let start = Instant::now();
     loop {
@@ -367,9 +369,10 @@ async fn assert_upstream_cancelled(s: &DemoSetup, c: &Client2026, tool: &str) {
     assert_eq!(first_text(&r.json()["result"]), "still here");
 }
 
-/// Policy 2: a client without the tasks extension is held up to `sync_timeout_ms`
-/// (SSE keep-alives meanwhile); then the upstream call is cancelled and the client
-/// gets -32021 naming the tasks extension as the final SSE event.
+/// docs/design.md §2 "Clients without the tasks extension": a client without the tasks
+/// extension is held up to `sync_timeout_ms` (SSE keep-alives meanwhile); then the
+/// upstream call is cancelled and the client gets -32021 naming the tasks extension as
+/// the final SSE event.
 async fn sync_timeout_cancels_and_answers_32021(t: Transport) {
     let s =
         DemoSetup::start_traced(t, "", "[tasks]\nsync_timeout_ms = 3500\n", UPSTREAM_EXTRA).await;
@@ -403,8 +406,8 @@ async fn sync_timeout_cancels_and_answers_32021(t: Transport) {
 }
 
 /// `sync_timeout_ms` shorter than `keepalive_ms`, so the gateway would still be holding
-/// the response headers when the sync timer is due (design.md "Order of checks": a
-/// sync timeout before any header was sent → 400 `-32021`).
+/// the response headers when the sync timer is due (docs/design.md §2 "Clients without
+/// the tasks extension": a sync timeout before any header was sent → 400 `-32021`).
 const SHORT_SYNC: &str = "[tasks]\nsync_timeout_ms = 2000\n";
 const LONG_KEEPALIVE: &str = "keepalive_ms = 15000\n";
 
@@ -421,10 +424,11 @@ fn assert_sync_timeout_error(v: &serde_json::Value, id: &serde_json::Value) {
     );
 }
 
-/// Policy 2 with `sync_timeout_ms` (2 s) < `keepalive_ms` (15 s): the sync timer runs
-/// from the request's start, not from the end of the JSON hold window, so a hung call
-/// from a client without the extension gets HTTP 400 `-32021` long before a keep-alive
-/// would have been due, and the upstream call is cancelled.
+/// docs/design.md §2 "Clients without the tasks extension" with `sync_timeout_ms` (2 s)
+/// < `keepalive_ms` (15 s): the sync timer runs from the request's start, not from the
+/// end of the JSON hold window, so a hung call from a client without the extension gets
+/// HTTP 400 `-32021` long before a keep-alive would have been due, and the upstream
+/// call is cancelled.
 async fn sync_timeout_shorter_than_keepalive_answers_400_before_any_header(t: Transport) {
     let s = DemoSetup::start_traced(t, LONG_KEEPALIVE, SHORT_SYNC, UPSTREAM_EXTRA).await;
     s.gw.wait_ready().await;

@@ -1,6 +1,6 @@
-//! Flow control through the real binary (issue #4): the poll limiter, the tenant
-//! quota, per-upstream queueing with 503 when full, and fairness across tenants.
-//! Conditions are polled for; nothing asserts timing.
+//! Flow control through the real binary (docs/design.md §8 "Flow control"): the poll
+//! limiter, the tenant quota, per-upstream queueing with 503 when full, and fairness
+//! across tenants. Conditions are polled for; nothing asserts timing.
 
 #[macro_use]
 #[allow(unused_macros)]

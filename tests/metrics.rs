@@ -1,5 +1,6 @@
 //! `/metrics` (Prometheus text, moving with traffic, optional separate listener),
-//! `/readyz` for a down upstream, and the per-request log line (issue #4 items 6–8).
+//! `/readyz` for a down upstream, and the per-request log line (README "Limits and
+//! metrics").
 
 #[macro_use]
 #[allow(unused_macros)]

@@ -1,6 +1,7 @@
-//! Graceful shutdown (issue #4 item 9): SIGTERM during load exits 0, inline calls in
-//! flight finish within the drain grace, no task is lost, and a restart resolves
-//! every handle (to its result, or to `failed` for calls that were in flight).
+//! Graceful shutdown (README "Limits and metrics", "Shutdown"; docs/design.md §10
+//! "Restart"): SIGTERM during load exits 0, inline calls in flight finish within the
+//! drain grace, no task is lost, and a restart resolves every handle (to its result, or
+//! to `failed` for calls that were in flight).
 
 #[macro_use]
 #[allow(unused_macros)]

@@ -1,5 +1,6 @@
-//! Edges of the tasks engine beyond the main lifecycle (design.md policies 1, 5, 6, 9,
-//! 11, 14): expiry stopping a running call, undeclared input kinds, input before the
+//! Edges of the tasks engine beyond the main lifecycle (docs/design.md §1 "Promotion",
+//! §5 "Input requests", §6 "Cancel", §9 "Idempotency", §11 "Expiry", §14 "Upstream
+//! sessions"): expiry stopping a running call, undeclared input kinds, input before the
 //! deadline, MRTR-then-task composition, cancel while waiting for input, idempotency
 //! keys from a tool argument, result size caps and call timeouts.
 
@@ -38,7 +39,7 @@ async fn expiry_stops_the_running_upstream_call() {
     };
     assert_eq!(err["message"], "task expired", "{err}");
 
-    // The sweeper cancelled the upstream call (policy 11).
+    // The sweeper cancelled the upstream call (docs/design.md §11 "Expiry").
     let mut after = before;
     for _ in 0..150 {
         after = task_demo_stats(&plain).await["cancelled"].as_u64().unwrap();
@@ -345,8 +346,8 @@ async fn closing_an_inline_request_cancels_the_upstream_call() {
     hang_up_cancels("plain", &plain, &plain).await;
 }
 
-/// Policy 6: a declaring client that hangs up while its call is still racing the
-/// promotion deadline (no task handle returned yet) is "waiting inline" too.
+/// docs/design.md §6 "Cancel": a declaring client that hangs up while its call is still
+/// racing the promotion deadline (no task handle returned yet) is "waiting inline" too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closing_before_a_task_handle_is_returned_cancels_the_upstream_call() {
     let (_up, url) = start_demo_http().await;

@@ -1,7 +1,8 @@
-//! Who may see a task, and for how long (design.md policies 7, 9, 11, 15; spec B5–B9,
-//! B13–B15): tenant/subject isolation with replies indistinguishable from "not
-//! found", owner listen streams, idempotency keys, and expiry with owner-only
-//! tombstones.
+//! Who may see a task, and for how long (docs/design.md §7 "Ownership", §9
+//! "Idempotency", §11 "Expiry", §15 "Notifications"; MCP Tasks extension, "Task
+//! Polling" to "Task Status Notifications", "Security Considerations"): tenant/subject
+//! isolation with replies indistinguishable from "not found", owner listen streams,
+//! idempotency keys, and expiry with owner-only tombstones.
 
 mod common;
 mod tasks_support;

@@ -1,7 +1,9 @@
-//! The tasks engine end to end against the real binary (design.md policies 1–6, 10;
-//! spec B3–B8, A7): promotion, the task shapes, terminal states, durability before the
-//! reply and across `kill -9`, input round trips over stdio and HTTP upstreams, MRTR
-//! for clients without the extension, and cancellation.
+//! The tasks engine end to end against the real binary (docs/design.md §1–§6
+//! "Promotion" to "Cancel", §10 "Restart"; MCP Tasks extension, "Tasks" to "Task
+//! Cancellation"; MCP 2026-07-28 "Multi Round-Trip Requests"): promotion, the task
+//! shapes, terminal states, durability before the reply and across `kill -9`, input
+//! round trips over stdio and HTTP upstreams, MRTR for clients without the extension,
+//! and cancellation.
 
 mod common;
 mod tasks_support;
@@ -114,7 +116,7 @@ async fn fast_call_inline_slow_call_flat_task_with_progress() {
 
 /// A completed task's `result` is the original request's result type: a 2026
 /// `CallToolResult` with its own `resultType: "complete"` and the upstream's identity
-/// in `_meta` (design.md, "Payload fidelity"), in `tasks/get` and in the
+/// in `_meta` (docs/design.md, introduction: payload fidelity), in `tasks/get` and in the
 /// `notifications/tasks` snapshot of a `subscriptions/listen` stream alike. Strict
 /// clients (the TypeScript SDK's ext-tasks codec) reject it otherwise.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -179,7 +181,7 @@ async fn tool_error_completes_and_rpc_error_fails() {
     let gw = start_ready(&stdio_body("", tools)).await;
     let c = tasks_client(&gw, "alice", "acme");
 
-    // isError:true is a *completed* task (spec B11).
+    // isError:true is a *completed* task (MCP Tasks extension, "Task Execution Errors").
     let id = task_id(&create_task(&c, "fail", json!({"message": "tool said no"})).await);
     let done = poll_terminal(&c, &id).await;
     assert_eq!(done["status"], "completed", "{done}");

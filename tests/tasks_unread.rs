@@ -1,8 +1,8 @@
-//! Outcomes nobody collected (design.md policy 23, README "Limits and metrics"):
-//! terminal tasks that expire before their owner received the terminal state are
-//! counted in `taskgate_tasks_expired_unread_total{status}`, and each failed one logs
-//! a `warn` line; tasks read by `tasks/get` or on a listen stream, and cancelled tasks,
-//! are not counted.
+//! Outcomes nobody collected (docs/design.md §23 "Outcomes nobody collected", README
+//! "Limits and metrics"): terminal tasks that expire before their owner received the
+//! terminal state are counted in `taskgate_tasks_expired_unread_total{status}`, and
+//! each failed one logs a `warn` line; tasks read by `tasks/get` or on a listen stream,
+//! and cancelled tasks, are not counted.
 //!
 //! Every test expires its tasks with a short `ttl_ms` and a 1 ms
 //! `result_retention_ms`, so each task expires `ttl_ms` after its creation: an unread

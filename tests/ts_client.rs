@@ -6,10 +6,10 @@
 //! (Streamable HTTP, its own process). Auth: the JWT bearer token as a transport
 //! header.
 //!
-//! ext-tasks validates every 2026 result strictly, including the `result` nested in
-//! a completed task, which must carry its own `resultType` (design.md, "Payload
-//! fidelity"). Its 2026 task traffic goes through a host `rawDispatch`; the driver's
-//! sends each request through the SDK's own `StreamableHTTPClientTransport`.
+//! ext-tasks validates every 2026 result strictly, including the `result` nested in a
+//! completed task, which must carry its own `resultType` (docs/design.md, introduction:
+//! payload fidelity). Its 2026 task traffic goes through a host `rawDispatch`; the
+//! driver's sends each request through the SDK's own `StreamableHTTPClientTransport`.
 
 mod common;
 

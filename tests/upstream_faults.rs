@@ -1,8 +1,9 @@
-//! Upstream failures through the real binary (design.md policy 14 and "HTTP status of
-//! upstream failures follows retry safety"): crashed stdio children, restarted/expired
-//! HTTP sessions, an upstream that is down at start-up, upstream 5xx answers, no
-//! orphans after `kill -9` of the gateway, and a second gateway instance that must not
-//! touch the first one's children (README "Stdio children and pid records").
+//! Upstream failures through the real binary (docs/design.md §14 "Upstream sessions"
+//! and §12 "HTTP front", "Retry safety of upstream failures"): crashed stdio children,
+//! restarted/expired HTTP sessions, an upstream that is down at start-up, upstream 5xx
+//! answers, no orphans after `kill -9` of the gateway, and a second gateway instance
+//! that must not touch the first one's children (README "Stdio children and pid
+//! records").
 //!
 //! The status rule: a call that was never sent is 503 + `Retry-After` (a retry is
 //! safe); a call that was sent and then failed is 200 + `-32603` (it is the request's

@@ -1,7 +1,7 @@
-//! What the gateway sends to a legacy HTTP upstream (design.md policy 14), observed by
-//! a recording proxy between the gateway and the demo server: static upstream
-//! credentials from config, session headers after `initialize`, and never the client's
-//! token or its 2026 `_meta`/progress token.
+//! What the gateway sends to a legacy HTTP upstream (docs/design.md §14 "Upstream
+//! sessions"), observed by a recording proxy between the gateway and the demo server:
+//! static upstream credentials from config, session headers after `initialize`, and
+//! never the client's token or its 2026 `_meta`/progress token.
 
 mod common;
 

@@ -1,9 +1,10 @@
 //! The gateway in front of a real Python `mcp==1.9.4` FastMCP server
 //! (`tests/fixtures/fastmcp194_server.py`, venv `.peers/venv-mcp194` from
 //! `scripts/install-peers.sh`). That server sends a call's `notifications/progress` on
-//! the session's standalone GET stream instead of the call's POST stream
-//! (shared/peers.md); the gateway's progress tokens are its own and name the call
-//! (design.md policy 14), so progress must reach the call whichever stream carries it.
+//! the session's standalone GET stream instead of the call's POST stream (observed with
+//! 1.9.4); the gateway's progress tokens are its own and name the call (docs/design.md
+//! §14 "Upstream sessions"), so progress must reach the call whichever stream carries
+//! it.
 //!
 //! The upstream is configured as `…/mcp`, which 1.9.4 answers with 307 to `/mcp/`: the
 //! gateway follows it for POSTs and for the GET stream alike.

@@ -24,7 +24,7 @@ use super::{
 };
 
 const TITLE: &str = "Stdio pool: noisy neighbour on one shared pool (demo over stdio)";
-/// Tenant B's concurrent crash loops (the figure the pool issue was measured with).
+/// Tenant B's concurrent crash loops (the load the crash throttle was first measured with).
 const CRASH_LOOPS: usize = 4;
 /// Fresh gateways started for the first-call rows; the row is their median.
 const FIRST_CALL_STARTS: usize = 3;

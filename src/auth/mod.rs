@@ -1,4 +1,5 @@
-//! JWT bearer authentication (design.md policy 13, protocol.md B15).
+//! JWT bearer authentication (docs/design.md §13 "Auth"; MCP Tasks extension, "Security
+//! Considerations": auth binding).
 //!
 //! Every request to the gateway carries `Authorization: Bearer <jwt>`; the
 //! [`Authenticator`] turns it into a [`Principal`] (`tenant`, `subject`) or into an
@@ -60,7 +61,7 @@ use crate::config::{AuthConfig, AuthMode};
 
 pub use mint::{MintError, mint_token, parse_ttl};
 
-/// Who is calling: the unit of task ownership (protocol.md B15).
+/// Who is calling: the unit of task ownership (docs/design.md §7 "Ownership").
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Principal {
     pub tenant: String,

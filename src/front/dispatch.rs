@@ -22,8 +22,9 @@ use crate::tasks::outcome::Reply;
 use crate::tasks::promote::Promotion;
 use crate::upstream::{Upstream, UpstreamInfo};
 
-/// The server capability a method needs from the upstream (policy 14: methods the
-/// upstream does not declare answer 404, matching `server/discover`).
+/// The server capability a method needs from the upstream (docs/design.md §14 "Upstream
+/// sessions": methods the upstream does not declare answer 404, matching
+/// `server/discover`).
 fn required_capability(method: &str) -> Option<&'static str> {
     match method {
         "tools/list" | "tools/call" => Some("tools"),
@@ -34,11 +35,13 @@ fn required_capability(method: &str) -> Option<&'static str> {
     }
 }
 
-/// `server/discover` synthesised from the upstream's `initialize` result (spec A5).
+/// `server/discover` synthesised from the upstream's `initialize` result (MCP 2026-07-28
+/// "server/discover").
 pub fn discover_result(info: &UpstreamInfo) -> Value {
     let mut caps = info.capabilities.clone();
     // The legacy 2025-11-25 `tasks` capability is a different feature and must not be
-    // advertised next to the extension (spec B12).
+    // advertised next to the extension (SEP-2663, which replaced it with the
+    // MCP Tasks extension).
     caps.remove("tasks");
     let ext = caps
         .entry("extensions")
@@ -63,7 +66,8 @@ fn error_200(req: &ValidRequest, err: RpcError) -> Response<Body> {
 }
 
 /// Serve one validated request for `upstream`; `received` is when the HTTP request
-/// arrived (the start of `sync_timeout_ms`, policy 2).
+/// arrived (the start of `sync_timeout_ms`, docs/design.md §2 "Clients without the
+/// tasks extension").
 pub async fn dispatch(
     gw: &Gateway,
     upstream: &Arc<Upstream>,
@@ -71,8 +75,8 @@ pub async fn dispatch(
     req: ValidRequest,
     received: Instant,
 ) -> Response<Body> {
-    // Capability checks that need no upstream (policy 12 order: capability → limits →
-    // params and ownership).
+    // Capability checks that need no upstream (docs/design.md §12 "Order of checks":
+    // capability → limits → params and ownership).
     if req.method.starts_with("tasks/") && !req.meta.caps.declares_tasks() {
         return reply::rpc_error(
             StatusCode::BAD_REQUEST,
@@ -104,7 +108,7 @@ pub async fn dispatch(
     // upstream plane"): tasks/* and listen answer from the store with the identity
     // known now, whether the upstream is down, restarting or warming up. Everything
     // else needs the upstream and gets the retry-safety 503 while it is not there
-    // (front::failure).
+    // (tasks::failure).
     let task_plane = req.method.starts_with("tasks/") || req.method == "subscriptions/listen";
     let info = if task_plane {
         upstream.identity()
@@ -127,7 +131,8 @@ pub async fn dispatch(
         );
     }
 
-    // ---- limits (issue #4): capability → rate limits → params and ownership ----
+    // ---- limits (docs/design.md §8 "Flow control") ----
+    // Order: capability → rate limits → params and ownership.
     if let Err(t) = check_limits(gw, upstream, &principal, &req) {
         return inline::render(&req.id, Reply::Failed(Failure::throttled(t)));
     }
@@ -176,9 +181,10 @@ pub async fn dispatch(
     }
 }
 
-/// Request rate, poll rate and queue room (issue #4). A throttled poll costs no
-/// store read: the limiter runs before the task is resolved, and only for a
-/// well-formed id (a malformed one is rejected by `resolve` without a read).
+/// Request rate, poll rate and queue room (docs/design.md §8 "Flow control"). A
+/// throttled poll costs no store read: the limiter runs before the task is resolved,
+/// and only for a well-formed id (a malformed one is rejected by `resolve` without a
+/// read).
 fn check_limits(
     gw: &Gateway,
     upstream: &Upstream,

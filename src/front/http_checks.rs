@@ -1,5 +1,5 @@
-//! Transport-level checks before the body is read (policy 12): Origin/Host against
-//! DNS rebinding, Content-Type, Accept.
+//! Transport-level checks before the body is read (docs/design.md §12 "HTTP front"):
+//! Origin/Host against DNS rebinding, Content-Type, Accept.
 
 use http::{HeaderMap, HeaderValue, StatusCode, Uri, Version, header};
 
@@ -97,9 +97,9 @@ fn request_authority(
     host.ok_or_else(|| HostReject::bad("missing Host header"))
 }
 
-/// Origin and Host against DNS rebinding (policy 12): a missing or repeated `Host` is a
-/// malformed request (400); a disallowed `Host`, a disallowed `Origin` or a repeated
-/// `Origin` is refused (403).
+/// Origin and Host against DNS rebinding (docs/design.md §12 "HTTP front"): a missing
+/// or repeated `Host` is a malformed request (400); a disallowed `Host`, a disallowed
+/// `Origin` or a repeated `Origin` is refused (403).
 pub fn check_origin_host(
     version: Version,
     uri: &Uri,
@@ -154,7 +154,8 @@ pub fn content_type_is_json(headers: &HeaderMap) -> bool {
         .is_some_and(|v| media_type(v) == "application/json")
 }
 
-/// `Accept` must admit both `application/json` and `text/event-stream` (spec A11).
+/// `Accept` must admit both `application/json` and `text/event-stream` (MCP 2026-07-28
+/// Streamable HTTP, "Sending Messages").
 pub fn accept_allows_json_and_sse(headers: &HeaderMap) -> bool {
     let ranges: Vec<String> = headers
         .get_all(header::ACCEPT)

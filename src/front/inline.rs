@@ -1,5 +1,5 @@
-//! Serving one request inline from the upstream (the synchronous path, design.md
-//! policy 2 and policy 12 "JSON or SSE").
+//! Serving one request inline from the upstream (the synchronous path, docs/design.md
+//! §2 "Clients without the tasks extension" and §12 "HTTP front", JSON or SSE).
 //!
 //! The upstream call runs in its own task. Response headers are held for up to
 //! `keepalive_ms`: a fast answer to a request that asked for no progress or log
@@ -11,7 +11,7 @@
 //! `sync_timeout_ms` counts from the request's arrival and is raced in both phases:
 //! while headers are still held it answers HTTP 400 `-32021`, once the SSE stream is
 //! open `-32021` is the final event; either way the upstream call is cancelled. How
-//! a call that produced no answer is reported is decided in [`super::failure`].
+//! a call that produced no answer is reported is decided in [`crate::tasks::failure`].
 
 use std::sync::Arc;
 
@@ -105,7 +105,7 @@ pub fn upstream_failure(id: &Value, upstream: &str, err: &UpstreamError) -> Fina
 }
 
 /// A progress or log notification for the client, or `None` when the request did not
-/// opt in (spec A10).
+/// opt in (MCP 2026-07-28 "Progress": a `progressToken`; "Logging": a `logLevel`).
 fn client_notification(req: &ValidRequest, ev: CallEvent) -> Option<Value> {
     match ev {
         CallEvent::Progress(mut p) => {
@@ -141,7 +141,8 @@ pub struct Inline {
     pub server_info: Value,
     pub timing: InlineTiming,
     pub holds: Arc<Holds>,
-    /// When the HTTP request arrived: `sync_timeout_ms` counts from here (policy 2).
+    /// When the HTTP request arrived: `sync_timeout_ms` counts from here
+    /// (docs/design.md §2 "Clients without the tasks extension").
     pub received: Instant,
 }
 
@@ -232,7 +233,8 @@ pub async fn serve(c: Inline, pending: Pending) -> Response<Body> {
         }
     }
 
-    // SSE from here on: errors travel in-stream (spec D22).
+    // SSE from here on: errors travel in-stream (docs/design.md §12 "HTTP front", JSON
+    // or SSE).
     let (tx, rx) = mpsc::channel::<Bytes>(32);
     let body_guard = guard.clone();
     tokio::spawn(async move {
@@ -308,8 +310,8 @@ fn final_of(c: &Inline, r: JoinedCall) -> Final {
     )
 }
 
-/// The answer once `sync_timeout_ms` passed (policy 2): `-32021` naming the tasks
-/// extension.
+/// The answer once `sync_timeout_ms` passed (docs/design.md §2 "Clients without the
+/// tasks extension"): `-32021` naming the tasks extension.
 fn sync_timeout(c: &Inline) -> Final {
     Final::failed(
         &c.req.id,

@@ -1,4 +1,5 @@
-//! The client-facing HTTP front (Streamable HTTP, 2026-07-28; design.md policy 12).
+//! The client-facing HTTP front (MCP 2026-07-28 Streamable HTTP; docs/design.md §12
+//! "HTTP front").
 //!
 //! Each request passes, in this order: path → HTTP method → Origin/Host → auth →
 //! Content-Type/Accept/size → wire validation (`wire.rs`) → dispatch (`dispatch.rs`).
@@ -45,7 +46,7 @@ impl Gateway {
     pub async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
         let path = req.uri().path().to_string();
 
-        // Operational and metadata endpoints: no token (design.md defaults).
+        // Operational and metadata endpoints: no token (docs/design.md §12 "HTTP front").
         match path.as_str() {
             "/healthz" => return reply::json(StatusCode::OK, &json!({"status": "ok"})),
             "/readyz" => return self.readyz(),
@@ -103,7 +104,7 @@ impl Gateway {
     }
 
     /// POST on an upstream path, after the Origin/Host check: one log line and one
-    /// metrics sample per request (issue #4 items 6, 8). Never logs tokens.
+    /// metrics sample per request (README "Limits and metrics"). Never logs tokens.
     async fn handle_mcp(
         self: Arc<Self>,
         req: Request<Incoming>,
@@ -263,7 +264,8 @@ impl Gateway {
             };
             states.insert(u.name().to_string(), s);
         }
-        // A store that failed a write or flush cannot hand out task ids (policy 16).
+        // A store that failed a write or flush cannot hand out task ids (docs/design.md
+        // §16 "Durability, store failures and upgrades").
         let store_ok = self.engine.store.healthy();
         let ready = all_ready && store_ok;
         let status = if ready {
@@ -281,7 +283,8 @@ impl Gateway {
         )
     }
 
-    /// CORS preflight, answered only for origins the config admits (policy 12).
+    /// CORS preflight, answered only for origins the config admits (docs/design.md §12
+    /// "HTTP front").
     fn preflight(&self, req: &Request<Incoming>) -> Response<Body> {
         let Some(origin) = req.headers().get(header::ORIGIN).cloned() else {
             return method_not_allowed("POST");
@@ -317,7 +320,7 @@ struct ReqLog {
     task_id: Option<String>,
 }
 
-/// `GET /metrics`: Prometheus text format, no token (design.md defaults).
+/// `GET /metrics`: Prometheus text format, no token (docs/design.md §12 "HTTP front").
 fn metrics_reply() -> Response<Body> {
     let mut r = Response::new(reply::full(crate::metrics::render()));
     r.headers_mut().insert(

@@ -1,5 +1,5 @@
 //! HTTP responses: JSON bodies, JSON-RPC errors with the right status, and SSE streams
-//! (policy 12 "JSON or SSE").
+//! (docs/design.md §12 "HTTP front", JSON or SSE).
 
 use std::convert::Infallible;
 
@@ -50,7 +50,7 @@ pub fn unavailable(id: Option<&RequestId>, err: &RpcError, retry_after_s: u64) -
 }
 
 /// One SSE event carrying a JSON-RPC message (no `id:` lines: 2026 streams are not
-/// resumable, spec A11).
+/// resumable, MCP 2026-07-28 Streamable HTTP, "Receiving Messages").
 pub fn sse_event(msg: &Value) -> Bytes {
     let mut out = Vec::with_capacity(64);
     out.extend_from_slice(b"event: message\ndata: ");

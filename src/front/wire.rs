@@ -1,7 +1,7 @@
-//! Wire validation of one client POST, in the order design.md fixes (policy 12,
-//! "Order of checks"): JSON parse → envelope → headers vs body → `_meta` → version →
-//! method. Pure functions over the body bytes and the headers, so every rule is
-//! unit-testable and lives in this one file.
+//! Wire validation of one client POST, in the order docs/design.md fixes (§12 "HTTP
+//! front", "Order of checks"): JSON parse → envelope → headers vs body → `_meta` →
+//! version → method. Pure functions over the body bytes and the headers, so every rule
+//! is unit-testable and lives in this one file.
 
 use base64::Engine;
 use http::{HeaderMap, StatusCode};
@@ -9,7 +9,8 @@ use serde_json::{Value, json};
 
 use crate::protocol::{self, PROTOCOL_VERSION, RequestId, RequestMeta, RpcError, error};
 
-/// Methods a 2026-07-28 client may call on the gateway (spec A2 + Tasks extension).
+/// Methods a 2026-07-28 client may call on the gateway (the MCP 2026-07-28 schema's
+/// client requests, plus the MCP Tasks extension's `tasks/*`).
 pub const SERVED_METHODS: [&str; 13] = [
     "server/discover",
     "tools/list",
@@ -51,7 +52,8 @@ impl Reject {
 }
 
 /// Decode an MCP header value: `=?base64?…?=` carries UTF-8 that is not plain visible
-/// ASCII (spec A11 "Value encoding"). `None` when the value is not valid.
+/// ASCII (MCP 2026-07-28 Streamable HTTP, "Value Encoding"). `None` when the value is
+/// not valid.
 pub fn decode_header_value(raw: &[u8]) -> Option<String> {
     let s = std::str::from_utf8(raw).ok()?;
     if let Some(inner) = s
@@ -71,7 +73,9 @@ pub fn decode_header_value(raw: &[u8]) -> Option<String> {
     }
 }
 
-/// Which body field `Mcp-Name` must equal for a method (spec A11, B10).
+/// Which body field `Mcp-Name` must equal for a method (MCP 2026-07-28 Streamable HTTP,
+/// "Standard Request Headers"; MCP Tasks extension, "Streamable HTTP: Routing
+/// Headers").
 pub fn name_field(method: &str) -> Option<&'static str> {
     match method {
         "tools/call" | "prompts/get" => Some("name"),
@@ -81,7 +85,8 @@ pub fn name_field(method: &str) -> Option<&'static str> {
     }
 }
 
-/// Methods removed in 2026-07-28 or never served: 404 `-32601` (spec A2, B12, D10).
+/// Methods removed in 2026-07-28 (its "Changelog"; the MCP Tasks extension has no
+/// `tasks/result` or `tasks/list`) or never served: 404 `-32601`.
 fn is_known_method(method: &str) -> bool {
     SERVED_METHODS.contains(&method)
 }
@@ -217,12 +222,14 @@ fn validate_inner(body: &[u8], headers: &HeaderMap) -> Result<Incoming, Reject> 
         }
     };
     let Some(id) = id else {
-        // A notification: acknowledged, never dispatched (policy 12).
+        // A notification: acknowledged, never dispatched (docs/design.md §12 "HTTP
+        // front").
         return Ok(Incoming::Notification);
     };
 
     // `initialize` from a legacy client carries no 2026 headers or `_meta`; answer
-    // with the method error that names the supported versions (spec D25).
+    // with the method error that names the supported versions (MCP 2026-07-28
+    // "Versioning": a modern-only server names them in any error to `initialize`).
     if method == "initialize" {
         return Err(Reject::new(
             StatusCode::NOT_FOUND,
@@ -235,7 +242,7 @@ fn validate_inner(body: &[u8], headers: &HeaderMap) -> Result<Incoming, Reject> 
         ));
     }
 
-    // 3. Headers vs body (spec A11 "Server validation").
+    // 3. Headers vs body (MCP 2026-07-28 Streamable HTTP, "Server Validation").
     let mismatch = |what: String| bad(Some(id.clone()), RpcError::header_mismatch(what));
     let body_version = params
         .as_ref()

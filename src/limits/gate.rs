@@ -1,9 +1,9 @@
-//! Per-upstream admission (issue #4 item 5): at most `max_concurrency` calls run; the
-//! rest wait in per-tenant FIFO queues. A freed slot goes to the waiting tenant with
-//! the fewest running calls, ties to the one served least recently — round-robin
-//! among equals — so a tenant that floods the upstream delays mostly itself. The
-//! queue holds at most `queue_size` calls, one tenant at most half of them (so it can
-//! never fill the queue for everyone).
+//! Per-upstream admission (docs/design.md §8 "Flow control"): at most `max_concurrency`
+//! calls run; the rest wait in per-tenant FIFO queues. A freed slot goes to the waiting
+//! tenant with the fewest running calls, ties to the one served least recently —
+//! round-robin among equals — so a tenant that floods the upstream delays mostly
+//! itself. The queue holds at most `queue_size` calls, one tenant at most half of them
+//! (so it can never fill the queue for everyone).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};

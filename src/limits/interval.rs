@@ -1,5 +1,5 @@
-//! The adaptive `pollIntervalMs` (issue #4 item 2): one pure function, so the policy
-//! is testable without a clock, a store or a limiter.
+//! The adaptive `pollIntervalMs` (docs/design.md §8 "Flow control"): one pure function,
+//! so the policy is testable without a clock, a store or a limiter.
 
 /// Everything the advertised interval depends on.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -1,5 +1,6 @@
 //! Keyed rate limiters with bounded, evicted state: the GCRA poll limiter (per
-//! principal and task, issue #4 item 1) and the per-principal token bucket (item 3).
+//! principal and task) and the per-principal token bucket (docs/design.md §8 "Flow
+//! control").
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash, RandomState};
@@ -128,7 +129,8 @@ impl PollLimiter {
     pub fn new(base_ms: u64, max_ms: u64, burst: u32, cap: usize) -> Self {
         let burst = burst.max(1);
         let max = Duration::from_millis(max_ms.max(base_ms).max(1));
-        // Issue #4: drop entries idle longer than max_poll_interval × burst.
+        // Bounded state: drop entries idle longer than max_poll_interval × burst (by
+        // then a burst's worth of polls at the longest interval has passed).
         let idle = (max * burst).max(Duration::from_secs(1));
         Self {
             state: Mutex::new(Bounded::new(idle, cap, Instant::now())),

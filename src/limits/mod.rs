@@ -1,4 +1,4 @@
-//! Flow control (design.md policy 8, issue #4): the poll limiter, the adaptive
+//! Flow control (docs/design.md §8 "Flow control"): the poll limiter, the adaptive
 //! `pollIntervalMs`, the per-principal request rate, the per-tenant live-task quota
 //! and per-upstream admission with fair queueing.
 //!

@@ -1,4 +1,5 @@
-//! JSON-RPC error objects and the MCP error codes (spec A13, B11).
+//! JSON-RPC error objects and the MCP error codes (MCP 2026-07-28 "Overview", "Error
+//! Codes"; MCP Tasks extension, "Error Handling").
 
 use serde_json::{Map, Value, json};
 
@@ -7,7 +8,7 @@ pub const INVALID_REQUEST: i64 = -32600;
 pub const METHOD_NOT_FOUND: i64 = -32601;
 pub const INVALID_PARAMS: i64 = -32602;
 pub const INTERNAL_ERROR: i64 = -32603;
-/// Implementation-defined throttling code (design.md policy 8).
+/// Implementation-defined throttling code (docs/design.md §8 "Flow control").
 pub const THROTTLED: i64 = -32005;
 /// Legacy resource-not-found; translated to `INVALID_PARAMS` toward modern clients.
 pub const LEGACY_RESOURCE_NOT_FOUND: i64 = -32002;
@@ -63,7 +64,8 @@ impl RpcError {
             .with_data(json!({ "requiredCapabilities": required }))
     }
 
-    /// `-32021` naming the tasks extension (spec B1).
+    /// `-32021` naming the tasks extension (MCP Tasks extension, "Capability
+    /// Negotiation").
     pub fn tasks_extension_required(msg: impl Into<String>) -> Self {
         Self::missing_capability(msg, json!({ "extensions": { super::TASKS_EXTENSION: {} } }))
     }

@@ -1,4 +1,6 @@
-//! Per-request `_meta` (spec A3) and the client capabilities it declares (spec A4, B1).
+//! Per-request `_meta` (MCP 2026-07-28 "Overview", "_meta") and the client capabilities
+//! it declares (MCP 2026-07-28 "Versioning", "Extension Negotiation"; MCP Tasks
+//! extension, "Capability Negotiation").
 
 use serde_json::{Map, Value};
 
@@ -7,7 +9,7 @@ use super::{
     TASKS_EXTENSION,
 };
 
-/// Logging levels in ascending severity (RFC 5424 names, spec A10).
+/// Logging levels in ascending severity (RFC 5424 names, MCP 2026-07-28 "Logging").
 pub const LOG_LEVELS: [&str; 8] = [
     "debug",
     "info",
@@ -35,8 +37,9 @@ pub struct RequestMeta {
 }
 
 impl RequestMeta {
-    /// Validate `params._meta`. Errors are `-32602` (HTTP 400, spec A3); the version
-    /// itself is checked separately so the order of checks in design.md holds.
+    /// Validate `params._meta`. Errors are `-32602` (HTTP 400, MCP 2026-07-28 "Overview",
+    /// "_meta"); the version itself is checked separately so the order of checks holds
+    /// (docs/design.md §12 "Order of checks").
     pub fn parse(params: Option<&Map<String, Value>>) -> Result<Self, RpcError> {
         let meta = params
             .and_then(|p| p.get("_meta"))
@@ -112,7 +115,7 @@ impl RequestMeta {
 #[derive(Debug, Clone, Default)]
 pub struct ClientCaps(pub Map<String, Value>);
 
-/// A server→client input kind (design.md policy 5).
+/// A server→client input kind (docs/design.md §5 "Input requests").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum InputKind {
     Elicitation,
@@ -143,7 +146,8 @@ impl InputKind {
 impl ClientCaps {
     /// Whether the request declared the Tasks extension. The normative slot is
     /// `extensions["io.modelcontextprotocol/tasks"]`; a key placed directly under the
-    /// capabilities is accepted leniently (spec D1) but never emitted.
+    /// capabilities is accepted leniently (docs/design.md §1 "Promotion") but never
+    /// emitted.
     pub fn declares_tasks(&self) -> bool {
         let in_ext = self
             .0
@@ -161,7 +165,7 @@ impl ClientCaps {
     }
 
     /// For elicitation, whether the declared capability admits a given mode.
-    /// `{}` means form only (spec C1).
+    /// `{}` means form only (MCP 2025-11-25 "Elicitation", "Capabilities").
     pub fn elicitation_allows_mode(&self, mode: &str) -> bool {
         let Some(e) = self.0.get("elicitation").and_then(Value::as_object) else {
             return false;

@@ -1,8 +1,8 @@
 //! JSON-RPC and MCP wire types shared by the front, the engine and the upstream client.
 //!
 //! Payloads stay `serde_json::Value` with `preserve_order`: the gateway is a proxy and
-//! never round-trips arguments or results through lossy typed models (design.md,
-//! "Payload fidelity").
+//! never round-trips arguments or results through lossy typed models (docs/design.md,
+//! introduction: payload fidelity).
 
 pub mod error;
 pub mod meta;
@@ -13,11 +13,12 @@ pub use meta::{ClientCaps, RequestMeta};
 
 use serde_json::{Map, Value};
 
-/// The only client-facing protocol version (spec A1).
+/// The only client-facing protocol version (MCP 2026-07-28 "Versioning").
 pub const PROTOCOL_VERSION: &str = "2026-07-28";
-/// What the gateway offers a legacy upstream in `initialize` (spec C2).
+/// What the gateway offers a legacy upstream in `initialize` (MCP 2025-11-25
+/// "Lifecycle", "Initialization").
 pub const LEGACY_OFFER_VERSION: &str = "2025-11-25";
-/// Extension id of the Tasks extension (spec B1).
+/// Extension id of the Tasks extension (MCP Tasks extension, "Extension Identifier").
 pub const TASKS_EXTENSION: &str = "io.modelcontextprotocol/tasks";
 
 pub const META_PROTOCOL_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
@@ -28,8 +29,8 @@ pub const META_SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
 pub const META_SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId";
 pub const META_RELATED_TASK: &str = "io.modelcontextprotocol/related-task";
 
-/// A JSON-RPC id: string or integer (never null in 2026, spec A2). Kept as the raw
-/// value so it is echoed exactly as the client sent it.
+/// A JSON-RPC id: string or integer (never null in MCP 2026-07-28, "Overview",
+/// "Requests"). Kept as the raw value so it is echoed exactly as the client sent it.
 pub type RequestId = Value;
 
 /// A request that passed wire validation (the front's `wire` module builds it).

@@ -1,12 +1,13 @@
-//! Translation of legacy upstream answers into 2026-07-28 results (spec C10): add
-//! `resultType`, cache hints (spec A8) and the upstream's identity in `_meta`; map
-//! legacy error codes. Nothing else in a payload changes.
+//! Translation of legacy upstream answers into 2026-07-28 results (the translations
+//! docs/design.md lists under payload fidelity): add `resultType`, cache hints (MCP
+//! 2026-07-28 "Caching") and the upstream's identity in `_meta`; map legacy error
+//! codes. Nothing else in a payload changes.
 
 use serde_json::{Map, Value};
 
 use super::{META_RELATED_TASK, META_SERVER_INFO, RpcError, error};
 
-/// Results that must carry `ttlMs` + `cacheScope` (spec A8).
+/// Results that must carry `ttlMs` + `cacheScope` (MCP 2026-07-28 "Caching").
 pub fn is_cacheable(method: &str) -> bool {
     matches!(
         method,
@@ -61,7 +62,8 @@ pub fn complete(method: &str, result: Value, server_info: &Value) -> Value {
         obj.entry("ttlMs")
             .or_insert_with(|| Value::from(cache_ttl_ms(method)));
         // Conservative: a cached copy may be reused only within the same
-        // authorization context (spec C10).
+        // authorization context (MCP 2026-07-28 "Caching": `cacheScope`); a legacy
+        // upstream gives no hint, so `private` is the safe default.
         obj.entry("cacheScope")
             .or_insert_with(|| Value::from("private"));
     }
@@ -69,7 +71,8 @@ pub fn complete(method: &str, result: Value, server_info: &Value) -> Value {
     Value::Object(obj)
 }
 
-/// Map a legacy upstream error to what a 2026 client may see (spec A13, C10).
+/// Map a legacy upstream error to what a 2026 client may see (MCP 2026-07-28
+/// "Overview", "Error Codes": legacy `-32002` becomes `-32602`).
 pub fn map_error(mut e: RpcError) -> RpcError {
     match e.code {
         error::LEGACY_RESOURCE_NOT_FOUND => e.code = error::INVALID_PARAMS,

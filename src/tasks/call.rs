@@ -33,7 +33,7 @@ pub struct ToolCall {
 }
 
 /// Aborts the call unless disarmed: the client still owns the call until a task
-/// handle has been returned (policy 6).
+/// handle has been returned (docs/design.md §6 "Cancel").
 struct Armed(Option<tokio::task::AbortHandle>);
 
 impl Armed {
@@ -50,11 +50,11 @@ impl Drop for Armed {
     }
 }
 
-/// Idempotency index key: `(tenant, subject, upstream, tool, key)` (policy 9), the
-/// parts joined by NUL with each NUL inside a part written as NUL 0xFF. A UTF-8 part
-/// never holds 0xFF, so one key names one tuple (tenant "a\0b" with subject "c" is not
-/// tenant "a" with subject "b\0c"), and parts without NUL give the keys they always
-/// gave.
+/// Idempotency index key: `(tenant, subject, upstream, tool, key)` (docs/design.md §9
+/// "Idempotency"), the parts joined by NUL with each NUL inside a part written as NUL
+/// 0xFF. A UTF-8 part never holds 0xFF, so one key names one tuple (tenant "a\0b" with
+/// subject "c" is not tenant "a" with subject "b\0c"), and parts without NUL give the
+/// keys they always gave.
 fn idempotency_index(p: &Principal, upstream: &str, tool: &str, key: &str) -> Vec<u8> {
     let mut out = Vec::new();
     for (i, part) in [p.tenant.as_str(), p.subject.as_str(), upstream, tool, key]
@@ -171,9 +171,10 @@ impl Engine {
         }
     }
 
-    /// The reply to a duplicate idempotency key: the existing task, or `-32602`
-    /// when the arguments differ. The task may come from a concurrent create whose
-    /// flush is still running, so its id goes out only once it is durable (policy 1).
+    /// The reply to a duplicate idempotency key: the existing task, or `-32602` when
+    /// the arguments differ. The task may come from a concurrent create whose flush is
+    /// still running, so its id goes out only once it is durable (docs/design.md §1
+    /// "Promotion").
     async fn existing(
         &self,
         c: &ToolCall,
@@ -202,8 +203,9 @@ impl Engine {
         }
     }
 
-    /// The tenant's live-task quota (issue #4), checked before the upstream call
-    /// starts — after the idempotency lookup, so a duplicate still gets its task.
+    /// The tenant's live-task quota (docs/design.md §8 "Flow control"), checked before
+    /// the upstream call starts — after the idempotency lookup, so a duplicate still
+    /// gets its task.
     async fn over_quota(&self, c: &ToolCall) -> Option<Reply> {
         let live = self
             .store
@@ -226,7 +228,8 @@ impl Engine {
 
         if let Some(key) = &idem {
             // A keyed call is always a task, written before the upstream call starts
-            // so concurrent duplicates never reach the upstream twice (policy 9).
+            // so concurrent duplicates never reach the upstream twice (docs/design.md §9
+            // "Idempotency").
             let index = idempotency_index(&c.principal, c.upstream.name(), &tool, key);
             match self.store.idempotency_get(&index).await {
                 Ok(Some(entry)) => return self.existing(&c, entry, &fp).await,
@@ -251,7 +254,8 @@ impl Engine {
     }
 
     /// Carry on with a call held for an MRTR round (`on_input = "mrtr"`): the race
-    /// against the deadline starts again now (spec B4: MRTR first, then the task).
+    /// against the deadline starts again now (MCP Tasks extension, "Task Creation":
+    /// MRTR first, then the task).
     pub async fn resume(self: &Arc<Self>, c: ToolCall, pending: Pending) -> Reply {
         let (tool, _, fp) = tool_args(&c.req);
         self.race(c, tool, fp, pending).await
@@ -367,7 +371,8 @@ impl Engine {
                                 return Reply::InputRequired(v);
                             }
                             InputVerdict::Relay(batch) => {
-                                // Input before the deadline promotes at once (policy 1).
+                                // Input before the deadline promotes at once
+                                // (docs/design.md §1 "Promotion").
                                 inputs = batch;
                                 break;
                             }

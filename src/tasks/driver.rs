@@ -1,7 +1,8 @@
 //! A promoted call running in the background: upstream progress becomes
 //! `statusMessage`, upstream input requests become `inputRequests`, and the answer
-//! becomes the terminal state — unless the task reached a terminal state first
-//! (cancel, expiry), in which case the late answer is discarded (policy 4, 6).
+//! becomes the terminal state — unless the task reached a terminal state first (cancel,
+//! expiry), in which case the late answer is discarded (docs/design.md §4 "Terminal
+//! states never change", §6 "Cancel").
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,7 +48,7 @@ pub struct Driven {
 /// Assign fresh keys (unique for the task's life) to input requests `(method,
 /// params)`, record them as outstanding and return the keys in order. Deterministic
 /// for a given record, so a store update may safely retry it. Strips the legacy
-/// `elicitationId` of URL-mode elicitations (spec C10).
+/// `elicitationId` of URL-mode elicitations (removed in MCP 2026-07-28, "Changelog").
 pub fn key_inputs(rec: &mut TaskRecord, inputs: &[(String, Option<Value>)]) -> Vec<String> {
     let mut keys = Vec::with_capacity(inputs.len());
     for (method, params) in inputs {
@@ -200,7 +201,7 @@ impl Engine {
             tokio::select! {
                 r = &mut call => {
                     // Stopping: keep the request route so the next start resolves
-                    // the task (issue #4 item 9).
+                    // the task (docs/design.md §10 "Restart").
                     if self.shutting_down() {
                         return;
                     }
@@ -319,8 +320,9 @@ impl Engine {
     }
 }
 
-/// Bookkeeping of every move to a terminal state: no input is outstanding any more,
-/// and the result stays retrievable for `result_retention_ms` (policy 11).
+/// Bookkeeping of every move to a terminal state: no input is outstanding any more, and
+/// the result stays retrievable for `result_retention_ms` (docs/design.md §11
+/// "Expiry").
 pub fn conclude(rec: &mut TaskRecord, retention_ms: u64) {
     let now = now_ms();
     rec.last_updated_at_ms = now;

@@ -4,14 +4,15 @@
 //!
 //! - **Never sent** (upstream not started, restarting, connection refused, gateway
 //!   shutting down, queue full): HTTP 503 + `Retry-After` + `-32603` naming the
-//!   upstream (`-32005` with `data.{retryAfterMs, reason}` for a full queue, policy 8).
-//!   Nothing ran upstream, so a client may retry.
+//!   upstream (`-32005` with `data.{retryAfterMs, reason}` for a full queue,
+//!   docs/design.md §8 "Flow control"). Nothing ran upstream, so a client may retry.
 //! - **Sent, then failed** (child crashed, stream broke, malformed answer, an upstream
 //!   HTTP 502/503/504 after the request was written, call timeout, an internal
 //!   failure): HTTP 200 + `-32603` saying what happened. The request was valid and this
 //!   is its outcome; SDK clients turn any non-2xx into a transport error and the
 //!   message would never reach the model. A retry could run the call twice.
-//! - **Sync timeout** (policy 2): 400 `-32021` naming the tasks extension.
+//! - **Sync timeout** (docs/design.md §2 "Clients without the tasks extension"): 400
+//!   `-32021` naming the tasks extension.
 //!
 //! The class applies only while no response header was sent: after SSE headers the
 //! error is the stream's final event, and for a promoted task it is the `failed`
@@ -38,7 +39,8 @@ pub enum CallFailure<'a> {
     /// The task running the upstream call ended without a result (it panicked or was
     /// aborted from elsewhere): an internal failure after the call had started.
     Ended,
-    /// A client without the tasks extension waited `sync_timeout_ms` (policy 2).
+    /// A client without the tasks extension waited `sync_timeout_ms` (docs/design.md §2
+    /// "Clients without the tasks extension").
     SyncTimeout(Duration),
 }
 
@@ -98,7 +100,8 @@ pub fn failure(upstream: &str, f: CallFailure<'_>) -> Failure {
     let data = json!({ "upstream": upstream });
     match f {
         CallFailure::Upstream(UpstreamError::QueueFull { .. }) => {
-            // Every throttle answers -32005 with retry data (policy 8).
+            // Every throttle answers -32005 with retry data (docs/design.md §8 "Flow
+            // control").
             let rpc = RpcError::new(
                 error::THROTTLED,
                 format!("upstream {upstream} queue is full"),

@@ -1,5 +1,6 @@
-//! Task ids: `tsk_` + base64url (no padding) of 16 CSPRNG bytes (design.md policy 1).
-//! Any other shape is malformed and answered without a store read (policy 7).
+//! Task ids: `tsk_` + base64url (no padding) of 16 CSPRNG bytes (docs/design.md §1
+//! "Promotion"). Any other shape is malformed and answered without a store read (§7
+//! "Ownership").
 
 use base64::Engine;
 use rand::RngCore;

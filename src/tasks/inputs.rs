@@ -50,7 +50,8 @@ pub fn missing_capability(
     None
 }
 
-/// Methods whose result may be `input_required` (spec A7).
+/// Methods whose result may be `input_required` (MCP 2026-07-28 "Multi Round-Trip
+/// Requests").
 pub fn mrtr_eligible(method: &str) -> bool {
     matches!(method, "tools/call" | "prompts/get" | "resources/read")
 }

@@ -1,5 +1,7 @@
-//! `tasks/get`, `tasks/update`, `tasks/cancel` (spec B5–B7) and the ownership check: every method resolves the record under the caller's
-//! `(tenant, subject)`; anything else is byte-identical to "not found".
+//! `tasks/get`, `tasks/update`, `tasks/cancel` (MCP Tasks extension, "Task Polling",
+//! "Task Update Requests", "Task Cancellation") and the ownership check (docs/design.md
+//! §7 "Ownership"): every method resolves the record under the caller's `(tenant,
+//! subject)`; anything else is byte-identical to "not found".
 
 use serde_json::{Map, Value};
 
@@ -51,7 +53,7 @@ impl Engine {
                 if owned_by(&rec.tenant, &rec.subject, principal) && rec.upstream == upstream =>
             {
                 // Never expire early, and never serve past the ttl even if the
-                // sweeper has not run yet (policy 11).
+                // sweeper has not run yet (docs/design.md §11 "Expiry").
                 if rec.expires_at_ms <= now_ms() {
                     Err(expired())
                 } else {
@@ -78,15 +80,17 @@ impl Engine {
         self.durable(&rec)
             .await
             .map_err(|e| RpcError::internal(e.to_string()))?;
-        // Adaptive pollIntervalMs, remembered as advertised (issue #4).
+        // Adaptive pollIntervalMs, remembered as advertised (docs/design.md §8 "Flow
+        // control").
         self.limits.adapt(principal, &mut rec);
         // `resolve` only answers the owner: this read collects the outcome.
         self.note_seen(&rec);
         Ok(snapshot::get_result(&rec, server_info))
     }
 
-    /// Relay each answer for an outstanding key to the upstream; ignore the rest
-    /// (spec B6). The task stays `input_required` until every key is answered.
+    /// Relay each answer for an outstanding key to the upstream; ignore the rest (MCP
+    /// Tasks extension, "Task Update Requests"). The task stays `input_required` until
+    /// every key is answered.
     pub async fn update(
         &self,
         principal: &Principal,
@@ -140,8 +144,9 @@ impl Engine {
         Ok(ack(server_info))
     }
 
-    /// Record the intent durably, stop the upstream call, acknowledge (spec B7,
-    /// policy 6). A terminal task is acknowledged unchanged.
+    /// Record the intent durably, stop the upstream call, acknowledge (MCP Tasks
+    /// extension, "Task Cancellation"; docs/design.md §6 "Cancel"). A terminal task is
+    /// acknowledged unchanged.
     pub async fn cancel(
         &self,
         principal: &Principal,

@@ -1,5 +1,6 @@
-//! Multi round-trip requests (spec A7; design.md policies 2 and 5): how an upstream
-//! server→client request reaches a client that gets no task.
+//! Multi round-trip requests (MCP 2026-07-28 "Multi Round-Trip Requests";
+//! docs/design.md §2 "Clients without the tasks extension" and §5 "Input requests"):
+//! how an upstream server→client request reaches a client that gets no task.
 //!
 //! The upstream call is *held* here (in memory, with its event channel and the answer
 //! channels of its outstanding requests) while the client gets an
@@ -63,7 +64,8 @@ struct Held {
 pub enum Resumed {
     /// Every outstanding request was answered: carry on waiting for the call.
     Call(Pending),
-    /// Answers are still missing: a fresh `input_required` result (spec A7).
+    /// Answers are still missing: a fresh `input_required` result (MCP 2026-07-28
+    /// "Multi Round-Trip Requests").
     StillWaiting(Value),
 }
 
@@ -213,7 +215,8 @@ impl Holds {
         if let Ok(mut map) = self.held.lock() {
             map.insert(id.clone(), held);
         }
-        // A retry may never come (spec A7): cancel the held call after the timeout.
+        // A retry may never come (MCP 2026-07-28 "Multi Round-Trip Requests"): cancel
+        // the held call after the timeout.
         let holds = self.clone();
         let timeout = self.input_timeout;
         tokio::spawn(async move {

@@ -1,6 +1,6 @@
-//! The promotion decision (design.md policy 1): for one `tools/call`, whether and when
-//! it becomes a task. Per-tool settings win over per-upstream ones, which win over
-//! `[tasks]`.
+//! The promotion decision (docs/design.md §1 "Promotion"): for one `tools/call`,
+//! whether and when it becomes a task. Per-tool settings win over per-upstream ones,
+//! which win over `[tasks]`.
 
 use std::time::Duration;
 
@@ -13,7 +13,8 @@ pub struct Promotion {
     /// Race the upstream against this deadline; zero = always a task.
     pub promote_after: Duration,
     pub on_input: OnInput,
-    /// Tool argument that carries a caller idempotency key (policy 9).
+    /// Tool argument that carries a caller idempotency key (docs/design.md §9
+    /// "Idempotency").
     pub idempotency_argument: Option<String>,
     /// Absolute cap on the upstream call.
     pub call_timeout: Option<Duration>,

@@ -1,6 +1,6 @@
-//! Read marks (design.md policy 23, README "Limits and metrics"): which terminal tasks
-//! their owner has received, so that the sweeper can count, and log, the outcomes
-//! nobody collected.
+//! Read marks (docs/design.md §23 "Outcomes nobody collected", README "Limits and
+//! metrics"): which terminal tasks their owner has received, so that the sweeper can
+//! count, and log, the outcomes nobody collected.
 //!
 //! A read only notes the task id here (a lock and a set insert). A background task
 //! writes the noted ids to the store a moment later, many reads in one go and without

@@ -1,4 +1,5 @@
-//! Wire shapes of a task (spec B3, B4, B5, B9): the flat `CreateTaskResult`, the
+//! Wire shapes of a task (MCP Tasks extension, "Tasks", "Task Creation", "Task
+//! Polling", "Task Status Notifications"): the flat `CreateTaskResult`, the
 //! `DetailedTask` that `tasks/get` returns and `notifications/tasks` carries.
 
 use serde_json::{Map, Value};
@@ -28,13 +29,14 @@ fn base(rec: &TaskRecord) -> Map<String, Value> {
     m
 }
 
-/// `DetailedTask`: status-specific fields only for their status (spec B3).
+/// `DetailedTask`: status-specific fields only for their status (MCP Tasks extension,
+/// "Tasks").
 ///
-/// A completed task's `result` is what the original `tools/call` would have
-/// returned, so it is rendered here as a 2026 result — its own `resultType` and the
-/// upstream's identity in `_meta` (design.md, "Payload fidelity"). The store keeps
-/// the upstream `CallToolResult` as received; rendering at serve time means records
-/// written by any earlier version get the same shape, and `server_info` is the
+/// A completed task's `result` is what the original `tools/call` would have returned,
+/// so it is rendered here as a 2026 result — its own `resultType` and the upstream's
+/// identity in `_meta` (docs/design.md, introduction: payload fidelity). The store
+/// keeps the upstream `CallToolResult` as received; rendering at serve time means
+/// records written by any earlier version get the same shape, and `server_info` is the
 /// identity known now rather than at completion.
 pub fn detailed(rec: &TaskRecord, server_info: &Value) -> Map<String, Value> {
     let mut m = base(rec);
@@ -51,7 +53,8 @@ pub fn detailed(rec: &TaskRecord, server_info: &Value) -> Map<String, Value> {
                 .clone()
                 .unwrap_or_else(|| Value::Object(Map::new()));
             // `complete` keeps the upstream's other `_meta` keys and drops a legacy
-            // `related-task` one (spec B3), as for an inline result.
+            // `related-task` one (the MCP Tasks extension has no such linkage), as for an
+            // inline result.
             m.insert(
                 "result".into(),
                 results::complete("tools/call", stored, server_info),
@@ -78,7 +81,8 @@ pub fn get_result(rec: &TaskRecord, server_info: &Value) -> Value {
     Value::Object(m)
 }
 
-/// The flat `CreateTaskResult` (spec B4): no `result`, `error` or `inputRequests`.
+/// The flat `CreateTaskResult` (MCP Tasks extension, "Task Creation"): no `result`,
+/// `error` or `inputRequests`.
 pub fn create_result(rec: &TaskRecord, server_info: &Value) -> Value {
     let mut m = base(rec);
     m.insert("resultType".into(), Value::from("task"));

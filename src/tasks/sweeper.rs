@@ -1,5 +1,5 @@
-//! Expiry (policy 11), outcomes nobody collected (policy 23) and restart recovery
-//! (policy 10).
+//! Expiry (docs/design.md §11 "Expiry"), outcomes nobody collected (§23 "Outcomes
+//! nobody collected") and restart recovery (§10 "Restart").
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -96,11 +96,11 @@ impl Engine {
     }
 }
 
-/// A task expired without its owner having received its terminal state (policy 23,
-/// README "Limits and metrics"): count a `completed` or `failed` one and log a failed
-/// one, so an operator can alert on failures nobody collected. A task that expired
-/// while still running has no outcome to collect, and `cancelled` is only reached by
-/// the owner's own `tasks/cancel`: neither is counted.
+/// A task expired without its owner having received its terminal state (docs/design.md
+/// §23 "Outcomes nobody collected", README "Limits and metrics"): count a `completed`
+/// or `failed` one and log a failed one, so an operator can alert on failures nobody
+/// collected. A task that expired while still running has no outcome to collect, and
+/// `cancelled` is only reached by the owner's own `tasks/cancel`: neither is counted.
 fn expired_unread(rec: &TaskRecord) {
     match rec.status {
         TaskStatus::Completed => crate::metrics::expired_unread(rec.status.as_str()),

@@ -4,7 +4,8 @@
 //! `initialize` handshake itself, keeps session state, answers `ping`, and turns each
 //! client request into exactly one upstream call. Everything the upstream says *about*
 //! a call while it runs (progress, log messages, server→client input requests) arrives
-//! on that call's event channel, so attribution is never guessed (design.md policy 14).
+//! on that call's event channel, so attribution is never guessed (docs/design.md §14
+//! "Upstream sessions").
 //!
 //! Cancellation contract: dropping the future returned by [`LegacyTransport::call`]
 //! before it resolves cancels the upstream call (`notifications/cancelled`), and any
@@ -29,7 +30,8 @@ pub use registry::{Upstream, UpstreamSet};
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// What the upstream told us in its `initialize` result (spec C2).
+/// What the upstream told us in its `initialize` result (MCP 2025-11-25 "Lifecycle",
+/// "Initialization").
 #[derive(Debug, Clone, PartialEq)]
 pub struct UpstreamInfo {
     pub protocol_version: String,
@@ -106,11 +108,11 @@ pub enum CallOutcome {
 
 /// Why an upstream call did not produce an answer.
 ///
-/// Every variant belongs to one side of the retry-safety line (design.md "HTTP status
-/// of upstream failures follows retry safety"), given by [`UpstreamError::delivery`]:
-/// a transport picks the variant by whether the request may have reached the upstream,
-/// and the front maps that to the client's status in one place
-/// (`front::failure`).
+/// Every variant belongs to one side of the retry-safety line (docs/design.md §12
+/// "HTTP front", "Retry safety of upstream failures"), given by
+/// [`UpstreamError::delivery`]: a transport picks the variant by whether the request
+/// may have reached the upstream, and the front maps that to the client's status in one
+/// place (`tasks::failure`).
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum UpstreamError {
     /// Never sent: not started, restarting, connection refused, or the session was
@@ -128,12 +130,12 @@ pub enum UpstreamError {
     /// Sent, then not answered within `call_timeout_ms` (the call was cancelled).
     #[error("upstream {upstream} did not answer within call_timeout_ms ({after_ms} ms)")]
     TimedOut { upstream: String, after_ms: u64 },
-    /// Never sent: the upstream's admission queue had no room (design.md policy 8:
-    /// 503 + `-32005`).
+    /// Never sent: the upstream's admission queue had no room (docs/design.md §8 "Flow
+    /// control": 503 + `-32005`).
     #[error("upstream {upstream} queue is full")]
     QueueFull { upstream: String },
-    /// Never sent (design.md lists it with the retryable cases): the gateway is
-    /// shutting down.
+    /// Never sent (docs/design.md §12 "HTTP front" lists it with the retryable cases):
+    /// the gateway is shutting down.
     #[error("gateway is shutting down")]
     ShuttingDown,
 }
@@ -205,8 +207,8 @@ pub trait LegacyTransport: Send + Sync + 'static {
     fn shutdown(&self) -> BoxFuture<'_, ()>;
 }
 
-/// Answer for upstream requests that no call owns (design.md policy 14): `ping` → `{}`,
-/// `roots/list` → no roots, anything else → an error.
+/// Answer for upstream requests that no call owns (docs/design.md §14 "Upstream
+/// sessions"): `ping` → `{}`, `roots/list` → no roots, anything else → an error.
 pub fn unowned_request_answer(method: &str) -> InputAnswer {
     match method {
         "ping" => InputAnswer::Result(Value::Object(Map::new())),
@@ -218,9 +220,9 @@ pub fn unowned_request_answer(method: &str) -> InputAnswer {
     }
 }
 
-/// The capabilities the gateway declares to every upstream (design.md policy 14): all
-/// three input kinds, so servers register tools that need them; each kind is surfaced
-/// only to client requests that declared it.
+/// The capabilities the gateway declares to every upstream (docs/design.md §14
+/// "Upstream sessions"): all three input kinds, so servers register tools that need
+/// them; each kind is surfaced only to client requests that declared it.
 pub fn gateway_client_capabilities() -> Value {
     serde_json::json!({
         "elicitation": { "form": {}, "url": {} },

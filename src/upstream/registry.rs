@@ -1,5 +1,5 @@
-//! Upstreams by name, each with one transport per isolation scope (design.md policy 14
-//! "Upstream state isolation"), and the per-session `tools/list` cache that the
+//! Upstreams by name, each with one transport per isolation scope (docs/design.md §14
+//! "Upstream sessions", isolation), and the per-session `tools/list` cache that the
 //! promotion decision reads `execution.taskSupport` from.
 
 use std::collections::HashMap;

@@ -1,4 +1,5 @@
-//! Incremental Server-Sent Events parser for legacy upstream streams (spec C3).
+//! Incremental Server-Sent Events parser for legacy upstream streams (MCP 2025-11-25
+//! "Transports", "Streamable HTTP").
 //!
 //! Bytes go in as they arrive from the network, in chunks of any size; whole events
 //! come out. The parser follows the WHATWG "interpreting an event stream" rules:

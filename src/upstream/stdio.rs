@@ -28,7 +28,7 @@
 //! [`UpstreamError::Broken`] and is replaced at once. Backoff (100 ms doubling to 5 s,
 //! pool-wide) applies only to children that fail to start — the spawn or `initialize`
 //! fails, or the child exits idle soon after starting. A caller (tenant + tool) whose
-//! calls keep killing children is throttled (see [`throttle`]) so it cannot keep the
+//! calls keep killing children is throttled (see `stdio/throttle.rs`) so it cannot keep the
 //! pool cold for everyone else.
 //!
 //! Children lead their own process group, get `SIGKILL` if the gateway dies, and are

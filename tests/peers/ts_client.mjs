@@ -16,7 +16,7 @@
 // (its README). This one sends each request through a second instance of the SDK's
 // own StreamableHTTPClientTransport, which derives MCP-Protocol-Version, Mcp-Method and
 // Mcp-Name from the body, and picks the matching response out of its `onmessage`
-// (shared/peers.md, "Notes from trying real clients").
+// (found when trying the SDK against taskgate).
 
 import fs from "node:fs";
 import path from "node:path";
