@@ -291,7 +291,7 @@ impl PgStore {
         Ok(store)
     }
 
-    /// The pool, without connecting yet and without migrating (for [`open`] and for
+    /// The pool, without connecting yet and without migrating (for [`PgStore::open`] and for
     /// tests that migrate on their own). Starts the health probe when called inside a
     /// tokio runtime.
     pub fn connect_lazy(settings: &PgSettings) -> Result<Arc<Self>, StoreError> {
