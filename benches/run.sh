@@ -39,6 +39,11 @@ echo "== load harness"
 cargo bench --locked --bench load -- --out "$TMP/load.md" --mcp-proxy "$MCP_PROXY" "$@" \
     >/dev/null
 
+echo "== store backends (sled next to a throwaway PostgreSQL; scripts/pg.sh)"
+bash scripts/pg.sh run cargo bench --locked --bench store_backends 2>/dev/null \
+    | grep '^|' >"$TMP/stores.md" \
+    || echo "| store backends | failed: see \`bash scripts/pg.sh run cargo bench --bench store_backends\` | |" >"$TMP/stores.md"
+
 END=$(date +%s)
 {
     echo "## Run of $(date -u '+%Y-%m-%d %H:%M UTC') ($(git rev-parse --short HEAD))"
@@ -55,6 +60,10 @@ END=$(date +%s)
     echo '```'
     cat "$TMP/load.md"
     echo
-    echo "Benchmark wall time (micro + load, excluding build and installs): $((END - START)) s."
+    echo "### Store backends at the TaskStore level (benches/store_backends.rs)"
+    echo
+    cat "$TMP/stores.md"
+    echo
+    echo "Benchmark wall time (micro + load + stores, excluding build and installs): $((END - START)) s."
 } >"$OUT"
 echo "== report written to $OUT"

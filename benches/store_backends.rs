@@ -45,11 +45,11 @@ fn record(id: &str) -> TaskRecord {
     }
 }
 
-fn route(id: &str, n: u64) -> RequestRoute {
+fn route(id: &str) -> RequestRoute {
     let now = now_ms();
     RequestRoute {
         v: SCHEMA_VERSION,
-        route_id: format!("rt_{n:012}"),
+        route_id: format!("rt_{}", id.trim_start_matches("tsk_")),
         upstream: "demo".into(),
         tenant: "acme".into(),
         subject: "alice".into(),
@@ -85,7 +85,7 @@ where
 async fn create(store: &dyn TaskStore, prefix: &str, n: u64) {
     let id = format!("tsk_{prefix}_{n:012}");
     store
-        .create(&record(&id), &route(&id, n), None)
+        .create(&record(&id), &route(&id), None)
         .await
         .unwrap();
     store.flush().await.unwrap();
