@@ -44,6 +44,8 @@ const META_TASKS: &str = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"
 mod native;
 #[path = "load/stdio_pool.rs"]
 mod stdio_pool;
+#[path = "load/stores.rs"]
+mod stores;
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 type MakeReq = Arc<dyn Fn(u64) -> Request<Full<Bytes>> + Send + Sync>;
@@ -406,58 +408,63 @@ fn seed(dir: &Path, n: u64, principals: u64, flush_every: u64) -> Duration {
             ..StoreConfig::default()
         };
         let store = SledStore::open(&cfg).unwrap();
-        let now = now_ms();
-        let result = json!({"content": [{"type": "text", "text": "hello from the seeded store"}],
-                            "isError": false});
-        for i in 0..n {
-            let id = seeded_id(i);
-            let (tenant, subject) = owner(i, principals);
-            let rec = TaskRecord {
-                v: SCHEMA_VERSION,
-                task_id: id.clone(),
-                tenant: tenant.clone(),
-                subject: subject.clone(),
-                upstream: "demo".into(),
-                tool: "echo".into(),
-                args_fingerprint:
-                    "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08".into(),
-                idempotency_key: None,
-                status: TaskStatus::Completed,
-                status_message: None,
-                created_at_ms: now,
-                last_updated_at_ms: now,
-                ttl_ms: 86_400_000,
-                poll_interval_ms: 1000,
-                expires_at_ms: now + 86_400_000,
-                result: Some(result.clone()),
-                error: None,
-                input_requests: Map::new(),
-                issued_keys: Vec::new(),
-                cancel_requested: false,
-            };
-            let route_id = format!("rt_seed_{i}");
-            let route = RequestRoute {
-                v: SCHEMA_VERSION,
-                route_id: route_id.clone(),
-                upstream: "demo".into(),
-                tenant,
-                subject,
-                method: "tools/call".into(),
-                started_at_ms: now,
-                deadline_ms: now + 60_000,
-                task_id: Some(id),
-            };
-            store.create(&rec, &route, None).await.unwrap();
-            store.remove_route(&route_id).await.unwrap();
-            if (i + 1) % flush_every == 0 {
-                store.flush().await.unwrap();
-            }
-        }
-        store.flush().await.unwrap();
+        seed_store(store.as_ref(), n, principals, flush_every).await;
         drop(store);
     });
     drop(rt);
     t0.elapsed()
+}
+
+/// Seeds the `n` completed tasks [`get_maker`] reads into `store`.
+async fn seed_store(store: &dyn TaskStore, n: u64, principals: u64, flush_every: u64) {
+    let now = now_ms();
+    let result = json!({"content": [{"type": "text", "text": "hello from the seeded store"}],
+                        "isError": false});
+    for i in 0..n {
+        let id = seeded_id(i);
+        let (tenant, subject) = owner(i, principals);
+        let rec = TaskRecord {
+            v: SCHEMA_VERSION,
+            task_id: id.clone(),
+            tenant: tenant.clone(),
+            subject: subject.clone(),
+            upstream: "demo".into(),
+            tool: "echo".into(),
+            args_fingerprint: "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+                .into(),
+            idempotency_key: None,
+            status: TaskStatus::Completed,
+            status_message: None,
+            created_at_ms: now,
+            last_updated_at_ms: now,
+            ttl_ms: 86_400_000,
+            poll_interval_ms: 1000,
+            expires_at_ms: now + 86_400_000,
+            result: Some(result.clone()),
+            error: None,
+            input_requests: Map::new(),
+            issued_keys: Vec::new(),
+            cancel_requested: false,
+        };
+        let route_id = format!("rt_seed_{i}");
+        let route = RequestRoute {
+            v: SCHEMA_VERSION,
+            route_id: route_id.clone(),
+            upstream: "demo".into(),
+            tenant,
+            subject,
+            method: "tools/call".into(),
+            started_at_ms: now,
+            deadline_ms: now + 60_000,
+            task_id: Some(id),
+        };
+        store.create(&rec, &route, None).await.unwrap();
+        store.remove_route(&route_id).await.unwrap();
+        if (i + 1) % flush_every == 0 {
+            store.flush().await.unwrap();
+        }
+    }
+    store.flush().await.unwrap();
 }
 
 fn dir_size(p: &Path) -> u64 {
@@ -876,6 +883,9 @@ fn main() {
     }
     if want("pool") {
         stdio_pool::stdio_pool(&rt, &o, &mut rep, &c, work.path());
+    }
+    if want("stores") {
+        stores::stores(&rt, &o, &mut rep, &c, up, work.path());
     }
     rep.note(&format!(
         "Harness wall time: {:.0} s.",

@@ -84,10 +84,7 @@ where
 
 async fn create(store: &dyn TaskStore, prefix: &str, n: u64) {
     let id = format!("tsk_{prefix}_{n:012}");
-    store
-        .create(&record(&id), &route(&id), None)
-        .await
-        .unwrap();
+    store.create(&record(&id), &route(&id), None).await.unwrap();
     store.flush().await.unwrap();
 }
 

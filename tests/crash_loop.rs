@@ -83,8 +83,10 @@ struct Handle {
     owner: usize,
     kind: Kind,
     round: usize,
-    /// `(status, result, error)` of the first terminal snapshot seen.
-    terminal: Option<Value>,
+    /// `(status, result, error)` of the first terminal snapshot seen, and when it was
+    /// recorded. A read sent before that may still say `working` (workers record their
+    /// answers in the order they get the ledger, not the order the gateway served them).
+    terminal: Option<(Value, Instant)>,
     last_status: String,
     /// When the cancel's acknowledgement arrived. A read sent before it may still
     /// say `working`; only reads sent after it must not.
@@ -132,13 +134,14 @@ impl Ledger {
         let view = json!({"status": status, "result": r.get("result"), "error": r.get("error")});
         let mut bad = None;
         match &h.terminal {
-            Some(t) if *t != view => {
+            Some((t, _)) if *t == view => {}
+            Some((_, at)) if !is_terminal(&status) && sent < *at => return,
+            Some((t, _)) => {
                 bad = Some(format!(
                     "round {round}: {id} changed after it was terminal: first {t}, now {view}"
                 ));
             }
-            Some(_) => {}
-            None if is_terminal(&status) => h.terminal = Some(view),
+            None if is_terminal(&status) => h.terminal = Some((view, Instant::now())),
             None if h.cancel_acked.is_some_and(|acked| sent > acked) => {
                 bad = Some(format!(
                     "round {round}: {id} is {status} after its cancel was acknowledged"
@@ -658,7 +661,7 @@ async fn crash_loop(b: StoreBackend) {
     let terminal = |s: &str| {
         l.handles
             .values()
-            .filter(|h| h.terminal.as_ref().is_some_and(|t| t["status"] == s))
+            .filter(|h| h.terminal.as_ref().is_some_and(|(t, _)| t["status"] == s))
             .count()
     };
     eprintln!(

@@ -1,0 +1,200 @@
+//! Store backend rows of the load harness: the same gateway, once on sled and once on
+//! PostgreSQL, in one run: `tasks/get` over seeded completed tasks and durable task
+//! creations (`tools/call sleep {ms:100}`, `promote_after_ms = 0`) at c = 1, 16 and
+//! 64, with the database's WAL flush count for its rows (`pg_stat_wal.wal_sync`: this
+//! disk's flush latency moves a lot, so a PostgreSQL row means little without it).
+//!
+//! The PostgreSQL rows need `TASKGATE_TEST_PG_URL` (a cluster `scripts/pg.sh` starts:
+//! `bash scripts/pg.sh run cargo bench --bench load -- --only stores`); without it they
+//! say so instead of running.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use http::HeaderValue;
+use taskgate::store::TaskStore;
+use taskgate::store::postgres::{PgSettings, PgStore};
+
+use super::{
+    Gateway, HttpClient, META_TASKS, MakeReq, Opts, Report, check_completed, check_task_created,
+    cpu_us_per, err_note, gateway_config, get_maker, gw_req, median_run, ms, run_load, seed,
+    seed_store, start_gateway_with, token,
+};
+
+/// Seeded tasks for the `tasks/get` rows, and their owners.
+const TASKS: u64 = 10_000;
+const PRINCIPALS: u64 = 1_000;
+const CONCURRENCY: [usize; 3] = [1, 16, 64];
+
+enum Backend {
+    Sled,
+    Postgres { url: String, schema: String },
+}
+
+impl Backend {
+    fn name(&self) -> &'static str {
+        match self {
+            Self::Sled => "sled",
+            Self::Postgres { .. } => "postgres",
+        }
+    }
+}
+
+pub(super) fn stores(
+    rt: &tokio::runtime::Runtime,
+    o: &Opts,
+    rep: &mut Report,
+    c: &HttpClient,
+    up: SocketAddr,
+    work: &Path,
+) {
+    rep.section(
+        "Store backends: one gateway on sled, then on PostgreSQL (same run)",
+        &[
+            "store",
+            "measure",
+            "c",
+            "req/s",
+            "p50",
+            "p99",
+            "gateway CPU µs/req",
+            "errors",
+        ],
+    );
+    let mut backends = vec![Backend::Sled];
+    match std::env::var("TASKGATE_TEST_PG_URL") {
+        Ok(url) if !url.is_empty() => backends.push(Backend::Postgres {
+            url,
+            schema: format!("bench_load_{}", std::process::id()),
+        }),
+        _ => rep.note(
+            "PostgreSQL rows not run: TASKGATE_TEST_PG_URL is not set (run the harness under `bash scripts/pg.sh run`).",
+        ),
+    }
+    for b in &backends {
+        let dir = work.join(format!("stores-{}", b.name()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut config = gateway_config(&dir.join("data"), up);
+        let wal_before = match b {
+            Backend::Sled => {
+                seed(&dir, TASKS, PRINCIPALS, 1000);
+                None
+            }
+            Backend::Postgres { url, schema } => {
+                config = config.replacen(
+                    "[store]\n",
+                    &format!(
+                        "[store]\nbackend = \"postgres\"\nurl = \"{url}\"\nschema = \"{schema}\"\n"
+                    ),
+                    1,
+                );
+                let settings = PgSettings {
+                    url: url.clone(),
+                    pool_size: 16,
+                    schema: schema.clone(),
+                };
+                rt.block_on(async {
+                    let store: std::sync::Arc<dyn TaskStore> =
+                        PgStore::open(&settings).await.unwrap();
+                    seed_store(store.as_ref(), TASKS, PRINCIPALS, 1000).await;
+                });
+                Some(rt.block_on(wal_syncs(url)))
+            }
+        };
+        let gw = start_gateway_with(&dir, &config);
+        for conc in CONCURRENCY {
+            let mk = get_maker(gw.addr, TASKS, PRINCIPALS);
+            point(
+                rt,
+                o,
+                rep,
+                c,
+                &gw,
+                b.name(),
+                "tasks/get",
+                conc,
+                mk,
+                check_completed,
+            );
+        }
+        let bearer = HeaderValue::from_str(&format!("Bearer {}", token("carol", "acme"))).unwrap();
+        for conc in CONCURRENCY {
+            let addr = gw.addr;
+            let b2 = bearer.clone();
+            let mk: MakeReq = std::sync::Arc::new(move |n| {
+                let body = format!(
+                    r#"{{"jsonrpc":"2.0","id":{n},"method":"tools/call","params":{{"name":"sleep","arguments":{{"ms":100}},{META_TASKS}}}}}"#
+                );
+                gw_req(addr, &b2, "tools/call", "sleep", body)
+            });
+            point(
+                rt,
+                o,
+                rep,
+                c,
+                &gw,
+                b.name(),
+                "durable creations",
+                conc,
+                mk,
+                check_task_created,
+            );
+            // The background calls (100 ms each) end before the next point.
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        if let (Some(before), Backend::Postgres { url, .. }) = (wal_before, b) {
+            let syncs = rt.block_on(wal_syncs(url)) - before;
+            rep.note(&format!(
+                "PostgreSQL flushed its WAL {syncs} times (`pg_stat_wal.wal_sync`) during its rows."
+            ));
+        }
+        drop(gw);
+    }
+    rep.note(&format!(
+        "{TASKS} completed tasks over {PRINCIPALS} principals seeded through the store API before the tasks/get rows; JWT HS256 on every request. Each row is the median of 3 runs. PostgreSQL is the throwaway cluster of scripts/pg.sh on the same cores (fsync on)."
+    ));
+}
+
+#[allow(clippy::too_many_arguments)]
+fn point(
+    rt: &tokio::runtime::Runtime,
+    o: &Opts,
+    rep: &mut Report,
+    c: &HttpClient,
+    gw: &Gateway,
+    store: &str,
+    measure: &str,
+    conc: usize,
+    mk: MakeReq,
+    check: super::Check,
+) {
+    let (s, cpu) = median_run(|| {
+        let cpu0 = gw.proc.cpu_secs();
+        let s = rt.block_on(run_load(c, conc, o.warmup, o.duration, mk.clone(), check));
+        let cpu = cpu_us_per(&gw.proc, cpu0, &s);
+        (s, cpu)
+    });
+    rep.row(&[
+        store.into(),
+        measure.into(),
+        conc.to_string(),
+        format!("{:.0}", s.rps()),
+        ms(s.p50()),
+        ms(s.p99()),
+        format!("{cpu:.0}"),
+        format!("{}{}", s.errors + s.refused, err_note(&s)),
+    ]);
+}
+
+async fn wal_syncs(url: &str) -> i64 {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    client
+        .query_one("SELECT wal_sync FROM pg_stat_wal", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
