@@ -95,7 +95,7 @@ use tokio::sync::{Notify, broadcast, mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::identity::Identity;
-use super::session::{self, Inbound};
+use super::legacy_messages::{self, Inbound};
 use super::sse::SseParser;
 use super::{
     BoxFuture, CallEvent, CallOutcome, CallSpec, InputAnswer, InputRequest, LegacyTransport,
@@ -711,7 +711,7 @@ impl HttpUpstream {
             if me.is_shutting_down() {
                 return;
             }
-            let msg = session::answer(&id, &answer);
+            let msg = legacy_messages::answer(&id, &answer);
             if let Err(e) = me.post_message(&session, &msg).await {
                 tracing::warn!(upstream = %me.name, id = %id, "answering upstream request failed: {e}");
                 me.message_failed(&session, "answering an upstream request", &e);
@@ -724,7 +724,7 @@ impl HttpUpstream {
     /// `VERIFY_TIMEOUT`; callers waiting in [`Self::ensure_session`] are released when
     /// this returns (by the caller's `Verifying` guard).
     async fn cancel_and_verify(&self, session: &Session, request_id: u64) {
-        let msg = session::cancelled(request_id, "request cancelled by the gateway");
+        let msg = legacy_messages::cancelled(request_id, "request cancelled by the gateway");
         let check = async {
             if let Err(e) = self.post_message(session, &msg).await {
                 self.message_failed(session, "notifications/cancelled", &e);
@@ -754,7 +754,7 @@ impl HttpUpstream {
     async fn ping(&self, session: &Session) -> Result<(), String> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let body = Bytes::from(
-            serde_json::to_vec(&session::request(id, "ping", Map::new()))
+            serde_json::to_vec(&legacy_messages::request(id, "ping", Map::new()))
                 .map_err(|e| e.to_string())?,
         );
         let resp = self
@@ -890,7 +890,8 @@ impl HttpUpstream {
     async fn handshake(&self) -> Result<(Session, UpstreamInfo), String> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let body = Bytes::from(
-            serde_json::to_vec(&session::initialize_request(id)).map_err(|e| e.to_string())?,
+            serde_json::to_vec(&legacy_messages::initialize_request(id))
+                .map_err(|e| e.to_string())?,
         );
         let resp = self
             .send(Method::POST, Some(body), None, ACCEPT_POST, None)
@@ -918,13 +919,13 @@ impl HttpUpstream {
             CallOutcome::Result(v) => v,
             CallOutcome::Error(e) => return Err(format!("initialize was refused: {e}")),
         };
-        let info = session::parse_initialize_result(&result)?;
+        let info = legacy_messages::parse_initialize_result(&result)?;
         let session = Session {
             version: Some(info.protocol_version.clone()),
             ..provisional
         };
         if let Err(e) = self
-            .post_message(&session, &session::initialized_notification())
+            .post_message(&session, &legacy_messages::initialized_notification())
             .await
         {
             // Never current, but the server may hold it: end it.
@@ -957,7 +958,7 @@ impl HttpUpstream {
             upstream: self,
             token,
         });
-        let msg = session::request(request_id, &spec.method, params);
+        let msg = legacy_messages::request(request_id, &spec.method, params);
         let body = Bytes::from(serde_json::to_vec(&msg).map_err(|e| self.protocol(e.to_string()))?);
         let mut guard = CancelGuard {
             upstream: self.me.clone(),
@@ -1199,7 +1200,7 @@ impl HttpUpstream {
     /// Route one message received on a call's stream. Returns the call's outcome when
     /// this is the final response.
     async fn handle_inbound(&self, msg: Value, ctx: &mut CallCtx<'_>) -> Option<CallOutcome> {
-        let inbound = match session::classify(msg) {
+        let inbound = match legacy_messages::classify(msg) {
             Ok(i) => i,
             Err(e) => {
                 tracing::warn!(upstream = %self.name, "ignoring malformed message: {e}");
@@ -1239,7 +1240,7 @@ impl HttpUpstream {
             },
             Inbound::Notification { method, params } => match method.as_str() {
                 "notifications/progress" => {
-                    if let Some((t, rest)) = session::split_progress(params) {
+                    if let Some((t, rest)) = legacy_messages::split_progress(params) {
                         match (ctx.events, &ctx.token) {
                             (Some(events), Some(token)) if &t == token => {
                                 let _ = events.send(CallEvent::Progress(rest)).await;
@@ -1624,7 +1625,7 @@ async fn listen(me: Weak<HttpUpstream>, session: Session, stop: CancellationToke
                         continue;
                     };
                     for msg in split_batch(value) {
-                        match session::classify(msg) {
+                        match legacy_messages::classify(msg) {
                             Ok(Inbound::Request { id, method, .. }) => {
                                 let answer = super::unowned_request_answer(&method);
                                 up.spawn_answer(session.clone(), id, std::future::ready(answer));
@@ -1632,7 +1633,8 @@ async fn listen(me: Weak<HttpUpstream>, session: Session, stop: CancellationToke
                             Ok(Inbound::Notification { method, params }) => match method.as_str() {
                                 // Progress names its call by our token (module docs).
                                 "notifications/progress" => {
-                                    if let Some((t, rest)) = session::split_progress(params) {
+                                    if let Some((t, rest)) = legacy_messages::split_progress(params)
+                                    {
                                         up.route_progress(session.generation, &t, rest);
                                     }
                                 }

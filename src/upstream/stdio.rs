@@ -59,7 +59,7 @@ pub use process::{Leftovers, kill_leftovers, kill_legacy_leftovers};
 use self::framing::{LineReader, Next};
 use self::throttle::{Caller, CrashThrottle, Verdict};
 use super::identity::Identity;
-use super::session::{self, Inbound};
+use super::legacy_messages::{self, Inbound};
 use super::{
     BoxFuture, CallEvent, CallOutcome, CallSpec, InputAnswer, InputRequest, LegacyTransport,
     SessionNotification, TransportState, UpstreamError, UpstreamInfo,
@@ -663,7 +663,7 @@ impl Shared {
             reply_rx,
             token,
         });
-        if !child.send(&session::request(request_id, &spec.method, params)) {
+        if !child.send(&legacy_messages::request(request_id, &spec.method, params)) {
             guard.finish();
             child.take_active();
             // The writer is gone, so the line was never queued: nothing ran upstream.
@@ -756,7 +756,7 @@ impl Drop for CallGuard {
             drop(permit);
             return;
         }
-        self.child.send(&session::cancelled(
+        self.child.send(&legacy_messages::cancelled(
             sent.request_id,
             "the gateway client cancelled the request",
         ));
@@ -978,7 +978,7 @@ async fn spawn_child(shared: &Arc<Shared>) -> Result<Arc<Child>, String> {
         child.kill();
         return Err("gateway is shutting down".into());
     }
-    child.send(&session::initialize_request(init_id));
+    child.send(&legacy_messages::initialize_request(init_id));
 
     let outcome = tokio::select! {
         r = init_rx => r.unwrap_or_else(|_| Err("child went away during initialize".into())),
@@ -1219,7 +1219,7 @@ async fn dispatch(
     msg: Value,
     init: &mut Option<(u64, oneshot::Sender<Result<UpstreamInfo, String>>)>,
 ) {
-    let inbound = match session::classify(msg) {
+    let inbound = match legacy_messages::classify(msg) {
         Ok(i) => i,
         Err(e) => {
             tracing::warn!(upstream = %shared.name(), pid = child.pid, "ignoring message: {e}");
@@ -1233,12 +1233,12 @@ async fn dispatch(
             {
                 let Some((_, tx)) = init.take() else { return };
                 let result = match outcome {
-                    CallOutcome::Result(r) => session::parse_initialize_result(&r),
+                    CallOutcome::Result(r) => legacy_messages::parse_initialize_result(&r),
                     CallOutcome::Error(e) => Err(format!("initialize failed: {e}")),
                 };
                 if result.is_ok() {
                     // Queued before any call request can be, so ordering holds.
-                    child.send(&session::initialized_notification());
+                    child.send(&legacy_messages::initialized_notification());
                 }
                 let _ = tx.send(result);
                 return;
@@ -1312,7 +1312,7 @@ async fn handle_request(
         "elicitation/create" | "sampling/createMessage" | "roots/list"
     );
     if method == "ping" || !is_input {
-        child.send(&session::answer(
+        child.send(&legacy_messages::answer(
             &id,
             &super::unowned_request_answer(&method),
         ));
@@ -1322,7 +1322,7 @@ async fn handle_request(
         // Attribution is a security boundary: with no call in flight nobody may see it.
         tracing::info!(upstream = %shared.name(), pid = child.pid, %method,
             "answering upstream request no call owns");
-        child.send(&session::answer(
+        child.send(&legacy_messages::answer(
             &id,
             &super::unowned_request_answer(&method),
         ));
@@ -1349,7 +1349,7 @@ async fn handle_request(
             )),
             () = child.gone.cancelled() => return,
         };
-        child.send(&session::answer(&id, &answer));
+        child.send(&legacy_messages::answer(&id, &answer));
     });
 }
 
@@ -1361,7 +1361,7 @@ async fn handle_notification(
 ) {
     match method.as_str() {
         "notifications/progress" => {
-            let Some((token, rest)) = session::split_progress(params) else {
+            let Some((token, rest)) = legacy_messages::split_progress(params) else {
                 return;
             };
             match current_call(child) {
