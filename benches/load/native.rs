@@ -8,8 +8,8 @@
 //! backend (in-process, nothing on disk), and its worker runs the task bodies in the
 //! same Python process that serves HTTP.
 //!
-//! Kept in its own file (included from `load.rs` as `mod native`) so it merges cleanly
-//! with other edits to the harness; a child module sees `load.rs`'s private items.
+//! Kept in its own file (included from `main.rs` as `mod native`) so it merges cleanly
+//! with other edits to the harness; a child module sees `main.rs`'s private items.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -23,10 +23,11 @@ use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Full};
 
-use super::{
-    HttpClient, META_TASKS, MakeReq, Opts, Proc, Report, addr_after, check_completed,
-    check_task_created, cpu_us_per, err_note, ms, post, root, run_load,
-};
+use super::harness::{check_completed, check_task_created, cpu_us_per, run_load};
+use super::processes::{Proc, addr_after};
+use super::report::{Report, err_note, ms};
+use super::requests::post;
+use super::{HttpClient, META_TASKS, MakeReq, Opts, root};
 
 const TITLE: &str = "Native reference (Python fastmcp[tasks]==4.1.4)";
 /// Docket worker concurrency passed to the server (fastmcp-tasks' default is 10).
@@ -204,7 +205,7 @@ async fn create_completed(
         let mut still = Vec::new();
         for (i, id) in pending.iter().enumerate() {
             let b = fetch(c, get_req(addr, i as u64, id)).await?;
-            if !super::contains(&b, b"\"status\":\"completed\"") {
+            if !super::harness::contains(&b, b"\"status\":\"completed\"") {
                 still.push(id.clone());
             }
         }

@@ -6,8 +6,8 @@
 //! The gateway fronts the demo server over stdio with the shipped default's pool
 //! (`max_concurrency = 8`, so 8 children, `isolation = "shared"`, default spares).
 //!
-//! Kept in its own file (included from `load.rs` as `mod stdio_pool`) so it merges
-//! cleanly with other edits to the harness; a child module sees `load.rs`'s private
+//! Kept in its own file (included from `main.rs` as `mod stdio_pool`) so it merges
+//! cleanly with other edits to the harness; a child module sees `main.rs`'s private
 //! items.
 
 use std::path::Path;
@@ -17,11 +17,11 @@ use bytes::Bytes;
 use http::{HeaderValue, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 
-use super::{
-    AUDIENCE, Gateway, HttpClient, ISSUER, META, META_TASKS, MakeReq, Opts, Outcome, Report,
-    SECRET, Stats, check_echo, contains, err_note, gw_req, ms, run_load, start_gateway_with,
-    taskgate_bin, token,
-};
+use super::harness::{Outcome, Stats, check_echo, contains, run_load};
+use super::processes::{Gateway, start_gateway_with, taskgate_bin};
+use super::report::{Report, err_note, ms};
+use super::requests::{gw_req, token};
+use super::{AUDIENCE, HttpClient, ISSUER, META, META_TASKS, MakeReq, Opts, SECRET};
 
 const TITLE: &str = "Stdio pool: noisy neighbour on one shared pool (demo over stdio)";
 /// Tenant B's concurrent crash loops (the load the crash throttle was first measured with).

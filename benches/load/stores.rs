@@ -16,11 +16,14 @@ use http::HeaderValue;
 use taskgate::store::TaskStore;
 use taskgate::store::postgres::{PgSettings, PgStore};
 
-use super::{
-    Gateway, HttpClient, META_TASKS, MakeReq, Opts, Report, check_completed, check_task_created,
-    cpu_us_per, err_note, gateway_config, get_maker, gw_req, median_run, ms, run_load, seed,
-    seed_store, start_gateway_with, token,
+use super::harness::{
+    Check, check_completed, check_task_created, cpu_us_per, median_run, run_load,
 };
+use super::processes::{Gateway, gateway_config, start_gateway_with};
+use super::report::{Report, err_note, ms};
+use super::requests::{gw_req, seed, seed_store, token};
+use super::scenarios::get_maker;
+use super::{HttpClient, META_TASKS, MakeReq, Opts};
 
 /// Seeded tasks for the `tasks/get` rows, and their owners.
 const TASKS: u64 = 10_000;
@@ -167,7 +170,7 @@ fn point(
     measure: &str,
     conc: usize,
     mk: MakeReq,
-    check: super::Check,
+    check: Check,
 ) {
     let (s, cpu) = median_run(|| {
         let cpu0 = gw.proc.cpu_secs();

@@ -146,7 +146,7 @@ pub async fn dispatch(
         "tasks/get" | "tasks/update" | "tasks/cancel" => {
             tasks_method(gw, upstream, &principal, &req, &info.server_info).await
         }
-        "subscriptions/listen" => super::listen::open(upstream, &principal, &req, &info, gw),
+        "subscriptions/listen" => super::subscriptions::open(upstream, &principal, &req, &info, gw),
         "tools/call" => tools_call(gw, upstream, principal, req, info, received).await,
         _ => {
             if req.method == "tools/list" && !req.params.contains_key("cursor") {

@@ -9,8 +9,8 @@ pub mod conn;
 pub mod dispatch;
 pub mod http_checks;
 pub mod inline;
-pub mod listen;
 pub mod reply;
+pub mod subscriptions;
 pub mod wire;
 
 use std::sync::Arc;

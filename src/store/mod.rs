@@ -6,7 +6,7 @@
 //! (whether the owner received a task's terminal snapshot) and the last known identity
 //! of each upstream (what the task plane shows while that upstream is not ready:
 //! README "Task plane and upstream plane"). The engine talks to the
-//! [`TaskStore`] trait (async, so a backend may sit across a network); `sled.rs` is the
+//! [`TaskStore`] trait (async, so a backend may sit across a network); `sled/` is the
 //! embedded single-replica backend, `postgres.rs` the one several replicas share, and
 //! `memory.rs` an in-process one (tests, demos: it keeps nothing across a restart).
 //! All pass the same contract suite

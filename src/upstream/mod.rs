@@ -13,8 +13,8 @@
 
 pub mod http;
 pub mod identity;
+pub mod legacy_messages;
 pub mod registry;
-pub mod session;
 pub mod sse;
 pub mod stdio;
 

@@ -1,4 +1,5 @@
-//! Tests against a real child: a small Python legacy server (`test_server.py`).
+//! Tests against a real child: a small Python legacy server
+//! (`tests/fixtures/stdio_test_server.py`).
 //! Every wait polls for a condition with a generous bound; nothing asserts timings.
 
 use std::collections::BTreeSet;
@@ -7,12 +8,13 @@ use std::pin::pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 
 use super::*;
+use crate::upstream::InputAnswer;
 
-const SERVER: &str = include_str!("test_server.py");
+const SERVER: &str = include_str!("../../../tests/fixtures/stdio_test_server.py");
 const BOUND: Duration = Duration::from_secs(30);
 
 struct Fixture {

@@ -1,5 +1,5 @@
 //! Pieces of the legacy session protocol shared by both transports: the
-//! `initialize` handshake (spec C2), inbound message classification, cancellation.
+//! `initialize` handshake (MCP 2025-11-25 "Lifecycle"), inbound message classification, cancellation.
 
 use serde_json::{Map, Value, json};
 
@@ -7,7 +7,7 @@ use super::{CallOutcome, UpstreamInfo};
 use crate::protocol::{LEGACY_OFFER_VERSION, RpcError};
 
 /// Versions the gateway can speak upstream, newest first. Whatever older version the
-/// server answers with is accepted (spec C2).
+/// server answers with is accepted (MCP 2025-11-25 "Lifecycle", version negotiation).
 pub const LEGACY_VERSIONS: [&str; 4] = ["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];
 
 /// The `initialize` request the gateway sends (offers 2025-11-25).

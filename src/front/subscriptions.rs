@@ -1,4 +1,4 @@
-//! `subscriptions/listen` (spec A9, design.md policy 15): an SSE stream that starts
+//! `subscriptions/listen` (MCP 2026-07-28 `subscriptions/listen`; docs/design.md §15 "Notifications"): an SSE stream that starts
 //! with the acknowledgement and then relays the notifications the filter asked for,
 //! each tagged with the listen request's id as `subscriptionId`.
 
@@ -57,7 +57,7 @@ pub fn open(
     info: &UpstreamInfo,
     gw: &Gateway,
 ) -> Response<Body> {
-    // Resource updates need the legacy `resources/subscribe` per uri (spec C6).
+    // Resource updates need the legacy `resources/subscribe` per uri (MCP 2025-11-25 "Resources", "Subscriptions").
     let can_subscribe = info
         .capabilities
         .get("resources")
@@ -215,7 +215,7 @@ async fn relay(
                 },
                 t = task_rx.recv(), if !task_ids.is_empty() => match t {
                     Ok(id) if task_ids.contains(&id) => {
-                        // A full snapshot, equal to what tasks/get returns now (spec B9),
+                        // A full snapshot, equal to what tasks/get returns now (MCP Tasks extension, "Task Status Notifications"),
                         // so a completed result carries the upstream's current identity.
                         if let Ok(Some(mut rec)) = engine.store.get(&id).await {
                             // A terminal state goes out only once it is durable.

@@ -1,0 +1,184 @@
+//! Versioned JSON records: decoding with upgrades of older versions, encoding, and
+//! the small probes that read only a few fields.
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+use super::schema::key_str;
+use crate::store::{
+    IdempotencyEntry, RequestRoute, SCHEMA_VERSION, StoreError, TaskRecord, Tombstone,
+    UpstreamIdentity,
+};
+
+/// Only `v` of a record, to pick the fast path.
+#[derive(serde::Deserialize)]
+pub(super) struct VersionProbe {
+    #[serde(default)]
+    pub(super) v: Option<Value>,
+}
+
+/// The stored form of an idempotency entry (the trait type has no `v`).
+#[derive(Serialize, serde::Deserialize)]
+pub(super) struct StoredIdempotency {
+    pub(super) v: u32,
+    pub(super) task_id: String,
+    pub(super) args_fingerprint: String,
+}
+
+/// The stored form of a read mark (`seen` tree). Only its presence is read.
+#[derive(Serialize)]
+pub(super) struct StoredSeen {
+    pub(super) v: u32,
+    pub(super) at_ms: u64,
+}
+
+/// A stored record type: it carries its schema version in `v`.
+pub(super) trait Record: DeserializeOwned {
+    fn version(&self) -> u32;
+}
+
+macro_rules! records {
+    ($($t:ty),*) => {
+        $(impl Record for $t {
+            fn version(&self) -> u32 {
+                self.v
+            }
+        })*
+    };
+}
+records!(
+    TaskRecord,
+    RequestRoute,
+    Tombstone,
+    StoredIdempotency,
+    UpstreamIdentity
+);
+
+/// Decode a versioned JSON record of `tree` at `key`. A current-version record is
+/// parsed once (every `tasks/get` reads one); older ones are upgraded via `upgrade`
+/// (fills defaults); newer ones are `Corrupt`.
+pub(super) fn decode<T: Record>(
+    tree: &str,
+    key: &[u8],
+    bytes: &[u8],
+    upgrade: fn(&mut Map<String, Value>),
+) -> Result<T, StoreError> {
+    if let Ok(rec) = serde_json::from_slice::<T>(bytes)
+        && rec.version() == SCHEMA_VERSION
+    {
+        return Ok(rec);
+    }
+    let corrupt = |why: String| StoreError::Corrupt(format!("{tree}/{}: {why}", key_str(key)));
+    let probe: VersionProbe =
+        serde_json::from_slice(bytes).map_err(|e| corrupt(format!("not a JSON record: {e}")))?;
+    let version = match probe.v {
+        None => 0,
+        Some(v) => v
+            .as_u64()
+            .ok_or_else(|| corrupt(format!("schema version {v} is not an integer")))?,
+    };
+    if version > u64::from(SCHEMA_VERSION) {
+        return Err(corrupt(format!(
+            "schema version {version} is newer than this gateway's {SCHEMA_VERSION}"
+        )));
+    }
+    if version == u64::from(SCHEMA_VERSION) {
+        return serde_json::from_slice(bytes).map_err(|e| corrupt(e.to_string()));
+    }
+    let mut value: Value =
+        serde_json::from_slice(bytes).map_err(|e| corrupt(format!("not a JSON record: {e}")))?;
+    let map = value
+        .as_object_mut()
+        .ok_or_else(|| corrupt("not a JSON object".into()))?;
+    upgrade(map);
+    map.insert("v".into(), Value::from(SCHEMA_VERSION));
+    serde_json::from_value(value).map_err(|e| corrupt(format!("version {version}: {e}")))
+}
+
+/// A field name and the default an older record gets when it lacks the field.
+pub(super) type FieldDefault = (&'static str, fn() -> Value);
+
+pub(super) fn fill(map: &mut Map<String, Value>, defaults: &[FieldDefault]) {
+    for (k, d) in defaults {
+        if !map.contains_key(*k) {
+            map.insert((*k).to_string(), d());
+        }
+    }
+}
+
+pub(super) fn upgrade_task(map: &mut Map<String, Value>) {
+    fill(
+        map,
+        &[
+            ("idempotency_key", || Value::Null),
+            ("status_message", || Value::Null),
+            ("result", || Value::Null),
+            ("error", || Value::Null),
+            ("input_requests", || Value::Object(Map::new())),
+            ("issued_keys", || Value::Array(Vec::new())),
+            ("cancel_requested", || Value::Bool(false)),
+        ],
+    );
+}
+
+pub(super) fn upgrade_route(map: &mut Map<String, Value>) {
+    fill(map, &[("task_id", || Value::Null)]);
+}
+
+pub(super) fn upgrade_tombstone(map: &mut Map<String, Value>) {
+    fill(map, &[("idempotency_index_key", || Value::Null)]);
+}
+
+pub(super) fn upgrade_none(_: &mut Map<String, Value>) {}
+
+pub(super) fn encode<T: Serialize>(
+    tree: &str,
+    key: &str,
+    value: &T,
+) -> Result<Vec<u8>, StoreError> {
+    serde_json::to_vec(value)
+        .map_err(|e| StoreError::Corrupt(format!("{tree}/{key}: cannot encode: {e}")))
+}
+
+/// Encode a task with `v` forced to the current schema version.
+pub(super) fn encode_task(task: &TaskRecord) -> Result<Vec<u8>, StoreError> {
+    if task.v == SCHEMA_VERSION {
+        encode("tasks", &task.task_id, task)
+    } else {
+        let mut t = task.clone();
+        t.v = SCHEMA_VERSION;
+        encode("tasks", &task.task_id, &t)
+    }
+}
+
+pub(super) fn encode_route(route: &RequestRoute) -> Result<Vec<u8>, StoreError> {
+    if route.v == SCHEMA_VERSION {
+        encode("routes", &route.route_id, route)
+    } else {
+        let mut r = route.clone();
+        r.v = SCHEMA_VERSION;
+        encode("routes", &route.route_id, &r)
+    }
+}
+
+pub(super) fn decode_idempotency(key: &[u8], bytes: &[u8]) -> Result<IdempotencyEntry, StoreError> {
+    let s: StoredIdempotency = decode("idempotency", key, bytes, upgrade_none)?;
+    Ok(IdempotencyEntry {
+        task_id: s.task_id,
+        args_fingerprint: s.args_fingerprint,
+    })
+}
+
+/// The few fields the index checks need, without decoding a whole record.
+#[derive(serde::Deserialize)]
+pub(super) struct IndexProbe {
+    pub(super) tenant: String,
+    pub(super) status: crate::store::TaskStatus,
+    pub(super) expires_at_ms: u64,
+}
+
+pub(super) fn probe(key: &[u8], bytes: &[u8]) -> Result<IndexProbe, StoreError> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| StoreError::Corrupt(format!("tasks/{}: {e}", key_str(key))))
+}

@@ -1,0 +1,84 @@
+//! Upstream identities and secrets.
+
+use super::codec::{decode, encode, upgrade_none};
+use super::schema::{META_SECRET, meta_key};
+use super::{Cas, SledStore};
+use crate::store::{SCHEMA_VERSION, StoreError, UpstreamIdentity};
+use rand::RngCore;
+
+impl SledStore {
+    pub(crate) fn upstream_identity(
+        &self,
+        name: &str,
+    ) -> Result<Option<UpstreamIdentity>, StoreError> {
+        let key = name.as_bytes();
+        match self.upstream_identity.get(key) {
+            Ok(None) => Ok(None),
+            Ok(Some(b)) => decode("upstream_identity", key, &b, upgrade_none).map(Some),
+            Err(e) => Err(self.read_failed("get upstream identity", &e)),
+        }
+    }
+
+    pub(crate) fn put_upstream_identity(
+        &self,
+        name: &str,
+        identity: &UpstreamIdentity,
+    ) -> Result<bool, StoreError> {
+        let bytes = if identity.v == SCHEMA_VERSION {
+            encode("upstream_identity", name, identity)?
+        } else {
+            let mut i = identity.clone();
+            i.v = SCHEMA_VERSION;
+            encode("upstream_identity", name, &i)?
+        };
+        let key = name.as_bytes();
+        let stored = self
+            .upstream_identity
+            .get(key)
+            .map_err(|e| self.read_failed("get upstream identity", &e))?;
+        if stored.as_deref() == Some(bytes.as_slice()) {
+            return Ok(false);
+        }
+        self.put(
+            &self.upstream_identity,
+            "put upstream identity",
+            key,
+            &bytes,
+        )?;
+        Ok(true)
+    }
+
+    /// Get-or-create; creation is a compare-and-swap (concurrent first calls agree on
+    /// one secret) followed by a blocking flush, so the secret is durable before it is
+    /// returned the first time. Call it at start-up, not on a hot path.
+    pub(crate) fn secret(&self, name: &str) -> Result<[u8; 32], StoreError> {
+        let key = meta_key(META_SECRET, name.as_bytes());
+        let as_secret = |v: &[u8]| {
+            <[u8; 32]>::try_from(v)
+                .map_err(|_| StoreError::Corrupt(format!("meta/secret/{name}: not 32 bytes")))
+        };
+        if let Some(v) = self
+            .meta
+            .get(&key)
+            .map_err(|e| self.read_failed("get secret", &e))?
+        {
+            return as_secret(&v);
+        }
+        let mut fresh = [0u8; 32];
+        rand::rng().fill_bytes(&mut fresh);
+        let r = self
+            .meta
+            .compare_and_swap(&key, None as Option<&[u8]>, Some(&fresh[..]));
+        let secret = match self.cas("create secret", r)? {
+            Cas::Done => fresh,
+            Cas::Lost(Some(v)) => as_secret(&v)?,
+            Cas::Lost(None) => {
+                return Err(StoreError::Corrupt(format!(
+                    "meta/secret/{name}: compare-and-swap failed without a current value"
+                )));
+            }
+        };
+        self.flush_blocking()?;
+        Ok(secret)
+    }
+}

@@ -1,0 +1,51 @@
+//! The keys of the schema (module docs, "Schema"): `meta` entries and the composite
+//! keys of the `expiry` and `live` trees.
+
+pub(super) const META_SCHEMA: &[u8] = b"schema";
+pub(super) const META_SECRET: &str = "secret/";
+/// Counters of stores written before the live index (dropped when it is built).
+pub(super) const META_LIVE: &str = "live/";
+/// Present once the `live` tree has been built for this store.
+pub(super) const META_LIVE_INDEX: &[u8] = b"layout/live_index";
+pub(super) const META_IDEM_OF: &str = "idem_of/";
+/// Since when this store tracks reads (8-byte big-endian ms; module docs, "Schema").
+pub(super) const META_SEEN_SINCE: &[u8] = b"layout/seen_since";
+
+pub(super) fn key_str(key: &[u8]) -> String {
+    String::from_utf8_lossy(key).into_owned()
+}
+
+pub(super) fn expiry_key(expires_at_ms: u64, task_id: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(8 + task_id.len());
+    k.extend_from_slice(&expires_at_ms.to_be_bytes());
+    k.extend_from_slice(task_id.as_bytes());
+    k
+}
+
+pub(super) fn meta_key(prefix: &str, rest: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(prefix.len() + rest.len());
+    k.extend_from_slice(prefix.as_bytes());
+    k.extend_from_slice(rest);
+    k
+}
+
+/// Key of a live-index entry: 4-byte big-endian tenant length ++ tenant ++ task id (the
+/// length prefix keeps any tenant string unambiguous).
+pub(super) fn live_key(tenant: &str, task_id: &str) -> Vec<u8> {
+    let t = tenant.as_bytes();
+    // A tenant claim of 4 GiB cannot pass the request size limit.
+    let len = u32::try_from(t.len()).unwrap_or(u32::MAX);
+    let mut k = Vec::with_capacity(4 + t.len() + task_id.len());
+    k.extend_from_slice(&len.to_be_bytes());
+    k.extend_from_slice(t);
+    k.extend_from_slice(task_id.as_bytes());
+    k
+}
+
+/// Split a live-index key into (tenant, task id).
+pub(super) fn split_live_key(k: &[u8]) -> Option<(&str, &str)> {
+    let len = usize::try_from(u32::from_be_bytes(k.get(..4)?.try_into().ok()?)).ok()?;
+    let tenant = std::str::from_utf8(k.get(4..4usize.checked_add(len)?)?).ok()?;
+    let task = std::str::from_utf8(k.get(4 + len..)?).ok()?;
+    Some((tenant, task))
+}

@@ -1,0 +1,381 @@
+//! Legacy Streamable HTTP upstream transport (MCP 2025-11-25 "Transports", "Streamable HTTP"; docs/design.md §14 "Upstream sessions").
+//!
+//! One [`HttpUpstream`] is one upstream MCP session over plain `http://`. Guarantees:
+//!
+//! - **Start never blocks on the upstream.** [`HttpUpstream::start`] returns at once and
+//!   runs `initialize` in the background; an unreachable upstream is retried with
+//!   backoff (200 ms doubling to 5 s) for as long as the transport lives, so the
+//!   gateway starts regardless and calls succeed once the upstream is back.
+//! - **One handshake at a time.** Callers, the background supervisor and session-expiry
+//!   recovery share a single `initialize` attempt; the handshake runs in its own task,
+//!   so a caller giving up never leaves a half-initialised session behind.
+//! - **Session headers only.** Every request after `initialize` carries
+//!   `Mcp-Session-Id` (when issued), `MCP-Protocol-Version` and the static headers from
+//!   the configuration — never anything from a client.
+//! - **Redirects.** 307/308 are followed (the body is re-sent) and the new URL is
+//!   remembered, so `/mcp` → `/mcp/` costs one round trip once.
+//! - **No lost answers.** A call's SSE stream may start with a priming event and be
+//!   closed after `retry:` (2025-11-25 polling); the transport waits and resumes with
+//!   `GET` + `Last-Event-ID` until the response arrives. A stream that ends without an
+//!   id to resume from fails the call with [`UpstreamError::Broken`].
+//! - **Session expiry.** A 404 on a request that carried a session id re-runs
+//!   `initialize` without one and retries *that* request once (it never reached a live
+//!   session, so repeating it cannot execute it twice). A 400 whose body mentions the
+//!   session counts as expiry too (python-sdk ≤ 1.9 answers unknown sessions that way).
+//! - **Errors** follow whether the request may have reached the upstream (docs/design.md
+//!   §12 "HTTP front", "Retry safety of upstream failures"). Never sent →
+//!   [`UpstreamError::Unavailable`]: connection refused / connect failure before the
+//!   request was written (the session is dropped and the supervisor re-initialises
+//!   with backoff), no session could be initialised, or the session was refused (404)
+//!   again right after re-initialising. Sent, then failed: any HTTP 5xx answered to
+//!   the written request — 502/503/504 included, since a proxy or the server may have
+//!   started it — or a broken stream → [`UpstreamError::Broken`]; 4xx, bad JSON,
+//!   oversized messages → [`UpstreamError::Protocol`]. Any other send error (the
+//!   connection broke while or after writing) counts as sent. Reasons carry the
+//!   status and a snippet of the body.
+//! - **Attribution.** Log messages and server→client requests are only ever attributed
+//!   to the call whose POST stream carried them. Requests arriving on the standalone
+//!   `GET` stream are answered by [`crate::upstream::unowned_request_answer`]. Progress
+//!   is attributed by its token instead, on whichever stream of the session it arrives:
+//!   the tokens are the gateway's own, minted per call and never reused by this
+//!   transport (docs/design.md §14 "Upstream sessions"), so a token names exactly one call. Some servers
+//!   (python-sdk 1.9, `tests/upstream_mcp194.rs`) send a call's progress on the GET stream.
+//! - **Cancellation.** Dropping a [`LegacyTransport::call`] future once its request may
+//!   have reached the upstream (sending started, answer not complete) POSTs
+//!   `notifications/cancelled` (spawned); late answers vanish with the dropped stream.
+//!   A call that fails mid-stream is cancelled the same way, so the upstream stops work
+//!   nobody will read. After `shutdown` nothing more is sent.
+//! - **A broken session is never reused.** A transport-level failure on a session —
+//!   the connection reset or closed while or after the request was written, a body or
+//!   stream that breaks or ends without the response, an answer that is not JSON-RPC,
+//!   a message POST that fails or stalls — makes the session *suspect*: it stops being
+//!   the current session, new calls run `initialize` again and go to a fresh one, and
+//!   the supervisor starts that handshake at once. Calls still in flight on the old
+//!   session carry on there (it may be healthy after all); once the last of them ends,
+//!   its GET stream is stopped and it is ended with `DELETE`. An HTTP error status is
+//!   an answer, not a broken session, and keeps it. The failed call itself is not
+//!   retried: its request was written and may have run, and the gateway never sends
+//!   a call twice by itself.
+//! - **A cancel is verified.** Cancelling a running call is when some servers break
+//!   the whole session: python-sdk 1.9.4 answers `{"error":{"code":0}}` and then every
+//!   later POST in that session gets SSE headers and a truncated chunked body, every
+//!   later GET headers and then nothing (`tests/upstream_mcp194.rs`).
+//!   So after `notifications/cancelled` the transport sends a `ping` in that session;
+//!   until it is answered (any JSON-RPC answer will do) new calls wait for the verdict
+//!   rather than being sent into a session that may be dead. No answer within
+//!   `VERIFY_TIMEOUT` (cancel and ping together) — a transport failure or a stall —
+//!   makes the session suspect. Calls in flight are not affected by a verification.
+//! - **Bounds.** No exchange the transport starts on its own waits forever: the
+//!   handshake is bounded by `INIT_TIMEOUT`, message POSTs (notifications, answers)
+//!   by `MESSAGE_TIMEOUT`, a verification by `VERIFY_TIMEOUT`, a `DELETE` by
+//!   `DELETE_TIMEOUT`. A call's own stream has no idle limit — a legacy server may be
+//!   silent on it for the whole run of a long tool (python-sdk 1.9 sends progress on
+//!   the GET stream) — so a call is bounded by its caller (`call_timeout_ms`,
+//!   `sync_timeout_ms`, the task's ttl); dropping it cancels it, and the verification
+//!   that follows finds a session that stopped answering.
+//! - **Bounded memory.** A JSON body or SSE event larger than `max_message_bytes` fails
+//!   the call with [`UpstreamError::Protocol`].
+//! - **No panics on upstream input.** Every upstream-controlled path returns an error.
+
+mod call_stream;
+mod get_stream;
+mod handshake;
+mod inbound;
+mod request;
+mod session;
+
+#[cfg(test)]
+mod mock_server;
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Method};
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use tokio::sync::{Notify, broadcast, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use self::handshake::supervise;
+use self::inbound::ProgressTarget;
+use self::session::Session;
+use super::identity::Identity;
+use super::{
+    BoxFuture, CallEvent, CallOutcome, CallSpec, LegacyTransport, SessionNotification,
+    TransportState, UpstreamError, UpstreamInfo,
+};
+
+/// Options for one HTTP upstream session.
+#[derive(Debug, Clone)]
+pub struct HttpOptions {
+    /// Upstream name, used in errors and logs.
+    pub name: String,
+    /// The MCP endpoint, `http://host:port/path`.
+    pub url: String,
+    /// Static headers sent on every request (upstream credentials from config/env).
+    pub headers: Vec<(String, String)>,
+    /// Largest JSON body or SSE event accepted from the upstream.
+    pub max_message_bytes: usize,
+    /// Told about every completed `initialize` (the task plane's identity).
+    pub identity: Option<Arc<Identity>>,
+}
+
+const ACCEPT_POST: &str = "application/json, text/event-stream";
+const ACCEPT_SSE: &str = "text/event-stream";
+const SESSION_HEADER: &str = "mcp-session-id";
+const VERSION_HEADER: &str = "mcp-protocol-version";
+const LAST_EVENT_ID: &str = "last-event-id";
+
+const INITIAL_BACKOFF: Duration = Duration::from_millis(200);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// A caller arriving this soon after a failed handshake gets the failure instead of a
+/// new attempt, so a burst of calls against a dead upstream is not a burst of connects.
+const FAIL_FAST: Duration = Duration::from_millis(250);
+const INIT_TIMEOUT: Duration = Duration::from_secs(30);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// A notification or response POST is answered `202` at once by any live server.
+const MESSAGE_TIMEOUT: Duration = Duration::from_secs(10);
+/// `notifications/cancelled` plus the `ping` that verifies the session afterwards;
+/// new calls wait at most this long for the verdict.
+const VERIFY_TIMEOUT: Duration = Duration::from_secs(5);
+const DELETE_TIMEOUT: Duration = Duration::from_secs(2);
+const MAX_REDIRECTS: usize = 5;
+/// When a stream ends without `retry:` but with an id, wait this long before resuming.
+const DEFAULT_RESUME_DELAY_MS: u64 = 500;
+/// Cap on a server-supplied `retry:` so a hostile value cannot park a call forever.
+const MAX_RESUME_DELAY_MS: u64 = 60_000;
+/// Consecutive resumptions that deliver no event at all before the call is abandoned.
+const MAX_EMPTY_RESUMES: u32 = 5;
+const SNIPPET_BYTES: usize = 512;
+struct Inner {
+    /// Current endpoint (updated when a 307/308 redirect is followed).
+    url: String,
+    session: Option<Session>,
+    info: Option<UpstreamInfo>,
+    state: TransportState,
+    generation: u64,
+    last_failure: Option<(Instant, String)>,
+}
+
+/// A legacy Streamable HTTP client session (MCP 2025-11-25 "Transports", "Streamable HTTP"). See the module docs.
+pub struct HttpUpstream {
+    me: Weak<HttpUpstream>,
+    name: String,
+    headers: Vec<(HeaderName, HeaderValue)>,
+    max_message_bytes: usize,
+    identity: Option<Arc<Identity>>,
+    client: Client<HttpConnector, Full<Bytes>>,
+    inner: Mutex<Inner>,
+    /// Serialises handshakes (first start, recovery, re-init after 404).
+    init_lock: tokio::sync::Mutex<()>,
+    notifications: broadcast::Sender<SessionNotification>,
+    next_id: AtomicU64,
+    next_token: AtomicU64,
+    /// Progress token → the call that owns it, for progress arriving on a stream other
+    /// than the call's own (see the module docs). Entries live exactly as long as the
+    /// call ([`ProgressRoute`]).
+    progress_routes: Mutex<HashMap<u64, ProgressTarget>>,
+    /// Wakes the supervisor when the session was lost.
+    session_lost: Arc<Notify>,
+    stop: CancellationToken,
+    shutting_down: AtomicBool,
+}
+
+impl std::fmt::Debug for HttpUpstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpUpstream")
+            .field("name", &self.name)
+            .field("state", &self.state())
+            .finish()
+    }
+}
+
+impl HttpUpstream {
+    /// Create the transport and start initialising in the background. Must be called
+    /// inside a tokio runtime. Never fails: invalid static headers are skipped (config
+    /// validation rejects them earlier) and an unreachable upstream is retried.
+    pub fn start(opts: HttpOptions) -> Arc<Self> {
+        let mut headers = Vec::with_capacity(opts.headers.len());
+        for (k, v) in &opts.headers {
+            match (
+                HeaderName::from_bytes(k.as_bytes()),
+                HeaderValue::from_str(v),
+            ) {
+                (Ok(k), Ok(v)) => headers.push((k, v)),
+                _ => {
+                    tracing::warn!(upstream = %opts.name, header = %k, "skipping invalid static header")
+                }
+            }
+        }
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new()).build(connector);
+        let (notifications, _) = broadcast::channel(256);
+        let this = Arc::new_cyclic(|me| HttpUpstream {
+            me: me.clone(),
+            name: opts.name,
+            headers,
+            max_message_bytes: opts.max_message_bytes.max(1),
+            identity: opts.identity,
+            client,
+            inner: Mutex::new(Inner {
+                url: opts.url,
+                session: None,
+                info: None,
+                state: TransportState::Starting,
+                generation: 0,
+                last_failure: None,
+            }),
+            init_lock: tokio::sync::Mutex::new(()),
+            notifications,
+            next_id: AtomicU64::new(1),
+            next_token: AtomicU64::new(1),
+            progress_routes: Mutex::new(HashMap::new()),
+            session_lost: Arc::new(Notify::new()),
+            stop: CancellationToken::new(),
+            shutting_down: AtomicBool::new(false),
+        });
+        tokio::spawn(supervise(
+            Arc::downgrade(&this),
+            this.session_lost.clone(),
+            this.stop.clone(),
+        ));
+        this
+    }
+
+    /// The endpoint currently used (after any remembered redirect).
+    pub fn url(&self) -> String {
+        self.inner().url.clone()
+    }
+
+    fn inner(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock cannot leave `Inner` inconsistent (every
+        // critical section is a few plain assignments), so poisoning is ignored.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::SeqCst)
+    }
+
+    fn current_session(&self) -> Option<Session> {
+        self.inner().session.clone()
+    }
+
+    fn unavailable(&self, reason: impl Into<String>) -> UpstreamError {
+        UpstreamError::Unavailable {
+            upstream: self.name.clone(),
+            reason: reason.into(),
+        }
+    }
+
+    fn broken(&self, reason: impl Into<String>) -> UpstreamError {
+        UpstreamError::Broken {
+            upstream: self.name.clone(),
+            reason: reason.into(),
+        }
+    }
+
+    fn protocol(&self, reason: impl Into<String>) -> UpstreamError {
+        UpstreamError::Protocol {
+            upstream: self.name.clone(),
+            reason: reason.into(),
+        }
+    }
+}
+
+impl LegacyTransport for HttpUpstream {
+    fn ensure_ready(&self) -> BoxFuture<'_, Result<UpstreamInfo, UpstreamError>> {
+        Box::pin(async move {
+            self.ensure_session().await?;
+            self.info()
+                .ok_or_else(|| self.unavailable("upstream is not initialized"))
+        })
+    }
+
+    fn info(&self) -> Option<UpstreamInfo> {
+        self.inner().info.clone()
+    }
+
+    fn state(&self) -> TransportState {
+        self.inner().state.clone()
+    }
+
+    fn call(
+        &self,
+        spec: CallSpec,
+        events: mpsc::Sender<CallEvent>,
+    ) -> BoxFuture<'_, Result<CallOutcome, UpstreamError>> {
+        Box::pin(async move {
+            if self.is_shutting_down() {
+                return Err(UpstreamError::ShuttingDown);
+            }
+            let stop = self.stop.clone();
+            tokio::select! {
+                _ = stop.cancelled() => Err(UpstreamError::ShuttingDown),
+                r = self.call_inner(spec, events) => {
+                    // A stream broken by our own DELETE is a shutdown, not a failure.
+                    if r.is_err() && self.is_shutting_down() {
+                        Err(UpstreamError::ShuttingDown)
+                    } else {
+                        r
+                    }
+                }
+            }
+        })
+    }
+
+    fn notifications(&self) -> broadcast::Receiver<SessionNotification> {
+        self.notifications.subscribe()
+    }
+
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            if self.shutting_down.swap(true, Ordering::SeqCst) {
+                return;
+            }
+            let session = {
+                let mut inner = self.inner();
+                inner.state = TransportState::Down("shutting down".into());
+                inner.session.take()
+            };
+            if let Some(s) = session.filter(|s| s.id.is_some()) {
+                let delete = self.send(Method::DELETE, None, Some(&s), ACCEPT_POST, None);
+                match tokio::time::timeout(DELETE_TIMEOUT, delete).await {
+                    Ok(Ok(resp)) => {
+                        tracing::debug!(upstream = %self.name, status = %resp.status(), "session deleted");
+                    }
+                    Ok(Err(e)) => {
+                        tracing::debug!(upstream = %self.name, "DELETE failed: {}", e.reason());
+                    }
+                    Err(_) => tracing::debug!(upstream = %self.name, "DELETE timed out"),
+                }
+            }
+            self.stop.cancel();
+        })
+    }
+}
+
+impl Drop for HttpUpstream {
+    fn drop(&mut self) {
+        // Stops the supervisor and the GET stream, which only hold weak references.
+        self.stop.cancel();
+    }
+}
+
+impl UpstreamError {
+    fn into_broken(self) -> Self {
+        match self {
+            Self::Protocol { upstream, reason } => Self::Broken { upstream, reason },
+            other => other,
+        }
+    }
+}

@@ -1,0 +1,211 @@
+//! One call on a checked-out child, and the guard that cancels it when dropped.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use super::Shared;
+use super::child::{Active, Child};
+use super::throttle::Caller;
+use crate::upstream::{CallEvent, CallOutcome, CallSpec, UpstreamError, legacy_messages};
+
+impl Shared {
+    pub(super) async fn call(
+        self: &Arc<Self>,
+        spec: CallSpec,
+        events: mpsc::Sender<CallEvent>,
+    ) -> Result<CallOutcome, UpstreamError> {
+        if self.shutdown.is_cancelled() {
+            return Err(UpstreamError::ShuttingDown);
+        }
+        let caller = spec.tenant.as_ref().map(|tenant| Caller {
+            tenant: tenant.clone(),
+            tool: spec
+                .params
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or(&spec.method)
+                .to_string(),
+        });
+        // Held for the whole call: a throttled caller runs one call at a time.
+        let _throttled = match &caller {
+            Some(c) => {
+                let admitted = tokio::select! {
+                    p = self.throttle.admit(c) => p,
+                    () = self.shutdown.cancelled() => return Err(UpstreamError::ShuttingDown),
+                };
+                if admitted.is_some() {
+                    crate::metrics::stdio_throttled(self.name(), &c.tool);
+                }
+                admitted
+            }
+            None => None,
+        };
+        let permit = tokio::select! {
+            p = self.permits.clone().acquire_owned() => {
+                p.map_err(|_| UpstreamError::ShuttingDown)?
+            }
+            () = self.shutdown.cancelled() => return Err(UpstreamError::ShuttingDown),
+        };
+        let (slot, child) = self.checkout().await?;
+        // From here on the guard owns the reservation; dropping it (the call future
+        // was dropped) runs the cancellation protocol.
+        let mut guard = CallGuard {
+            shared: self.clone(),
+            slot,
+            child: child.clone(),
+            permit: Some(permit),
+            sent: None,
+        };
+
+        let request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut params = spec.params;
+        let progress_token = spec.want_progress.then(|| {
+            let token = format!(
+                "taskgate-{}",
+                self.next_token.fetch_add(1, Ordering::Relaxed)
+            );
+            let meta = params
+                .entry("_meta")
+                .or_insert_with(|| Value::Object(Map::new()));
+            if !meta.is_object() {
+                *meta = Value::Object(Map::new());
+            }
+            if let Value::Object(m) = meta {
+                m.insert("progressToken".into(), Value::String(token.clone()));
+            }
+            token
+        });
+        let (reply_tx, reply_rx) = oneshot::channel();
+        let token = CancellationToken::new();
+        if let Ok(mut a) = child.active.lock() {
+            // Routing must be in place before the request is written, or early
+            // progress from the child would be treated as unowned.
+            *a = Some(Active {
+                request_id,
+                caller,
+                progress_token,
+                events,
+                reply: reply_tx,
+                token: token.clone(),
+            });
+        }
+        guard.sent = Some(Sent {
+            request_id,
+            reply_rx,
+            token,
+        });
+        if !child.send(&legacy_messages::request(request_id, &spec.method, params)) {
+            guard.finish();
+            child.take_active();
+            // The writer is gone, so the line was never queued: nothing ran upstream.
+            return Err(self.unavailable("child stdin is closed; the request was not sent"));
+        }
+
+        let result = {
+            let Some(sent) = guard.sent.as_mut() else {
+                return Err(UpstreamError::ShuttingDown);
+            };
+            let broken = || {
+                Err(UpstreamError::Broken {
+                    upstream: self.opts.name.clone(),
+                    reason: "child went away without answering".into(),
+                })
+            };
+            tokio::select! {
+                biased;
+                r = &mut sent.reply_rx => r.unwrap_or_else(|_| broken()),
+                () = self.shutdown.cancelled() => Err(UpstreamError::ShuttingDown),
+                // The child may have died just before our routing was installed, in
+                // which case nobody will ever fail the call for us.
+                () = child.gone.cancelled() => sent.reply_rx.try_recv().unwrap_or_else(|_| broken()),
+            }
+        };
+        guard.finish();
+        result
+    }
+}
+
+pub(super) struct Sent {
+    pub(super) request_id: u64,
+    pub(super) reply_rx: oneshot::Receiver<Result<CallOutcome, UpstreamError>>,
+    pub(super) token: CancellationToken,
+}
+
+/// Owns a call's slot reservation. Normal completion releases it; being dropped
+/// unfinished cancels the call upstream and keeps the child reserved until it settles.
+pub(super) struct CallGuard {
+    pub(super) shared: Arc<Shared>,
+    pub(super) slot: usize,
+    pub(super) child: Arc<Child>,
+    pub(super) permit: Option<OwnedSemaphorePermit>,
+    pub(super) sent: Option<Sent>,
+}
+
+impl CallGuard {
+    pub(super) fn finish(&mut self) {
+        if let Some(sent) = self.sent.take() {
+            sent.token.cancel();
+        }
+        self.shared.release(self.slot);
+        // Release the slot before the permit, so the next permit holder finds it free.
+        self.permit.take();
+    }
+}
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        let Some(permit) = self.permit.take() else {
+            return; // finished normally
+        };
+        let Some(mut sent) = self.sent.take() else {
+            self.shared.release(self.slot);
+            drop(permit);
+            return;
+        };
+        sent.token.cancel();
+        // The answer may already be waiting: then there is nothing to cancel.
+        if sent.reply_rx.try_recv().is_ok() || !self.child.usable() {
+            self.shared.release(self.slot);
+            drop(permit);
+            return;
+        }
+        self.child.send(&legacy_messages::cancelled(
+            sent.request_id,
+            "the gateway client cancelled the request",
+        ));
+        let shared = self.shared.clone();
+        let child = self.child.clone();
+        let slot = self.slot;
+        let grace = Duration::from_millis(shared.opts.cancel_grace_ms);
+        let settle = async move {
+            // Either the child answers (discarded), dies (the reader fails the reply),
+            // or it is killed once the grace period is over.
+            let settled = tokio::select! {
+                r = tokio::time::timeout(grace, sent.reply_rx) => r.is_ok(),
+                () = child.gone.cancelled() => true,
+            };
+            if !settled {
+                tracing::warn!(upstream = %shared.name(), pid = child.pid,
+                    "child did not settle a cancelled call within cancel_grace_ms; killing it");
+                child.kill();
+            }
+            shared.release(slot);
+            drop(permit);
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => {
+                h.spawn(settle);
+            }
+            Err(_) => {
+                // No runtime to wait in: the only safe option is a fresh child.
+                self.child.kill();
+                self.shared.release(self.slot);
+            }
+        }
+    }
+}
