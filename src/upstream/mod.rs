@@ -1,6 +1,6 @@
-//! Legacy upstream client: one trait, two transports (`stdio.rs`, `http.rs`).
+//! Legacy upstream client: one trait, two transports (`stdio/`, `http/`).
 //!
-//! The gateway speaks 2025-era MCP to its upstreams (spec Part C): it runs the
+//! The gateway speaks 2025-era MCP to its upstreams (MCP 2025-03-26 to 2025-11-25: "Lifecycle", "Transports"): it runs the
 //! `initialize` handshake itself, keeps session state, answers `ping`, and turns each
 //! client request into exactly one upstream call. Everything the upstream says *about*
 //! a call while it runs (progress, log messages, server→client input requests) arrives
