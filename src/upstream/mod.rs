@@ -1,8 +1,9 @@
 //! Legacy upstream client: one trait, two transports (`stdio/`, `http/`).
 //!
 //! The gateway speaks 2025-era MCP to its upstreams (MCP 2025-03-26 to 2025-11-25,
-//! "Lifecycle" and "Transports"): it runs the `initialize` handshake itself, keeps session state, answers `ping`, and turns each
-//! client request into exactly one upstream call. Everything the upstream says *about*
+//! "Lifecycle" and "Transports"): it runs the `initialize` handshake itself, keeps
+//! session state, answers `ping`, and turns each client request into exactly one
+//! upstream call. Everything the upstream says *about*
 //! a call while it runs (progress, log messages, server→client input requests) arrives
 //! on that call's event channel, so attribution is never guessed (docs/design.md §14
 //! "Upstream sessions").
