@@ -122,12 +122,12 @@ pub(crate) struct CallCtx {
 }
 
 impl CallCtx {
-    pub fn notify(&self, method: &str, params: Value) {
+    pub(super) fn notify(&self, method: &str, params: Value) {
         self.sink
             .send(Outbound::Message(notification(method, params)));
     }
 
-    pub fn progress(&self, progress: u64, total: u64, message: String) {
+    pub(super) fn progress(&self, progress: u64, total: u64, message: String) {
         if let Some(token) = &self.progress_token {
             self.notify(
                 "notifications/progress",
@@ -136,7 +136,7 @@ impl CallCtx {
         }
     }
 
-    pub fn log(&self, level: &str, data: Value) {
+    pub(super) fn log(&self, level: &str, data: Value) {
         if self.session.log_enabled(level) {
             self.notify(
                 "notifications/message",
@@ -145,7 +145,7 @@ impl CallCtx {
         }
     }
 
-    pub async fn request(&self, method: &str, params: Value) -> Result<Value, Value> {
+    pub(super) async fn request(&self, method: &str, params: Value) -> Result<Value, Value> {
         self.session.request(&self.sink, method, params).await
     }
 }

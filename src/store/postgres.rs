@@ -978,11 +978,11 @@ pub(crate) mod testing {
     use super::*;
 
     /// The variable `scripts/pg.sh` exports.
-    pub const URL_VAR: &str = "TASKGATE_TEST_PG_URL";
+    pub(crate) const URL_VAR: &str = "TASKGATE_TEST_PG_URL";
 
     /// The test cluster's URL. Never skips: a PostgreSQL test without a database fails
     /// and says how to get one.
-    pub fn url() -> String {
+    pub(crate) fn url() -> String {
         match std::env::var(URL_VAR) {
             Ok(u) if !u.is_empty() => u,
             _ => panic!(
@@ -994,7 +994,7 @@ pub(crate) mod testing {
     }
 
     /// A schema name no other test (in this or another process) uses.
-    pub fn unique_schema(prefix: &str) -> String {
+    pub(crate) fn unique_schema(prefix: &str) -> String {
         static N: AtomicU32 = AtomicU32::new(0);
         let n = N.fetch_add(1, Ordering::Relaxed);
         let mut r = [0u8; 4];
@@ -1006,7 +1006,7 @@ pub(crate) mod testing {
         )
     }
 
-    pub fn settings(schema: &str) -> PgSettings {
+    pub(crate) fn settings(schema: &str) -> PgSettings {
         PgSettings {
             url: url(),
             pool_size: 8,
@@ -1016,7 +1016,7 @@ pub(crate) mod testing {
 
     /// Migrate `schema` from a thread of its own (callers are inside a
     /// current-thread runtime and cannot block on it).
-    pub fn migrate_blocking(s: &PgSettings) -> Migrated {
+    pub(crate) fn migrate_blocking(s: &PgSettings) -> Migrated {
         let s = s.clone();
         std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()

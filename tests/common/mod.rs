@@ -1,6 +1,9 @@
 //! Test harness: runs the real `taskgate` binary (the build under test) against real
 //! upstream processes, and speaks HTTP to it.
 #![allow(dead_code)]
+// Each test crate includes this module; `pub` is how its files reach the helpers, so
+// the crate-wide `unreachable_pub` lint does not apply here.
+#![allow(unreachable_pub)]
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

@@ -1,6 +1,9 @@
 //! Helpers shared by the tasks-engine integration tests (`tasks_lifecycle.rs`,
 //! `tasks_isolation.rs`): config builders, task polling, an HTTP demo upstream, and a
 //! streaming SSE reader for `subscriptions/listen`.
+// Included by several test crates; `pub` is how they reach the helpers, so the
+// crate-wide `unreachable_pub` lint does not apply here.
+#![allow(unreachable_pub)]
 #![allow(dead_code)]
 
 use std::process::Command;

@@ -119,7 +119,7 @@ pub(super) struct Recorder {
 
 impl Recorder {
     /// This process.
-    pub fn current() -> Self {
+    pub(super) fn current() -> Self {
         static START: OnceLock<Option<u64>> = OnceLock::new();
         let pid = std::process::id();
         let starttime = *START.get_or_init(|| proc_stat(pid).map(|s| s.starttime));
