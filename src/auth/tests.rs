@@ -125,14 +125,14 @@ fn assert_invalid_token(f: &AuthFailure, desc: &str) {
     );
 }
 
-fn temp_path(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "taskgate-auth-test-{}-{}",
-        std::process::id(),
-        rand::random::<u64>()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+/// A fresh file path in a temp dir that is removed when the returned guard drops.
+fn temp_path(name: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::Builder::new()
+        .prefix("taskgate-auth-test-")
+        .tempdir()
+        .unwrap();
+    let path = dir.path().join(name);
+    (dir, path)
 }
 
 // ---------------------------------------------------------------- HS256 basics
@@ -512,7 +512,7 @@ async fn rs256_and_es256_with_pem() {
 
 #[tokio::test]
 async fn pem_from_file_path() {
-    let path = temp_path("ec.pub.pem");
+    let (_dir_path, path) = temp_path("ec.pub.pem");
     std::fs::write(&path, EC1_PUB).unwrap();
     let a = auth(&AuthConfig {
         public_key_pem: Some(path.display().to_string()),
@@ -570,7 +570,7 @@ fn init_errors_name_the_key() {
     .err()
     .unwrap();
     assert_eq!(e.key, "auth.jwks_file");
-    let bad = temp_path("bad.json");
+    let (_dir_bad, bad) = temp_path("bad.json");
     std::fs::write(&bad, r#"{"keys":[{"kty":"oct","k":"AAAA"}]}"#).unwrap();
     let e = Authenticator::new(
         &AuthConfig {
@@ -603,7 +603,7 @@ fn init_errors_name_the_key() {
 
 #[tokio::test]
 async fn jwks_file_two_kids_and_rotation() {
-    let path = temp_path("jwks.json");
+    let (_dir_path, path) = temp_path("jwks.json");
     std::fs::write(
         &path,
         jwks(&[
@@ -670,7 +670,7 @@ async fn jwks_file_two_kids_and_rotation() {
 
 #[tokio::test]
 async fn jwks_without_kid_ambiguous() {
-    let path = temp_path("jwks.json");
+    let (_dir_path, path) = temp_path("jwks.json");
     std::fs::write(
         &path,
         jwks(&[
