@@ -17,6 +17,10 @@ use taskgate::store::postgres::{PgSettings, PgStore};
 use taskgate::store::sled::SledStore;
 use taskgate::store::{RequestRoute, SCHEMA_VERSION, TaskRecord, TaskStatus, TaskStore, now_ms};
 
+#[path = "support/pg_stats.rs"]
+mod pg_stats;
+use pg_stats::wal_syncs;
+
 const RUN: Duration = Duration::from_secs(3);
 
 fn record(id: &str) -> TaskRecord {
@@ -86,18 +90,6 @@ async fn create(store: &dyn TaskStore, prefix: &str, n: u64) {
     let id = format!("tsk_{prefix}_{n:012}");
     store.create(&record(&id), &route(&id), None).await.unwrap();
     store.flush().await.unwrap();
-}
-
-async fn wal_syncs(url: &str) -> i64 {
-    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    client
-        .query_one("SELECT wal_sync FROM pg_stat_wal", &[])
-        .await
-        .unwrap()
-        .get(0)
 }
 
 async fn rows(name: &str, store: Arc<dyn TaskStore>, prefix: &str) {

@@ -13,6 +13,8 @@
 mod harness;
 mod hello;
 mod native;
+#[path = "../support/pg_stats.rs"]
+mod pg_stats;
 mod processes;
 mod report;
 mod requests;

@@ -19,6 +19,7 @@ use taskgate::store::postgres::{PgSettings, PgStore};
 use super::harness::{
     Check, check_completed, check_task_created, cpu_us_per, median_run, run_load,
 };
+use super::pg_stats::wal_syncs;
 use super::processes::{Gateway, gateway_config, start_gateway_with};
 use super::report::{Report, err_note, ms};
 use super::requests::{gw_req, seed, seed_store, token};
@@ -188,16 +189,4 @@ fn point(
         format!("{cpu:.0}"),
         format!("{}{}", s.errors + s.refused, err_note(&s)),
     ]);
-}
-
-async fn wal_syncs(url: &str) -> i64 {
-    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    client
-        .query_one("SELECT wal_sync FROM pg_stat_wal", &[])
-        .await
-        .unwrap()
-        .get(0)
 }
