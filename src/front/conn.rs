@@ -29,9 +29,11 @@ use http_body_util::BodyExt;
 use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tower::{Service, ServiceBuilder};
 
 use super::reply::Body;
 use crate::config::ServerConfig;
@@ -172,6 +174,40 @@ impl Drop for InFlight {
     }
 }
 
+/// The outermost layer of a connection's service: a request is in flight from the
+/// moment it is called until its response body is done.
+#[derive(Clone)]
+struct Track<S> {
+    registry: Arc<Registry>,
+    state: Arc<ConnState>,
+    inner: S,
+}
+
+impl<S: Handler> Service<Request<Incoming>> for Track<S> {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+        let in_flight = self.registry.begin(&self.state);
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let resp = fut.await?;
+            Ok(resp.map(|inner| {
+                Tracked {
+                    inner,
+                    _in_flight: in_flight,
+                }
+                .boxed()
+            }))
+        })
+    }
+}
+
 /// A response body that holds its connection's [`InFlight`] until it is done.
 struct Tracked {
     inner: Body,
@@ -198,18 +234,33 @@ impl hyper::body::Body for Tracked {
     }
 }
 
+/// What a listener serves: a tower service answering every request (its errors are
+/// answers too, so it never fails).
+pub trait Handler:
+    Service<Request<Incoming>, Response = Response<Body>, Error = Infallible, Future: Send>
+    + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S> Handler for S where
+    S: Service<Request<Incoming>, Response = Response<Body>, Error = Infallible, Future: Send>
+        + Clone
+        + Send
+        + 'static
+{
+}
+
 /// Accept connections on `listener` and serve each request with `handle`, under
 /// `policy`, until `shutdown` fires; then let open connections finish for
 /// `drain_grace`.
-pub async fn serve<H, F>(
+pub async fn serve<H: Handler>(
     listener: TcpListener,
     policy: ConnPolicy,
     shutdown: CancellationToken,
     handle: H,
-) where
-    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
-    F: Future<Output = Response<Body>> + Send + 'static,
-{
+) {
     let permits = Arc::new(tokio::sync::Semaphore::new(policy.max_connections));
     let registry = Registry::new();
     let tracker = TaskTracker::new();
@@ -289,36 +340,25 @@ struct Connection {
 }
 
 impl Connection {
-    async fn run<H, F>(
+    async fn run<H: Handler>(
         &self,
         stream: TcpStream,
         peer: SocketAddr,
         builder: &auto::Builder<TokioExecutor>,
         handle: H,
-    ) where
-        H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
-        F: Future<Output = Response<Body>> + Send + 'static,
-    {
+    ) {
         if !self.first_byte(&stream).await {
             return;
         }
-        let registry = self.registry.clone();
-        let state = self.state.clone();
-        let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
-            let in_flight = registry.begin(&state);
-            let fut = handle(req);
-            async move {
-                let resp = fut.await;
-                Ok::<_, Infallible>(resp.map(|inner| {
-                    Tracked {
-                        inner,
-                        _in_flight: in_flight,
-                    }
-                    .boxed()
-                }))
-            }
-        });
-        let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
+        let svc = ServiceBuilder::new()
+            .layer_fn(|inner| Track {
+                registry: self.registry.clone(),
+                state: self.state.clone(),
+                inner,
+            })
+            .service(handle);
+        let conn = builder
+            .serve_connection_with_upgrades(TokioIo::new(stream), TowerToHyperService::new(svc));
         tokio::pin!(conn);
         let mut closing = false;
         loop {

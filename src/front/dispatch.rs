@@ -1,7 +1,12 @@
-//! Routing a validated request to what serves it: the front itself
-//! (`server/discover`, `subscriptions/listen`), the tasks methods, or the upstream.
+//! The JSON-RPC steps of the request path, the innermost service of the stack
+//! (`stack.rs`): wire validation of the body (`wire.rs`), then the capability and
+//! limit checks and the routing of a validated request to what serves it: the front
+//! itself (`server/discover`, `subscriptions/listen`), the tasks methods, or the
+//! upstream.
 
+use std::convert::Infallible;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use http::{Response, StatusCode};
 use serde_json::{Map, Value, json};
@@ -10,7 +15,8 @@ use tokio::time::Instant;
 use super::Gateway;
 use super::inline::{self, Inline, InlineTiming};
 use super::reply::{self, Body};
-use super::wire::ValidRequest;
+use super::stack::{LogFields, ReadRequest, Received, Resp, RespFuture, Target};
+use super::wire::{self, ValidRequest};
 use crate::auth::Principal;
 use crate::config::TaskMode;
 use crate::protocol::{self, PROTOCOL_VERSION, RpcError, TASKS_EXTENSION, results};
@@ -21,6 +27,64 @@ use crate::tasks::mrtr::{Pending, Resumed};
 use crate::tasks::outcome::Reply;
 use crate::tasks::promote::Promotion;
 use crate::upstream::{Upstream, UpstreamInfo};
+
+/// The JSON-RPC service over a request whose body has been read: parse → envelope →
+/// headers vs body → `_meta` → version → method ([`wire::validate`]), then capability
+/// → rate limits → params and ownership ([`dispatch`]).
+#[derive(Clone)]
+pub(super) struct Rpc(pub(super) Arc<Gateway>);
+
+impl tower::Service<ReadRequest> for Rpc {
+    type Response = Resp;
+    type Error = Infallible;
+    type Future = RespFuture;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: ReadRequest) -> Self::Future {
+        let gw = self.0.clone();
+        Box::pin(async move { Ok(serve_rpc(&gw, req).await) })
+    }
+}
+
+async fn serve_rpc(gw: &Gateway, req: ReadRequest) -> Resp {
+    let (parts, bytes) = req.into_parts();
+    let ext = &parts.extensions;
+    // The path and auth steps put these in the extensions of every request they pass
+    // on; a request without them never left those steps.
+    let (Some(Target(upstream)), Some(principal)) = (
+        ext.get::<Target>().cloned(),
+        ext.get::<Principal>().cloned(),
+    ) else {
+        tracing::error!("a request reached the JSON-RPC service without its route or principal");
+        return reply::rpc_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            None,
+            &RpcError::internal("internal error"),
+        );
+    };
+    let received = ext.get::<Received>().map_or_else(Instant::now, |r| r.0);
+    let valid = match wire::validate(&bytes, &parts.headers) {
+        Ok(wire::Incoming::Notification) => return reply::empty(StatusCode::ACCEPTED),
+        Ok(wire::Incoming::Request(r)) => r,
+        Err(rej) => return reply::rpc_error(rej.status, rej.id.as_ref(), &rej.error),
+    };
+    if let Some(log) = ext.get::<LogFields>() {
+        log.update(|l| {
+            l.method = Some(valid.method.clone());
+            if valid.method.starts_with("tasks/") {
+                l.task_id = valid
+                    .params
+                    .get("taskId")
+                    .and_then(Value::as_str)
+                    .map(|t| t.chars().take(64).collect());
+            }
+        });
+    }
+    dispatch(gw, &upstream, principal, *valid, received).await
+}
 
 /// The server capability a method needs from the upstream (docs/design.md §14 "Upstream
 /// sessions": methods the upstream does not declare answer 404, matching

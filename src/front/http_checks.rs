@@ -1,9 +1,20 @@
-//! Transport-level checks before the body is read (docs/design.md §12 "HTTP front"):
-//! Origin/Host against DNS rebinding, Content-Type, Accept.
+//! The HTTP-level steps of the request path (docs/design.md §12 "HTTP front", "Order of
+//! checks"), each a layer of the stack in `stack.rs`: Origin/Host against DNS
+//! rebinding, CORS, POST only, auth, Content-Type and Accept, and the body read within
+//! `max_body_bytes` and the body timeout.
 
-use http::{HeaderMap, HeaderValue, StatusCode, Uri, Version, header};
+use std::sync::Arc;
+use std::time::Duration;
 
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, Request, StatusCode, Uri, Version, header};
+use http_body_util::{BodyExt, Limited};
+use serde_json::json;
+
+use super::stack::{AsyncStep, LogFields, ReadRequest, Req, Resp, Step};
+use super::{Gateway, method_not_allowed, reply};
 use crate::config::ServerConfig;
+use crate::protocol::RpcError;
 
 fn is_loopback_host(host: &str) -> bool {
     let h = host.trim_start_matches('[');
@@ -171,6 +182,244 @@ pub fn accept_allows_json_and_sse(headers: &HeaderMap) -> bool {
             .any(|r| r == t || r == "*/*" || *r == format!("{major}/*"))
     };
     admits("application/json") && admits("text/event-stream")
+}
+
+/// Origin and Host (step 2 of the order of checks): a refusal is a plain JSON error
+/// naming the reason, not a JSON-RPC one (nothing of the body has been read).
+#[derive(Clone)]
+pub(super) struct OriginHost(pub(super) Arc<Gateway>);
+
+impl Step for OriginHost {
+    type Kept = ();
+
+    fn before(&self, req: &mut Req) -> Result<(), Resp> {
+        match check_origin_host(req.version(), req.uri(), req.headers(), &self.0.cfg.server) {
+            Ok(()) => Ok(()),
+            Err(rej) => {
+                let error = if rej.status == StatusCode::FORBIDDEN {
+                    "forbidden"
+                } else {
+                    "bad request"
+                };
+                Err(reply::json(
+                    rej.status,
+                    &json!({"error": error, "reason": rej.reason}),
+                ))
+            }
+        }
+    }
+}
+
+/// CORS for origins that passed [`OriginHost`]: answers the preflight, and lets an
+/// admitted browser origin read the answer (the preflight alone is not enough).
+#[derive(Clone, Copy)]
+pub(super) struct Cors;
+
+impl Step for Cors {
+    /// The request's `Origin`, echoed to an admitted browser.
+    type Kept = Option<HeaderValue>;
+
+    fn before(&self, req: &mut Req) -> Result<Self::Kept, Resp> {
+        if req.method() == Method::OPTIONS {
+            return Err(preflight(req.headers()));
+        }
+        Ok(req.headers().get(header::ORIGIN).cloned())
+    }
+
+    fn after(&self, origin: Self::Kept, resp: &mut Resp) {
+        if let Some(origin) = origin {
+            let h = resp.headers_mut();
+            h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+            h.insert(
+                header::ACCESS_CONTROL_EXPOSE_HEADERS,
+                HeaderValue::from_static("www-authenticate, retry-after"),
+            );
+            h.append(header::VARY, HeaderValue::from_static("Origin"));
+        }
+    }
+}
+
+/// CORS preflight, answered only for origins the config admits (docs/design.md §12
+/// "HTTP front"); without an `Origin` it is an `OPTIONS` like any other method.
+fn preflight(headers: &HeaderMap) -> Resp {
+    let Some(origin) = headers.get(header::ORIGIN).cloned() else {
+        return method_not_allowed("POST");
+    };
+    let mut r = reply::empty(StatusCode::NO_CONTENT);
+    let h = r.headers_mut();
+    h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_METHODS,
+        HeaderValue::from_static("POST"),
+    );
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_HEADERS,
+        HeaderValue::from_static(
+            "authorization, content-type, accept, mcp-protocol-version, mcp-method, mcp-name, idempotency-key",
+        ),
+    );
+    h.insert(
+        header::ACCESS_CONTROL_MAX_AGE,
+        HeaderValue::from_static("600"),
+    );
+    h.insert(header::VARY, HeaderValue::from_static("Origin"));
+    r
+}
+
+/// POST only on an upstream's path: 405 `Allow: POST`.
+#[derive(Clone, Copy)]
+pub(super) struct PostOnly;
+
+impl Step for PostOnly {
+    type Kept = ();
+
+    fn before(&self, req: &mut Req) -> Result<(), Resp> {
+        if req.method() == Method::POST {
+            Ok(())
+        } else {
+            Err(method_not_allowed("POST"))
+        }
+    }
+}
+
+/// The bearer token (docs/design.md §13 "Auth"): the [`Principal`](crate::auth::Principal)
+/// goes on in the request's extensions, and its tenant and subject into the log line.
+#[derive(Clone)]
+pub(super) struct Authenticate(pub(super) Arc<Gateway>);
+
+impl AsyncStep<Req> for Authenticate {
+    type Out = Req;
+
+    async fn check(&self, mut req: Req) -> Result<Req, Resp> {
+        match self
+            .0
+            .auth
+            .authenticate(req.headers(), req.uri().query())
+            .await
+        {
+            Ok(p) => {
+                if let Some(log) = req.extensions().get::<LogFields>() {
+                    log.update(|l| {
+                        l.tenant = Some(p.tenant.clone());
+                        l.subject = Some(p.subject.clone());
+                    });
+                }
+                req.extensions_mut().insert(p);
+                Ok(req)
+            }
+            Err(f) => {
+                let mut r = reply::json(f.status, &f.body());
+                if let Ok(v) = HeaderValue::from_str(&f.www_authenticate) {
+                    r.headers_mut().insert(header::WWW_AUTHENTICATE, v);
+                }
+                Err(r)
+            }
+        }
+    }
+}
+
+/// Content negotiation: a JSON body (415), and an `Accept` that admits both answers
+/// the gateway may give, JSON and SSE (406).
+#[derive(Clone, Copy)]
+pub(super) struct Negotiate;
+
+impl Step for Negotiate {
+    type Kept = ();
+
+    fn before(&self, req: &mut Req) -> Result<(), Resp> {
+        if !content_type_is_json(req.headers()) {
+            return Err(reply::rpc_error(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                None,
+                &RpcError::invalid_request("Content-Type must be application/json"),
+            ));
+        }
+        if !accept_allows_json_and_sse(req.headers()) {
+            return Err(reply::rpc_error(
+                StatusCode::NOT_ACCEPTABLE,
+                None,
+                &RpcError::invalid_request(
+                    "Accept must allow both application/json and text/event-stream",
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The body, read whole: at most `max_body_bytes` (413) within `body_timeout_ms` (408).
+#[derive(Clone)]
+pub(super) struct ReadBody(pub(super) Arc<Gateway>);
+
+/// Bodies refused for their declared size are still read up to this size (see
+/// `drain_body`), and for at most this long.
+const REFUSED_BODY_DRAIN_BYTES: usize = 8 * 1024 * 1024;
+const REFUSED_BODY_DRAIN_TIME: Duration = Duration::from_secs(2);
+
+impl AsyncStep<Req> for ReadBody {
+    type Out = ReadRequest;
+
+    async fn check(&self, req: Req) -> Result<ReadRequest, Resp> {
+        let max = self.0.cfg.server.max_body_bytes;
+        let too_large = || {
+            reply::rpc_error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                None,
+                &RpcError::invalid_request(format!("body larger than {max} bytes")),
+            )
+        };
+        let declared_len = req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok());
+        let body_timeout = Duration::from_millis(self.0.cfg.server.body_timeout_ms);
+        if let Some(n) = declared_len
+            && n > max
+        {
+            // Read what the client is sending before refusing it: hyper closes the
+            // connection after the reply, and closing a socket with unread data resets
+            // it, so the client may see the reset instead of the 413 (nginx's
+            // "lingering close"). Bounded in bytes and time.
+            if n <= REFUSED_BODY_DRAIN_BYTES {
+                drain_body(req.into_body(), body_timeout.min(REFUSED_BODY_DRAIN_TIME)).await;
+            }
+            return Err(too_large());
+        }
+        let (parts, body) = req.into_parts();
+        let bytes: Bytes =
+            match tokio::time::timeout(body_timeout, Limited::new(body, max).collect()).await {
+                Err(_) => {
+                    return Err(reply::rpc_error(
+                        StatusCode::REQUEST_TIMEOUT,
+                        None,
+                        &RpcError::invalid_request("timed out reading the request body"),
+                    ));
+                }
+                Ok(Err(e)) => {
+                    if e.downcast_ref::<http_body_util::LengthLimitError>()
+                        .is_some()
+                    {
+                        return Err(too_large());
+                    }
+                    return Err(reply::rpc_error(
+                        StatusCode::BAD_REQUEST,
+                        None,
+                        &RpcError::invalid_request("could not read the request body"),
+                    ));
+                }
+                Ok(Ok(c)) => c.to_bytes(),
+            };
+        Ok(Request::from_parts(parts, bytes))
+    }
+}
+
+/// Read and discard a request body, for at most `within`.
+async fn drain_body(mut body: hyper::body::Incoming, within: Duration) {
+    let _ = tokio::time::timeout(within, async move {
+        while let Some(Ok(_)) = body.frame().await {}
+    })
+    .await;
 }
 
 #[cfg(test)]
