@@ -12,14 +12,17 @@ use divan::counter::ItemsCount;
 use futures_util::FutureExt;
 use http::{HeaderMap, HeaderValue};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use taskgate::auth::Authenticator;
 use taskgate::config::{AuthConfig, StoreConfig};
 use taskgate::front::wire::{self, Incoming};
 use taskgate::store::sled::SledStore;
-use taskgate::store::{RequestRoute, SCHEMA_VERSION, TaskRecord, TaskStatus, TaskStore, now_ms};
+use taskgate::store::{TaskRecord, TaskStatus, TaskStore};
 use taskgate::tasks::snapshot;
+
+#[path = "support/fixtures.rs"]
+mod fixtures;
 
 fn main() {
     divan::main();
@@ -193,43 +196,9 @@ mod jwt {
 // Store: create + durable flush, sequential vs concurrent (group commit).
 
 fn record(task_id: &str, tenant: &str, subject: &str, status: TaskStatus) -> TaskRecord {
-    let now = now_ms();
     TaskRecord {
-        v: SCHEMA_VERSION,
-        task_id: task_id.into(),
-        tenant: tenant.into(),
-        subject: subject.into(),
-        upstream: "demo".into(),
-        tool: "echo".into(),
-        args_fingerprint: "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08".into(),
-        idempotency_key: None,
         status,
-        status_message: None,
-        created_at_ms: now,
-        last_updated_at_ms: now,
-        ttl_ms: 3_600_000,
-        poll_interval_ms: 1000,
-        expires_at_ms: now + 3_600_000,
-        result: None,
-        error: None,
-        input_requests: Map::new(),
-        issued_keys: Vec::new(),
-        cancel_requested: false,
-    }
-}
-
-fn route(task_id: &str, route_id: &str) -> RequestRoute {
-    let now = now_ms();
-    RequestRoute {
-        v: SCHEMA_VERSION,
-        route_id: route_id.into(),
-        upstream: "demo".into(),
-        tenant: "acme".into(),
-        subject: "alice".into(),
-        method: "tools/call".into(),
-        started_at_ms: now,
-        deadline_ms: now + 60_000,
-        task_id: Some(task_id.into()),
+        ..fixtures::task(task_id, tenant, subject, 3_600_000)
     }
 }
 
@@ -267,7 +236,11 @@ mod store {
         let id = format!("tsk_bench_{n:012}");
         let rec = record(&id, "acme", "alice", TaskStatus::Working);
         store
-            .create(&rec, &route(&id, &format!("rt_{n:012}")), None)
+            .create(
+                &rec,
+                &fixtures::route(&format!("rt_{n:012}"), &id, "acme", "alice"),
+                None,
+            )
             .await
             .unwrap();
         store.flush().await.unwrap();

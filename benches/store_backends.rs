@@ -11,58 +11,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use serde_json::Map;
 use taskgate::config::StoreConfig;
+use taskgate::store::TaskStore;
 use taskgate::store::postgres::{PgSettings, PgStore};
 use taskgate::store::sled::SledStore;
-use taskgate::store::{RequestRoute, SCHEMA_VERSION, TaskRecord, TaskStatus, TaskStore, now_ms};
 
+#[path = "support/fixtures.rs"]
+mod fixtures;
 #[path = "support/pg_stats.rs"]
 mod pg_stats;
 use pg_stats::wal_syncs;
 
 const RUN: Duration = Duration::from_secs(3);
-
-fn record(id: &str) -> TaskRecord {
-    let now = now_ms();
-    TaskRecord {
-        v: SCHEMA_VERSION,
-        task_id: id.into(),
-        tenant: "acme".into(),
-        subject: "alice".into(),
-        upstream: "demo".into(),
-        tool: "sleep".into(),
-        args_fingerprint: "0".repeat(64),
-        idempotency_key: None,
-        status: TaskStatus::Working,
-        status_message: Some("working".into()),
-        created_at_ms: now,
-        last_updated_at_ms: now,
-        ttl_ms: 3_600_000,
-        poll_interval_ms: 1000,
-        expires_at_ms: now + 3_600_000,
-        result: None,
-        error: None,
-        input_requests: Map::new(),
-        issued_keys: Vec::new(),
-        cancel_requested: false,
-    }
-}
-
-fn route(id: &str) -> RequestRoute {
-    let now = now_ms();
-    RequestRoute {
-        v: SCHEMA_VERSION,
-        route_id: format!("rt_{}", id.trim_start_matches("tsk_")),
-        upstream: "demo".into(),
-        tenant: "acme".into(),
-        subject: "alice".into(),
-        method: "tools/call".into(),
-        started_at_ms: now,
-        deadline_ms: now + 60_000,
-        task_id: Some(id.into()),
-    }
-}
 
 /// Operations per second with `c` callers for [`RUN`]; `op(n)` does operation `n`.
 async fn rate<F, Fut>(c: usize, op: F) -> f64
@@ -88,7 +48,12 @@ where
 
 async fn create(store: &dyn TaskStore, prefix: &str, n: u64) {
     let id = format!("tsk_{prefix}_{n:012}");
-    store.create(&record(&id), &route(&id), None).await.unwrap();
+    let route_id = format!("rt_{prefix}_{n:012}");
+    let (rec, route) = (
+        fixtures::task(&id, "acme", "alice", 3_600_000),
+        fixtures::route(&route_id, &id, "acme", "alice"),
+    );
+    store.create(&rec, &route, None).await.unwrap();
     store.flush().await.unwrap();
 }
 

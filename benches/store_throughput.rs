@@ -10,11 +10,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use serde_json::Map;
-
 use taskgate::config::StoreConfig;
 use taskgate::store::sled::SledStore;
-use taskgate::store::{Created, RequestRoute, SCHEMA_VERSION, TaskRecord, TaskStatus, TaskStore};
+use taskgate::store::{Created, TaskStore};
+
+#[path = "support/fixtures.rs"]
+mod fixtures;
+use fixtures::{route, task};
 
 fn cfg(path: &Path, strict: bool) -> StoreConfig {
     StoreConfig {
@@ -22,45 +24,6 @@ fn cfg(path: &Path, strict: bool) -> StoreConfig {
         strict_fsync: strict,
         cache_capacity_bytes: 64 * 1024 * 1024,
         ..StoreConfig::default()
-    }
-}
-
-fn task(id: &str, tenant: &str, expires_at_ms: u64) -> TaskRecord {
-    TaskRecord {
-        v: SCHEMA_VERSION,
-        task_id: id.to_string(),
-        tenant: tenant.to_string(),
-        subject: "alice".to_string(),
-        upstream: "demo".to_string(),
-        tool: "slow".to_string(),
-        args_fingerprint: "fp".to_string(),
-        idempotency_key: None,
-        status: TaskStatus::Working,
-        status_message: None,
-        created_at_ms: 1,
-        last_updated_at_ms: 1,
-        ttl_ms: expires_at_ms.saturating_sub(1),
-        poll_interval_ms: 1000,
-        expires_at_ms,
-        result: None,
-        error: None,
-        input_requests: Map::new(),
-        issued_keys: Vec::new(),
-        cancel_requested: false,
-    }
-}
-
-fn route(id: &str, task_id: Option<&str>) -> RequestRoute {
-    RequestRoute {
-        v: SCHEMA_VERSION,
-        route_id: id.to_string(),
-        upstream: "demo".to_string(),
-        tenant: "acme".to_string(),
-        subject: "alice".to_string(),
-        method: "tools/call".to_string(),
-        started_at_ms: 1,
-        deadline_ms: 2,
-        task_id: task_id.map(str::to_string),
     }
 }
 
@@ -84,10 +47,10 @@ async fn group_commit_run(strict: bool, mode: sled::Mode, label: &str) {
                 let id = format!("tsk_{w}_{i}");
                 let key = format!("key_{w}_{i}");
                 let t0 = Instant::now();
-                let mut t = task(&id, "acme", 1000 + i as u64);
+                let mut t = task(&id, "acme", "alice", 3_600_000);
                 t.result = Some(serde_json::json!({"content": [{"type": "text", "text": "ok"}]}));
                 let r = store
-                    .create(&t, &route(&id, Some(&id)), Some(key.as_bytes()))
+                    .create(&t, &route(&id, &id, "acme", "alice"), Some(key.as_bytes()))
                     .await
                     .unwrap();
                 assert_eq!(r, Created::New);

@@ -10,6 +10,8 @@
 //! Every load point is bounded in time (`--duration-ms`, default 3000, after a 500 ms
 //! warm-up) and in count (`MAX_REQUESTS`), and all traffic goes to 127.0.0.1.
 
+#[path = "../support/fixtures.rs"]
+mod fixtures;
 mod harness;
 mod hello;
 mod native;

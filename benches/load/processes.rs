@@ -7,6 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::fixtures::free_port;
 use super::{AUDIENCE, ISSUER, SECRET, root};
 
 pub(super) struct Proc {
@@ -216,14 +217,6 @@ pub(super) fn start_gateway_with(dir: &Path, config: &str) -> Gateway {
         startup,
         spawned: t0,
     }
-}
-
-pub(super) fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// `mcp-proxy` 0.6.0 in front of the demo upstream; `Err(reason)` if it cannot run.

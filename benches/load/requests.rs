@@ -8,22 +8,21 @@ use base64::Engine;
 use bytes::Bytes;
 use http::{HeaderValue, Request};
 use http_body_util::{BodyExt, Full};
-use serde_json::{Map, json};
+use serde_json::json;
 use taskgate::config::StoreConfig;
 use taskgate::store::sled::SledStore;
-use taskgate::store::{RequestRoute, SCHEMA_VERSION, TaskRecord, TaskStatus, TaskStore, now_ms};
+use taskgate::store::{TaskRecord, TaskStatus, TaskStore};
 
+use super::fixtures::{hs256_token, route, task};
 use super::{AUDIENCE, HttpClient, ISSUER, LEGACY_VERSION, META, SECRET};
 
 pub(super) fn token(sub: &str, tenant: &str) -> String {
     let now = jsonwebtoken::get_current_timestamp();
-    jsonwebtoken::encode(
-        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+    hs256_token(
+        SECRET,
         &json!({"sub": sub, "tenant": tenant, "iss": ISSUER, "aud": AUDIENCE,
                 "iat": now, "exp": now + 7200}),
-        &jsonwebtoken::EncodingKey::from_secret(SECRET.as_bytes()).unwrap(),
     )
-    .unwrap()
 }
 
 /// Task `i` of a seeded store: a well-formed id (`tsk_` + base64url of 16 bytes).
@@ -65,47 +64,18 @@ pub(super) fn seed(dir: &Path, n: u64, principals: u64, flush_every: u64) -> Dur
 
 /// Seeds the `n` completed tasks [`get_maker`] reads into `store`.
 pub(super) async fn seed_store(store: &dyn TaskStore, n: u64, principals: u64, flush_every: u64) {
-    let now = now_ms();
     let result = json!({"content": [{"type": "text", "text": "hello from the seeded store"}],
                         "isError": false});
     for i in 0..n {
         let id = seeded_id(i);
         let (tenant, subject) = owner(i, principals);
         let rec = TaskRecord {
-            v: SCHEMA_VERSION,
-            task_id: id.clone(),
-            tenant: tenant.clone(),
-            subject: subject.clone(),
-            upstream: "demo".into(),
-            tool: "echo".into(),
-            args_fingerprint: "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
-                .into(),
-            idempotency_key: None,
             status: TaskStatus::Completed,
-            status_message: None,
-            created_at_ms: now,
-            last_updated_at_ms: now,
-            ttl_ms: 86_400_000,
-            poll_interval_ms: 1000,
-            expires_at_ms: now + 86_400_000,
             result: Some(result.clone()),
-            error: None,
-            input_requests: Map::new(),
-            issued_keys: Vec::new(),
-            cancel_requested: false,
+            ..task(&id, &tenant, &subject, 86_400_000)
         };
         let route_id = format!("rt_seed_{i}");
-        let route = RequestRoute {
-            v: SCHEMA_VERSION,
-            route_id: route_id.clone(),
-            upstream: "demo".into(),
-            tenant,
-            subject,
-            method: "tools/call".into(),
-            started_at_ms: now,
-            deadline_ms: now + 60_000,
-            task_id: Some(id),
-        };
+        let route = route(&route_id, &id, &tenant, &subject);
         store.create(&rec, &route, None).await.unwrap();
         store.remove_route(&route_id).await.unwrap();
         if (i + 1) % flush_every == 0 {

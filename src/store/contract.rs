@@ -13,10 +13,8 @@ use serde_json::{Map, json};
 use super::memory::MemoryStore;
 use super::postgres::{PgStore, testing as pg};
 use super::sled::SledStore;
-use super::{
-    Created, RequestRoute, SCHEMA_VERSION, TaskRecord, TaskStatus, TaskStore, UpstreamIdentity,
-    now_ms,
-};
+use super::test_records::{route, task};
+use super::{Created, SCHEMA_VERSION, TaskStatus, TaskStore, UpstreamIdentity, now_ms};
 use crate::config::StoreConfig;
 
 /// One store under test.
@@ -80,46 +78,6 @@ fn postgres() -> Harness {
         store: Some(open()),
         reopen: Some(open),
         _dir: None,
-    }
-}
-
-fn task(id: &str, tenant: &str, expires_at_ms: u64) -> TaskRecord {
-    let now = now_ms();
-    TaskRecord {
-        v: SCHEMA_VERSION,
-        task_id: id.into(),
-        tenant: tenant.into(),
-        subject: "alice".into(),
-        upstream: "demo".into(),
-        tool: "sleep".into(),
-        args_fingerprint: "fp".into(),
-        idempotency_key: None,
-        status: TaskStatus::Working,
-        status_message: Some("working".into()),
-        created_at_ms: now,
-        last_updated_at_ms: now,
-        ttl_ms: expires_at_ms.saturating_sub(now),
-        poll_interval_ms: 1000,
-        expires_at_ms,
-        result: None,
-        error: None,
-        input_requests: Map::new(),
-        issued_keys: Vec::new(),
-        cancel_requested: false,
-    }
-}
-
-fn route(id: &str, task_id: Option<&str>) -> RequestRoute {
-    RequestRoute {
-        v: SCHEMA_VERSION,
-        route_id: id.into(),
-        upstream: "demo".into(),
-        tenant: "acme".into(),
-        subject: "alice".into(),
-        method: "tools/call".into(),
-        started_at_ms: now_ms(),
-        deadline_ms: now_ms() + 60_000,
-        task_id: task_id.map(str::to_string),
     }
 }
 

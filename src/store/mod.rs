@@ -21,6 +21,8 @@ mod contract;
 pub mod memory;
 pub mod postgres;
 pub mod sled;
+#[cfg(test)]
+pub(crate) mod test_records;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};

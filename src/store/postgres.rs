@@ -1034,6 +1034,7 @@ pub(crate) mod testing {
 mod tests {
     use super::testing::*;
     use super::*;
+    use crate::store::test_records;
 
     #[tokio::test]
     async fn postgres_migrations_are_idempotent_and_recorded() {
@@ -1100,38 +1101,11 @@ mod tests {
         let result: serde_json::Value = serde_json::from_str(text).expect("json");
         let now = super::super::now_ms();
         let rec = TaskRecord {
-            v: SCHEMA_VERSION,
-            task_id: "tsk_bytes".into(),
-            tenant: "acme".into(),
-            subject: "alice".into(),
-            upstream: "demo".into(),
-            tool: "t".into(),
-            args_fingerprint: "fp".into(),
-            idempotency_key: None,
             status: TaskStatus::Completed,
-            status_message: None,
-            created_at_ms: now,
-            last_updated_at_ms: now,
-            ttl_ms: 1000,
-            poll_interval_ms: 1000,
-            expires_at_ms: now + 1000,
             result: Some(result),
-            error: None,
-            input_requests: serde_json::Map::new(),
-            issued_keys: Vec::new(),
-            cancel_requested: false,
+            ..test_records::task("tsk_bytes", "acme", now + 1000)
         };
-        let route = RequestRoute {
-            v: SCHEMA_VERSION,
-            route_id: "rt_bytes".into(),
-            upstream: "demo".into(),
-            tenant: "acme".into(),
-            subject: "alice".into(),
-            method: "tools/call".into(),
-            started_at_ms: now,
-            deadline_ms: now + 1000,
-            task_id: Some("tsk_bytes".into()),
-        };
+        let route = test_records::route("rt_bytes", Some("tsk_bytes"));
         // What serde writes is what the table holds, byte for byte, and what comes back.
         let written = serde_json::to_vec(&rec).expect("encode");
         let before = serde_json::to_string(&rec.result).expect("text");

@@ -18,6 +18,10 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
 
+#[path = "../../benches/support/fixtures.rs"]
+mod fixtures;
+pub(crate) use fixtures::free_port;
+
 pub const SECRET: &str = "integration-test-secret-0123456789abcdef0123";
 
 pub fn bin() -> PathBuf {
@@ -180,12 +184,7 @@ pub fn token(sub: &str, tenant: &str) -> String {
 }
 
 pub fn token_with(claims: Value) -> String {
-    jsonwebtoken::encode(
-        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
-        &claims,
-        &jsonwebtoken::EncodingKey::from_secret(SECRET.as_bytes()).unwrap(),
-    )
-    .unwrap()
+    fixtures::hs256_token(SECRET, &claims)
 }
 
 /// The variable `scripts/pg.sh` exports: the test PostgreSQL cluster.
@@ -482,15 +481,6 @@ impl Client2026 {
 
 pub fn write(path: &Path, text: &str) {
     std::fs::write(path, text).unwrap();
-}
-
-/// A free loopback port (bound and released; good enough for tests).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Text of the first content block of a tools/call result.

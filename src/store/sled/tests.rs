@@ -1,7 +1,8 @@
 use super::*;
 use crate::config::StoreConfig;
+use crate::store::test_records::{route, task};
 use crate::store::{SCHEMA_VERSION, TaskStatus};
-use serde_json::{Map, Value};
+use serde_json::Value;
 use std::io::BufRead;
 use std::time::Duration;
 
@@ -17,45 +18,6 @@ fn cfg(path: &Path, strict: bool) -> StoreConfig {
         strict_fsync: strict,
         cache_capacity_bytes: 64 * 1024 * 1024,
         ..StoreConfig::default()
-    }
-}
-
-fn task(id: &str, tenant: &str, expires_at_ms: u64) -> TaskRecord {
-    TaskRecord {
-        v: SCHEMA_VERSION,
-        task_id: id.to_string(),
-        tenant: tenant.to_string(),
-        subject: "alice".to_string(),
-        upstream: "demo".to_string(),
-        tool: "slow".to_string(),
-        args_fingerprint: "fp".to_string(),
-        idempotency_key: None,
-        status: TaskStatus::Working,
-        status_message: None,
-        created_at_ms: 1,
-        last_updated_at_ms: 1,
-        ttl_ms: expires_at_ms.saturating_sub(1),
-        poll_interval_ms: 1000,
-        expires_at_ms,
-        result: None,
-        error: None,
-        input_requests: Map::new(),
-        issued_keys: Vec::new(),
-        cancel_requested: false,
-    }
-}
-
-fn route(id: &str, task_id: Option<&str>) -> RequestRoute {
-    RequestRoute {
-        v: SCHEMA_VERSION,
-        route_id: id.to_string(),
-        upstream: "demo".to_string(),
-        tenant: "acme".to_string(),
-        subject: "alice".to_string(),
-        method: "tools/call".to_string(),
-        started_at_ms: 1,
-        deadline_ms: 2,
-        task_id: task_id.map(str::to_string),
     }
 }
 
