@@ -122,6 +122,7 @@ fn main() {
             url: url.clone(),
             pool_size: 64,
             schema: format!("bench_{}", std::process::id()),
+            lease_ms: 10_000,
         };
         let t = Instant::now();
         let pg: Arc<dyn TaskStore> = PgStore::open(&settings).await.unwrap();

@@ -186,6 +186,12 @@ pub struct StoreConfig {
     pub pool_size: usize,
     /// postgres: the schema holding taskgate's tables (created by the migrations).
     pub schema: String,
+    /// postgres: how long a replica's lease lasts past each renewal, on the database
+    /// clock. A replica silent for this long loses its in-flight calls to the others
+    /// (README "Several replicas").
+    pub lease_ms: u64,
+    /// postgres: how often a replica renews its lease.
+    pub lease_renew_ms: u64,
 }
 
 /// `[store] backend`.
@@ -249,6 +255,8 @@ impl Default for StoreConfig {
             url_env: None,
             pool_size: 16,
             schema: "taskgate".into(),
+            lease_ms: 10_000,
+            lease_renew_ms: 2_000,
         }
     }
 }
@@ -742,6 +750,16 @@ impl Config {
             }
             if self.store.pool_size == 0 {
                 return Err(invalid("store.pool_size", "must be > 0"));
+            }
+            if self.store.lease_renew_ms == 0 {
+                return Err(invalid("store.lease_renew_ms", "must be > 0"));
+            }
+            // At least two renewals per lease: one slow round trip must not lose it.
+            if self.store.lease_ms < 2 * self.store.lease_renew_ms {
+                return Err(invalid(
+                    "store.lease_ms",
+                    "must be at least twice store.lease_renew_ms",
+                ));
             }
             if !is_pg_schema_name(&self.store.schema) {
                 return Err(invalid(

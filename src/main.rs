@@ -13,6 +13,7 @@ use taskgate::auth::{self, Authenticator};
 use taskgate::config::{AuthOnly, Config, ConfigSource, StoreBackend};
 use taskgate::front::{self, Gateway};
 use taskgate::store::TaskStore;
+use taskgate::store::cluster::Cluster;
 use taskgate::store::postgres::{PgSettings, PgStore};
 use taskgate::store::sled::SledStore;
 use taskgate::tasks::Engine;
@@ -140,19 +141,24 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
     // The store lock first: it is what makes this gateway the only one on this store,
     // and a second instance must stop here having changed nothing — above all, before
     // it looks for leftover children to kill (README "Stdio children and pid records").
-    let store: Arc<dyn TaskStore> = match cfg.store.backend {
-        StoreBackend::Sled => SledStore::open(&cfg.store)
-            .with_context(|| format!("opening the task store at {}", cfg.store.path.display()))?,
+    let (store, cluster): (Arc<dyn TaskStore>, Option<Arc<dyn Cluster>>) = match cfg.store.backend {
+        StoreBackend::Sled => (
+            SledStore::open(&cfg.store).with_context(|| {
+                format!("opening the task store at {}", cfg.store.path.display())
+            })?,
+            None,
+        ),
         // Shared by replicas: no lock to take; the migrations serialise on an
-        // advisory lock of their own.
+        // advisory lock of their own, and each replica holds a lease instead.
         StoreBackend::Postgres => {
             let settings = PgSettings::from_config(&cfg.store)?;
-            PgStore::open(&settings).await.with_context(|| {
+            let pg = PgStore::open(&settings).await.with_context(|| {
                 format!(
                     "opening the postgres task store (schema {})",
                     settings.schema
                 )
-            })?
+            })?;
+            (pg.clone(), Some(pg))
         }
     };
 
@@ -203,6 +209,14 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
     let cfg = Arc::new(cfg);
     let engine = Engine::new(store.clone(), cfg.clone(), limits.clone());
     observe_transitions(&engine, limits);
+    // The seat first: recovery then resolves this replica's earlier epochs only.
+    if let Some(c) = &cluster {
+        let seat = engine
+            .join_cluster(c.clone())
+            .await
+            .context("registering this replica's lease")?;
+        tracing::info!(replica = %seat.replica_id, epoch = seat.epoch, "replica registered");
+    }
     let stored = engine.stored_identities().await;
     let upstreams = Arc::new(UpstreamSet::start(&cfg.upstreams, pid_dir, &stored));
     upstreams.spawn_reaper();
@@ -221,6 +235,7 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
     let holds = Holds::new(
         request_state_key(&cfg, store.as_ref()).await?,
         std::time::Duration::from_millis(cfg.tasks.input_timeout_ms),
+        cluster.as_ref().map(|_| cfg.replica_id()),
     );
     let gw = Arc::new(Gateway {
         cfg: cfg.clone(),
@@ -230,6 +245,8 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
         holds,
     });
     let shutdown = CancellationToken::new();
+    engine.on_relayed_mrtr(front::relayed::handler(Arc::downgrade(&gw)));
+    engine.spawn_cluster(shutdown.clone());
     engine.spawn_sweeper(shutdown.clone());
     engine.spawn_seen_marker();
     spawn_signal_handler(shutdown.clone());

@@ -97,6 +97,7 @@ pub(super) fn stores(
                     url: url.clone(),
                     pool_size: 16,
                     schema: schema.clone(),
+                    lease_ms: 10_000,
                 };
                 rt.block_on(async {
                     let store: std::sync::Arc<dyn TaskStore> =

@@ -14,6 +14,7 @@ use tokio::time::Instant;
 
 use super::Gateway;
 use super::inline::{self, Inline, InlineTiming};
+use super::relayed;
 use super::reply::{self, Body};
 use super::stack::{LogFields, ReadRequest, Received, Resp, RespFuture, Target};
 use super::wire::{self, ValidRequest};
@@ -174,6 +175,15 @@ pub async fn dispatch(
     // else needs the upstream and gets the retry-safety 503 while it is not there
     // (tasks::failure).
     let task_plane = req.method.starts_with("tasks/") || req.method == "subscriptions/listen";
+    // A replica that lost its lease takes no new upstream calls: another replica may
+    // already be failing its calls (docs/design.md §18). Tasks stay readable.
+    if !task_plane && !gw.engine.lease_held() {
+        return reply::unavailable(
+            Some(&req.id),
+            &RpcError::internal("this replica lost its store lease; retry (another replica)"),
+            1,
+        );
+    }
     let info = if task_plane {
         upstream.identity()
     } else {
@@ -377,8 +387,13 @@ async fn tools_call(
         let id = c.req.id.clone();
         return match resume_state(gw, &c.upstream, &c.principal, &c.req, &c.server_info) {
             None => inline::render(&id, gw.engine.tools_call(c).await),
-            Some(Err(resp)) => resp,
-            Some(Ok(pending)) => inline::render(&id, gw.engine.resume(c, pending).await),
+            Some(Retry::Answer(resp)) => resp,
+            Some(Retry::Elsewhere(replica)) => {
+                relayed::retry_at(gw, &replica, &c.upstream, &c.principal, &c.req).await
+            }
+            Some(Retry::Resumed(pending)) => {
+                inline::render(&id, gw.engine.resume(c, pending).await)
+            }
         };
     }
     if required && !req.meta.caps.declares_tasks() {
@@ -415,21 +430,30 @@ impl Gateway {
     }
 }
 
-/// An MRTR retry (`params.requestState`): `None` when this is a first request;
-/// otherwise the resumed call, or the reply to send (error or a further round).
+/// What an MRTR retry leads to.
+enum Retry {
+    /// The held call, resumed with the answers.
+    Resumed(Pending),
+    /// The reply to send now: an error, or a further round.
+    Answer(Response<Body>),
+    /// Another replica holds the call: relay the retry there.
+    Elsewhere(String),
+}
+
+/// An MRTR retry (`params.requestState`): `None` when this is a first request.
 fn resume_state(
     gw: &Gateway,
     upstream: &Arc<Upstream>,
     principal: &Principal,
     req: &ValidRequest,
     server_info: &Value,
-) -> Option<Result<Pending, Response<Body>>> {
+) -> Option<Retry> {
     let state = req.params.get("requestState")?;
     if !mrtr_eligible(&req.method) {
         return None;
     }
     let Some(state) = state.as_str() else {
-        return Some(Err(error_200(
+        return Some(Retry::Answer(error_200(
             req,
             RpcError::invalid_params("requestState must be a string"),
         )));
@@ -443,11 +467,12 @@ fn resume_state(
             &req.params,
             server_info,
         ) {
-            Ok(Resumed::Call(p)) => Ok(p),
+            Ok(Resumed::Call(p)) => Retry::Resumed(p),
             Ok(Resumed::StillWaiting(v)) => {
-                Err(reply::json(StatusCode::OK, &protocol::response(&req.id, v)))
+                Retry::Answer(reply::json(StatusCode::OK, &protocol::response(&req.id, v)))
             }
-            Err(e) => Err(error_200(req, e)),
+            Ok(Resumed::Elsewhere(replica)) => Retry::Elsewhere(replica),
+            Err(e) => Retry::Answer(error_200(req, e)),
         },
     )
 }
@@ -474,8 +499,11 @@ async fn inline_or_resume(
     };
     match resumed {
         None => inline::run(c).await,
-        Some(Err(resp)) => resp,
-        Some(Ok(pending)) => inline::serve(c, pending).await,
+        Some(Retry::Answer(resp)) => resp,
+        Some(Retry::Elsewhere(replica)) => {
+            relayed::retry_at(gw, &replica, &c.upstream, &c.principal, &c.req).await
+        }
+        Some(Retry::Resumed(pending)) => inline::serve(c, pending).await,
     }
 }
 

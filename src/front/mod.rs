@@ -8,6 +8,7 @@ pub mod conn;
 pub mod dispatch;
 pub mod http_checks;
 pub mod inline;
+pub mod relayed;
 pub mod reply;
 mod request_log;
 mod stack;
@@ -41,6 +42,34 @@ pub struct Gateway {
 
 const PRM_PATH: &str = "/.well-known/oauth-protected-resource";
 
+/// The response header naming the replica that answered.
+pub const REPLICA_HEADER: &str = "taskgate-replica";
+
+/// The outermost step: every reply names the replica that gave it
+/// (`Taskgate-Replica`, docs/design.md §19), whichever step answered.
+#[derive(Clone)]
+struct ReplicaHeader(Option<HeaderValue>);
+
+impl Step for ReplicaHeader {
+    type Kept = ();
+
+    fn before(&self, _req: &mut Req) -> Result<(), Resp> {
+        Ok(())
+    }
+
+    fn after(&self, _kept: (), resp: &mut Resp) {
+        if let Some(v) = &self.0 {
+            resp.headers_mut().insert(REPLICA_HEADER, v.clone());
+        }
+    }
+}
+
+impl ReplicaHeader {
+    fn of(gw: &Gateway) -> Self {
+        Self(HeaderValue::from_str(gw.engine.replica_id()).ok())
+    }
+}
+
 /// The path step, first of the stack: the operational and metadata endpoints are
 /// answered here and need no token (docs/design.md §12 "HTTP front"); an upstream's
 /// path goes on with its [`Target`]; any other path is 404.
@@ -56,6 +85,7 @@ impl Step for Route {
         match path {
             "/healthz" => return Err(reply::json(StatusCode::OK, &json!({"status": "ok"}))),
             "/readyz" => return Err(gw.readyz()),
+            "/livez" => return Err(gw.livez()),
             "/metrics" => return Err(metrics_reply()),
             _ => {}
         }
@@ -103,7 +133,8 @@ impl Gateway {
         // A store that failed a write or flush cannot hand out task ids (docs/design.md
         // §16 "Durability, store failures and upgrades").
         let store_ok = self.engine.store.healthy();
-        let ready = all_ready && store_ok;
+        let lease = self.engine.lease_held();
+        let ready = all_ready && store_ok && lease;
         let status = if ready {
             StatusCode::OK
         } else {
@@ -114,7 +145,34 @@ impl Gateway {
             &json!({
                 "ready": ready,
                 "store": if store_ok { "open" } else { "failed" },
+                "lease": if lease { "held" } else { "lost" },
                 "upstreams": states
+            }),
+        )
+    }
+
+    /// `/livez`: whether this replica itself can serve (store reachable, lease held,
+    /// not draining), whatever its upstreams do: what a load balancer in front of
+    /// several replicas asks (docs/design.md §21). `/readyz` also reports the
+    /// upstreams, which every replica shares.
+    fn livez(&self) -> Response<Body> {
+        let store_ok = self.engine.store.healthy();
+        let lease = self.engine.lease_held();
+        let draining = self.engine.shutting_down();
+        let live = store_ok && lease && !draining;
+        let status = if live {
+            StatusCode::OK
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        };
+        reply::json(
+            status,
+            &json!({
+                "live": live,
+                "replica": self.engine.replica_id(),
+                "store": if store_ok { "open" } else { "failed" },
+                "lease": if lease { "held" } else { "lost" },
+                "draining": draining,
             }),
         )
     }
@@ -140,6 +198,7 @@ pub async fn serve_ops(gw: Arc<Gateway>, listener: TcpListener, shutdown: Cancel
             Ok::<_, Infallible>(match req.uri().path() {
                 "/metrics" => metrics_reply(),
                 "/healthz" => reply::json(StatusCode::OK, &json!({"status": "ok"})),
+                "/livez" => gw.livez(),
                 "/readyz" => gw.readyz(),
                 _ => reply::empty(StatusCode::NOT_FOUND),
             })

@@ -33,7 +33,9 @@ pub(super) type RespFuture = Pin<Box<dyn Future<Output = Result<Resp, Infallible
 
 /// The client-facing request path, built once per listener and cloned per connection.
 ///
-/// The order is the order of checks in docs/design.md §12 (the first failure answers):
+/// The order is the order of checks in docs/design.md §12 (the first failure answers).
+/// Outermost, before them, every answer gets the `Taskgate-Replica` header
+/// ([`super::ReplicaHeader`]).
 ///
 /// 1. path: operational endpoints and the protected-resource metadata are answered
 ///    here; anything but an upstream's path is 404 ([`super::Route`]);
@@ -69,6 +71,7 @@ pub(super) fn build(
 + Sync
 + 'static {
     ServiceBuilder::new()
+        .layer(StepLayer(super::ReplicaHeader::of(&gw)))
         .layer(StepLayer(super::Route(gw.clone())))
         .layer(StepLayer(super::http_checks::OriginHost(gw.clone())))
         .layer(StepLayer(super::http_checks::Cors))

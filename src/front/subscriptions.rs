@@ -15,6 +15,7 @@ use super::reply::{self, Body};
 use super::wire::ValidRequest;
 use crate::auth::Principal;
 use crate::protocol::{self, META_SUBSCRIPTION_ID};
+use crate::tasks::replica::RESYNC;
 use crate::tasks::snapshot;
 use crate::upstream::{TransportState, Upstream, UpstreamInfo};
 
@@ -180,6 +181,35 @@ async fn subscribe(
     )
 }
 
+/// Send the current snapshot of `id`, equal to what tasks/get returns now (MCP Tasks
+/// extension, "Task Status Notifications"), so a completed result carries the
+/// upstream's current identity. `false` once the client is gone.
+async fn send_snapshot(
+    tx: &mpsc::Sender<Bytes>,
+    engine: &Arc<crate::tasks::Engine>,
+    up: &Arc<Upstream>,
+    id: &str,
+    sub_id: &Value,
+) -> bool {
+    let Ok(Some(mut rec)) = engine.store.get(id).await else {
+        return true;
+    };
+    // A terminal state goes out only once it is durable.
+    if engine.durable(&rec).await.is_err() {
+        return true;
+    }
+    engine.limits.adapt_for_owner(&mut rec);
+    let si = up.identity().server_info;
+    let detailed = snapshot::detailed(&rec, &si);
+    let n = tagged("notifications/tasks", Some(Value::Object(detailed)), sub_id);
+    if tx.send(reply::sse_event(&n)).await.is_err() {
+        return false;
+    }
+    // Only the owner's task ids are on this stream (`open`).
+    engine.note_seen(&rec);
+    true
+}
+
 /// Forward what the subscription asked for until the client goes away.
 #[allow(clippy::too_many_arguments)]
 async fn relay(
@@ -214,26 +244,28 @@ async fn relay(
                     Err(broadcast::error::RecvError::Closed) => break,
                 },
                 t = task_rx.recv(), if !task_ids.is_empty() => match t {
-                    Ok(id) if task_ids.contains(&id) => {
-                        // A full snapshot, equal to what tasks/get returns now (MCP Tasks extension, "Task Status Notifications"),
-                        // so a completed result carries the upstream's current identity.
-                        if let Ok(Some(mut rec)) = engine.store.get(&id).await {
-                            // A terminal state goes out only once it is durable.
-                            if engine.durable(&rec).await.is_err() {
-                                continue;
+                    Ok(id) => {
+                        // After a missed stretch of changes (`RESYNC`), every task is
+                        // read again.
+                        let wanted: Vec<&String> = if id == RESYNC {
+                            task_ids.iter().collect()
+                        } else {
+                            task_ids.iter().filter(|t| **t == id).collect()
+                        };
+                        for id in wanted {
+                            if !send_snapshot(tx, engine, up, id, sub_id).await {
+                                return;
                             }
-                            engine.limits.adapt_for_owner(&mut rec);
-                            let si = up.identity().server_info;
-                            let detailed = snapshot::detailed(&rec, &si);
-                            let n = tagged("notifications/tasks", Some(Value::Object(detailed)), sub_id);
-                            if tx.send(reply::sse_event(&n)).await.is_err() {
-                                break;
-                            }
-                            // Only the owner's task ids are on this stream (`open`).
-                            engine.note_seen(&rec);
                         }
                     }
-                    Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    // Changes were missed: read everything again.
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        for id in task_ids {
+                            if !send_snapshot(tx, engine, up, id, sub_id).await {
+                                return;
+                            }
+                        }
+                    }
                     Err(broadcast::error::RecvError::Closed) => break,
                 },
                 _ = ticker.tick() => {

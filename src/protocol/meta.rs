@@ -27,7 +27,7 @@ pub fn log_level_rank(level: &str) -> Option<usize> {
 }
 
 /// The request-scoped metadata every 2026 request carries.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct RequestMeta {
     pub protocol_version: String,
     pub caps: ClientCaps,
@@ -112,7 +112,7 @@ impl RequestMeta {
 }
 
 /// The `ClientCapabilities` object a request declared.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct ClientCaps(pub Map<String, Value>);
 
 /// A server→client input kind (docs/design.md §5 "Input requests").

@@ -34,7 +34,7 @@ pub const META_RELATED_TASK: &str = "io.modelcontextprotocol/related-task";
 pub type RequestId = Value;
 
 /// A request that passed wire validation (the front's `wire` module builds it).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct ValidRequest {
     pub id: RequestId,
     pub method: String,

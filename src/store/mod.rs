@@ -16,6 +16,7 @@
 //! started after it has resolved `Ok`. The engine never hands out a task id before
 //! that.
 
+pub mod cluster;
 #[cfg(test)]
 mod contract;
 pub mod memory;
@@ -171,6 +172,10 @@ pub enum StoreError {
          stop it, or give this one another store.path"
     )]
     Locked(std::path::PathBuf),
+    /// A write from an in-flight call whose replica no longer holds it (its lease ran
+    /// out, or another replica took the call over): nothing was written.
+    #[error("this replica no longer holds the call (lease lost or taken over)")]
+    Fenced,
 }
 
 /// A boxed, `Send` future: what every [`TaskStore`] method returns, so that the trait
@@ -218,10 +223,25 @@ pub trait TaskStore: Send + Sync + 'static {
         f: Update<'a>,
     ) -> BoxFuture<'a, Result<Option<TaskRecord>, StoreError>>;
 
+    /// [`update`](Self::update) from the in-flight call of `route_id`: on a store
+    /// shared by replicas it writes only while that route still names this replica's
+    /// seat and its lease is live, and fails with [`StoreError::Fenced`] otherwise. A
+    /// store with one gateway has nobody to fence against.
+    fn update_fenced<'a>(
+        &'a self,
+        task_id: &'a str,
+        route_id: &'a str,
+        f: Update<'a>,
+    ) -> BoxFuture<'a, Result<Option<TaskRecord>, StoreError>> {
+        let _ = route_id;
+        self.update(task_id, f)
+    }
+
     fn put_route<'a>(&'a self, route: &'a RequestRoute) -> BoxFuture<'a, Result<(), StoreError>>;
     fn remove_route<'a>(&'a self, route_id: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
-    /// Every request route in the store: at start-up, the calls a previous process
-    /// left in flight.
+    /// The request routes a previous process of this gateway left in flight (at
+    /// start-up): every route for a store with one gateway; on a shared store, those
+    /// of this replica's earlier epochs (other replicas' are theirs, or the takeover's).
     fn routes(&self) -> BoxFuture<'_, Result<Vec<RequestRoute>, StoreError>>;
 
     fn idempotency_get<'a>(

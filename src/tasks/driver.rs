@@ -18,7 +18,7 @@ use super::inputs::missing_capability;
 use super::outcome::JoinedCall;
 use crate::protocol::results;
 use crate::protocol::{ClientCaps, META_RELATED_TASK, RpcError};
-use crate::store::{TaskRecord, TaskStatus, now_ms};
+use crate::store::{StoreError, TaskRecord, TaskStatus, now_ms};
 use crate::upstream::{CallEvent, CallOutcome, InputAnswer, InputRequest, UpstreamError};
 
 pub type CallTask = JoinHandle<Result<CallOutcome, UpstreamError>>;
@@ -99,16 +99,19 @@ pub fn progress_message(p: &Map<String, Value>) -> String {
 }
 
 impl Engine {
-    /// Apply a terminal outcome unless the task is already terminal.
+    /// Apply a terminal outcome of the call of `route_id` unless the task is already
+    /// terminal. `false` when the write was fenced: this replica no longer holds the
+    /// call, and whoever does (or the takeover) resolves the task.
     pub(super) async fn settle(
         &self,
         task_id: &str,
+        route_id: &str,
         apply: impl Fn(&mut TaskRecord) + Send + Sync,
-    ) {
+    ) -> bool {
         let retention = self.cfg.tasks.result_retention_ms;
         self.terminal_writing(task_id);
         let updated = self
-            .update_task(task_id, &mut |rec| {
+            .update_task_from(task_id, Some(route_id), &mut |rec| {
                 if rec.status.is_terminal() {
                     return false;
                 }
@@ -125,11 +128,19 @@ impl Engine {
                     tracing::error!(task = task_id, error = %e, "flushing a terminal state failed");
                 }
             },
+            Err(StoreError::Fenced) => {
+                tracing::warn!(
+                    task = task_id,
+                    "call outcome discarded: this replica no longer holds the call"
+                );
+                return false;
+            }
             Err(e) => {
                 tracing::error!(task = task_id, error = %e, "recording a terminal state failed")
             }
         }
         self.changed(task_id);
+        true
     }
 
     fn outcome_applier(&self, upstream: &str, r: JoinedCall) -> Option<Applier> {
@@ -195,6 +206,8 @@ impl Engine {
             far
         };
         let mut events_open = true;
+        let mut held = true;
+        let epoch = self.epoch();
         let mut progress: Option<String> = None;
         let mut progress_at = far;
         loop {
@@ -206,14 +219,14 @@ impl Engine {
                         return;
                     }
                     if let Some(apply) = self.outcome_applier(&upstream, r) {
-                        self.settle(&task_id, apply).await;
+                        held = self.settle(&task_id, &route_id, apply).await;
                     }
                     break;
                 }
                 () = tokio::time::sleep_until(progress_at), if progress.is_some() => {
                     progress_at = far;
                     if let Some(msg) = progress.take() {
-                        self.write_progress(&task_id, msg).await;
+                        self.write_progress(&task_id, &route_id, msg).await;
                     }
                 }
                 ev = events.recv(), if events_open => match ev {
@@ -247,14 +260,14 @@ impl Engine {
                         // Progress reported before the input request lands first.
                         if let Some(msg) = progress.take() {
                             progress_at = far;
-                            self.write_progress(&task_id, msg).await;
+                            self.write_progress(&task_id, &route_id, msg).await;
                         }
                         if let Some(err) = batch.iter().find_map(|ir| missing_capability(&caps, &ir.method, ir.params.as_ref())) {
                             call.abort();
-                            self.settle(&task_id, move |rec| fail(rec, &err)).await;
+                            held = self.settle(&task_id, &route_id, move |rec| fail(rec, &err)).await;
                             break;
                         }
-                        self.on_inputs(&task_id, batch).await;
+                        self.on_inputs(&task_id, &route_id, batch).await;
                         input_deadline = Instant::now() + input_timeout;
                     }
                 },
@@ -267,11 +280,17 @@ impl Engine {
                             "input was not provided within input_timeout_ms ({} ms)",
                             input_timeout.as_millis()
                         ));
-                        self.settle(&task_id, move |rec| fail(rec, &err)).await;
+                        held = self.settle(&task_id, &route_id, move |rec| fail(rec, &err)).await;
                         break;
                     }
                 }
             }
+        }
+        // A call this replica no longer holds (fenced, or stopped with the lease) keeps
+        // its route: the takeover resolves the task from it.
+        if !held || !self.lease_held() || self.epoch() != epoch {
+            self.forget_live(&task_id);
+            return;
         }
         if let Err(e) = self.store.remove_route(&route_id).await {
             tracing::warn!(task = %task_id, error = %e, "removing a request route failed");
@@ -279,9 +298,9 @@ impl Engine {
         self.forget_live(&task_id);
     }
 
-    async fn write_progress(&self, task_id: &str, msg: String) {
+    async fn write_progress(&self, task_id: &str, route_id: &str, msg: String) {
         let r = self
-            .update_task(task_id, &mut |rec| {
+            .update_task_from(task_id, Some(route_id), &mut |rec| {
                 if rec.status.is_terminal() {
                     return false;
                 }
@@ -295,11 +314,11 @@ impl Engine {
         }
     }
 
-    async fn on_inputs(&self, task_id: &str, batch: Vec<InputRequest>) {
+    async fn on_inputs(&self, task_id: &str, route_id: &str, batch: Vec<InputRequest>) {
         let (requests, responders) = split_inputs(batch);
         let mut keys = Vec::new();
         let r = self
-            .update_task(task_id, &mut |rec| {
+            .update_task_from(task_id, Some(route_id), &mut |rec| {
                 // `update` may run this more than once: only the last run's keys count.
                 keys.clear();
                 if rec.status.is_terminal() {

@@ -132,7 +132,11 @@ fn rig_with(config: &str, handler: Handler) -> Rig {
         notes: broadcast::channel(4).0,
     });
     let upstream = Upstream::from_transport(cfg.upstreams[0].clone(), transport.clone());
-    let holds = Holds::new([7; 32], Duration::from_millis(cfg.tasks.input_timeout_ms));
+    let holds = Holds::new(
+        [7; 32],
+        Duration::from_millis(cfg.tasks.input_timeout_ms),
+        None,
+    );
     let engine = Engine::new(store.clone(), Arc::new(cfg), limits);
     Rig {
         engine,

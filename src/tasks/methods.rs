@@ -11,7 +11,6 @@ use crate::auth::Principal;
 use crate::protocol::RpcError;
 use crate::protocol::results::add_server_info;
 use crate::store::{TaskRecord, TaskStatus, now_ms};
-use crate::upstream::InputAnswer;
 
 /// The one reply for foreign, unknown and never-issued ids.
 pub fn not_found() -> RpcError {
@@ -135,10 +134,9 @@ impl Engine {
             })
             .await;
         r.map_err(|e| RpcError::internal(e.to_string()))?;
+        // To the upstream call here, or relayed to the replica holding it.
         for (key, answer) in answered {
-            if let Some(tx) = self.take_responder(&rec.task_id, &key) {
-                let _ = tx.send(InputAnswer::Result(answer));
-            }
+            self.deliver_input(&rec.task_id, &key, answer).await;
         }
         self.changed(&rec.task_id);
         Ok(ack(server_info))
@@ -182,8 +180,9 @@ impl Engine {
             .await
             .map_err(|e| RpcError::internal(e.to_string()))?;
         self.terminal_flushed(&rec.task_id);
-        // Dropping the call sends `notifications/cancelled` upstream.
-        self.abort_live(&rec.task_id);
+        // Dropping the call sends `notifications/cancelled` upstream (here, or at the
+        // replica holding it, by a relay).
+        self.stop_call(&rec.task_id).await;
         self.changed(&rec.task_id);
         Ok(ack(server_info))
     }

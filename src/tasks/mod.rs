@@ -24,6 +24,7 @@ pub mod methods;
 pub mod mrtr;
 pub mod outcome;
 pub mod promote;
+pub mod replica;
 pub mod seen;
 pub mod snapshot;
 pub mod sweeper;
@@ -85,6 +86,8 @@ pub struct Engine {
     /// Terminal snapshots the owner received, waiting to be marked in the store.
     seen: seen::SeenMarks,
     observers: RwLock<Vec<Observer>>,
+    /// This replica's seat, lease and relays on a shared store (`replica.rs`).
+    replica: replica::ReplicaState,
     /// Tasks with a terminal write that no flush has covered yet (by writer count):
     /// sled shows a write before it is durable, so a reader that finds such a task
     /// terminal flushes first ([`Engine::durable`]); otherwise a crash could turn a
@@ -97,6 +100,7 @@ impl Engine {
     pub fn new(store: Arc<dyn TaskStore>, cfg: Arc<Config>, limits: Arc<Limits>) -> Arc<Self> {
         let (changes, _) = broadcast::channel(1024);
         Arc::new(Self {
+            replica: replica::ReplicaState::new(cfg.replica_id()),
             store,
             cfg,
             limits,
@@ -154,16 +158,28 @@ impl Engine {
         task_id: &str,
         f: &mut (dyn FnMut(&mut TaskRecord) -> bool + Send),
     ) -> Result<Option<TaskRecord>, StoreError> {
+        self.update_task_from(task_id, None, f).await
+    }
+
+    /// [`Engine::update_task`] from the in-flight call of route `fence` (if given):
+    /// fenced on this replica's seat (`TaskStore::update_fenced`).
+    async fn update_task_from(
+        &self,
+        task_id: &str,
+        fence: Option<&str>,
+        f: &mut (dyn FnMut(&mut TaskRecord) -> bool + Send),
+    ) -> Result<Option<TaskRecord>, StoreError> {
         let mut before = None;
-        let r = self
-            .store
-            .update(task_id, &mut |rec| {
-                let status = rec.status;
-                let changed = f(rec);
-                before = changed.then_some(status);
-                changed
-            })
-            .await?;
+        let mut step = |rec: &mut TaskRecord| {
+            let status = rec.status;
+            let changed = f(rec);
+            before = changed.then_some(status);
+            changed
+        };
+        let r = match fence {
+            Some(route) => self.store.update_fenced(task_id, route, &mut step).await?,
+            None => self.store.update(task_id, &mut step).await?,
+        };
         if let (Some(b), Some(after)) = (before, r.as_ref())
             && b != after.status
         {
@@ -370,7 +386,14 @@ impl Engine {
         self.changes.subscribe()
     }
 
+    /// A task record changed: tell this replica's subscribers and the other replicas.
     fn changed(&self, task_id: &str) {
+        self.changed_here(task_id);
+        self.publish_change(task_id);
+    }
+
+    /// Tell this replica's subscribers only (a change another replica published).
+    fn changed_here(&self, task_id: &str) {
         let _ = self.changes.send(task_id.to_string());
     }
 
@@ -403,11 +426,15 @@ impl Engine {
             .remove(key)
     }
 
-    /// Stop a running call (cancel, expiry); a no-op when it is not running here.
-    fn abort_live(&self, task_id: &str) {
+    /// Stop a running call (cancel, expiry); `false` when it is not running here.
+    fn abort_live(&self, task_id: &str) -> bool {
         let live = self.live.lock().ok().and_then(|mut l| l.remove(task_id));
-        if let Some(l) = live {
-            l.abort.abort();
+        match live {
+            Some(l) => {
+                l.abort.abort();
+                true
+            }
+            None => false,
         }
     }
 

@@ -49,6 +49,10 @@ struct StateClaims {
     f: String,
     /// Expiry, ms since the epoch.
     e: u64,
+    /// The replica holding the call: a retry reaching another replica is relayed
+    /// there (docs/design.md §19 "Any replica answers").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    p: Option<String>,
 }
 
 struct Held {
@@ -67,11 +71,15 @@ pub enum Resumed {
     /// Answers are still missing: a fresh `input_required` result (MCP 2026-07-28
     /// "Multi Round-Trip Requests").
     StillWaiting(Value),
+    /// A valid state for a call another replica holds: relay the retry to it.
+    Elsewhere(String),
 }
 
 /// The held calls of this process.
 pub struct Holds {
     key: aws_lc_rs::hmac::Key,
+    /// This replica's id, named in every state it signs.
+    replica_id: Option<String>,
     input_timeout: Duration,
     held: Mutex<HashMap<String, Held>>,
 }
@@ -117,9 +125,12 @@ fn answer_is_valid(request: &Value, answer: &Value) -> bool {
 }
 
 impl Holds {
-    pub fn new(secret: [u8; 32], input_timeout: Duration) -> Arc<Self> {
+    /// `replica_id` names this replica in the states it signs, so that another
+    /// replica sharing the secret can relay a retry here (`None`: one gateway).
+    pub fn new(secret: [u8; 32], input_timeout: Duration, replica_id: Option<String>) -> Arc<Self> {
         Arc::new(Self {
             key: aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, &secret),
+            replica_id,
             input_timeout,
             held: Mutex::new(HashMap::new()),
         })
@@ -195,6 +206,7 @@ impl Holds {
             m: method.to_string(),
             f: params_fingerprint(method, params),
             e: now_ms() + self.input_timeout.as_millis() as u64,
+            p: self.replica_id.clone(),
         };
         let mut held = Held {
             pending,
@@ -257,8 +269,11 @@ impl Holds {
         }
         let mut held = {
             let mut map = self.held.lock().map_err(|_| invalid_state())?;
-            match map.get(&claims.h) {
-                Some(h) if h.claims.r == claims.r => {}
+            match (map.get(&claims.h), &claims.p) {
+                (Some(h), _) if h.claims.r == claims.r => {}
+                (None, Some(p)) if Some(p) != self.replica_id.as_ref() => {
+                    return Ok(Resumed::Elsewhere(p.clone()));
+                }
                 _ => return Err(invalid_state()),
             }
             map.remove(&claims.h).ok_or_else(invalid_state)?
@@ -297,7 +312,7 @@ mod tests {
 
     #[test]
     fn state_signature_round_trip_and_tamper() {
-        let holds = Holds::new([7u8; 32], Duration::from_secs(1));
+        let holds = Holds::new([7u8; 32], Duration::from_secs(1), None);
         let c = StateClaims {
             h: "x".into(),
             r: 1,
@@ -307,11 +322,12 @@ mod tests {
             m: "tools/call".into(),
             f: "f".into(),
             e: 1,
+            p: None,
         };
         let s = holds.sign(&c);
         assert_eq!(holds.verify(&s), Some(c));
         assert!(holds.verify(&format!("{s}-TAMPERED")).is_none());
-        let other = Holds::new([8u8; 32], Duration::from_secs(1));
+        let other = Holds::new([8u8; 32], Duration::from_secs(1), None);
         assert!(other.verify(&s).is_none());
     }
 

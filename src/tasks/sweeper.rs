@@ -61,7 +61,7 @@ impl Engine {
                 // Only a task still due is expired (an update may have extended it
                 // since it was listed); its call, if any, stops then.
                 if let Some(gone) = self.expire_task(id, now, tomb_until).await? {
-                    self.abort_live(id);
+                    self.stop_call(id).await;
                     self.changed(id);
                     if !gone.seen {
                         expired_unread(&gone.record);
@@ -74,6 +74,12 @@ impl Engine {
             }
         }
         self.store.sweep_tombstones(now).await?;
+        // Calls of replicas that lost their lease (docs/design.md §18).
+        match self.take_over().await {
+            Ok(0) => {}
+            Ok(t) => tracing::warn!(tasks = t, "took over the calls of a lost replica"),
+            Err(e) => tracing::error!(error = %e, "taking over a lost replica's calls failed"),
+        }
         Ok(n)
     }
 

@@ -24,6 +24,9 @@ use rand::RngCore;
 use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
 
+mod cluster;
+
+use super::cluster::Seat;
 use super::{
     BoxFuture, Created, Expired, IdempotencyEntry, RequestRoute, SCHEMA_VERSION, StoreError,
     TaskRecord, TaskStatus, TaskStore, Tombstone, Update, UpstreamIdentity,
@@ -35,7 +38,7 @@ use crate::config::{StoreConfig, is_pg_schema_name};
 const MIGRATIONS: &[(i32, &str, &str)] = &[(
     1,
     "init",
-    include_str!("../../migrations/postgres/0001_init.sql"),
+    include_str!("../../../migrations/postgres/0001_init.sql"),
 )];
 
 /// The newest schema version this gateway knows.
@@ -57,6 +60,8 @@ pub struct PgSettings {
     pub url: String,
     pub pool_size: usize,
     pub schema: String,
+    /// How long a replica's lease lasts past each renewal (`store.lease_ms`).
+    pub lease_ms: u64,
 }
 
 impl PgSettings {
@@ -68,6 +73,7 @@ impl PgSettings {
             url,
             pool_size: cfg.pool_size.max(1),
             schema: cfg.schema.clone(),
+            lease_ms: cfg.lease_ms,
         })
     }
 
@@ -112,6 +118,8 @@ enum PgError {
     Db(tokio_postgres::Error),
     Timeout,
     Corrupt(String),
+    /// A fenced write found that this replica no longer holds the call.
+    Fenced,
 }
 
 impl From<deadpool_postgres::PoolError> for PgError {
@@ -142,13 +150,14 @@ impl PgError {
                     c.starts_with("08") || c.starts_with("57") || c.starts_with("53")
                 }
             },
-            Self::Corrupt(_) => false,
+            Self::Corrupt(_) | Self::Fenced => false,
         }
     }
 
     fn into_store(self, what: &str) -> StoreError {
         match self {
             Self::Corrupt(m) => StoreError::Corrupt(m),
+            Self::Fenced => StoreError::Fenced,
             Self::Timeout => StoreError::Io(format!(
                 "postgres {what}: no answer within {} s",
                 OP_TIMEOUT.as_secs()
@@ -172,6 +181,17 @@ pub struct PgStore {
     pool: Pool,
     schema: String,
     healthy: AtomicBool,
+    /// For the dedicated LISTEN connection (a pooled one would drop notifications).
+    pg_config: tokio_postgres::Config,
+    lease_ms: u64,
+    /// This replica's seat once registered ([`super::cluster::Cluster::register`]):
+    /// request routes written after that name it.
+    seat: std::sync::RwLock<Option<Seat>>,
+    /// The connection change notifications are published on (`synchronous_commit =
+    /// off`, never a pooled one: see `cluster.rs`).
+    publisher: tokio::sync::Mutex<Option<tokio_postgres::Client>>,
+    /// This store itself, for the listener task it starts.
+    me: std::sync::OnceLock<Weak<PgStore>>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -295,8 +315,9 @@ impl PgStore {
     /// tests that migrate on their own). Starts the health probe when called inside a
     /// tokio runtime.
     pub fn connect_lazy(settings: &PgSettings) -> Result<Arc<Self>, StoreError> {
+        let pg_config = settings.pg_config()?;
         let mgr = Manager::from_config(
-            settings.pg_config()?,
+            pg_config.clone(),
             NoTls,
             ManagerConfig {
                 // A connection that broke is noticed when used (the error marks the
@@ -316,7 +337,13 @@ impl PgStore {
             pool,
             schema: settings.schema.clone(),
             healthy: AtomicBool::new(true),
+            pg_config,
+            lease_ms: settings.lease_ms,
+            seat: std::sync::RwLock::new(None),
+            publisher: tokio::sync::Mutex::new(None),
+            me: std::sync::OnceLock::new(),
         });
+        let _ = store.me.set(Arc::downgrade(&store));
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(probe(Arc::downgrade(&store)));
         }
@@ -326,6 +353,15 @@ impl PgStore {
     /// The schema this store uses.
     pub fn schema(&self) -> &str {
         &self.schema
+    }
+
+    /// The `replica_id`/`epoch` columns of a route written now: this replica's seat,
+    /// or NULLs before one is registered.
+    fn seat_columns(&self) -> (Option<String>, Option<i64>) {
+        match self.seat.read().ok().and_then(|s| s.clone()) {
+            Some(s) => (Some(s.replica_id), Some(s.epoch)),
+            None => (None, None),
+        }
     }
 
     /// Run one operation with the time limit, keeping the health flag current.
@@ -364,6 +400,7 @@ impl PgError {
             Self::Db(e) => db_message(e),
             Self::Timeout => "timeout".into(),
             Self::Corrupt(m) => m.clone(),
+            Self::Fenced => "fenced".into(),
         }
     }
 }
@@ -402,6 +439,13 @@ fn parse_status(s: &str) -> Result<TaskStatus, PgError> {
         .map_err(|_| PgError::Corrupt(format!("task_routes.status: unknown status {s:?}")))
 }
 
+/// The fence of a write from an in-flight call: route `$2` still exists and names a
+/// seat whose lease is live (a takeover deletes the route; a new epoch or a lapsed
+/// lease leaves it naming a dead seat).
+const FENCE: &str = "EXISTS (SELECT 1 FROM request_routes rr JOIN replicas p
+    ON p.replica_id = rr.replica_id AND p.epoch = rr.epoch
+    WHERE rr.route_id = $2 AND p.lease_until > now())";
+
 const CREATE_KEYED: &str = "
 WITH claim AS (
     INSERT INTO idempotency (key, task_id, args_fingerprint)
@@ -413,8 +457,8 @@ WITH claim AS (
     SELECT $2, $4, $5, $6, $7, $1, 1, $8 FROM claim
     RETURNING task_id
 ), route AS (
-    INSERT INTO request_routes (route_id, task_id, upstream, version, record)
-    SELECT $9, $10, $11, 1, $12 FROM task
+    INSERT INTO request_routes (route_id, task_id, upstream, replica_id, epoch, version, record)
+    SELECT $9, $10, $11, $13, $14, 1, $12 FROM task
     RETURNING route_id
 )
 SELECT (SELECT count(*) FROM route) AS created, i.task_id, i.args_fingerprint
@@ -426,8 +470,8 @@ WITH task AS (
     VALUES ($1, $2, $3, $4, $5, NULL, 1, $6)
     RETURNING task_id
 )
-INSERT INTO request_routes (route_id, task_id, upstream, version, record)
-SELECT $7, $8, $9, 1, $10 FROM task";
+INSERT INTO request_routes (route_id, task_id, upstream, replica_id, epoch, version, record)
+SELECT $7, $8, $9, $11, $12, 1, $10 FROM task";
 
 const EXPIRE: &str = "
 WITH d AS (
@@ -466,6 +510,7 @@ impl PgStore {
         rec.v = SCHEMA_VERSION;
         let record = encode("task record", &rec)?;
         let route_bytes = encode("request route", route)?;
+        let (replica, epoch) = self.seat_columns();
         let c = self.pool.get().await?;
         let status = rec.status.as_str();
         let expires = ms(rec.expires_at_ms);
@@ -485,6 +530,8 @@ impl PgStore {
                         &route.task_id,
                         &route.upstream,
                         &route_bytes,
+                        &replica,
+                        &epoch,
                     ],
                 )
                 .await
@@ -508,6 +555,8 @@ impl PgStore {
                             &route.task_id,
                             &route.upstream,
                             &route_bytes,
+                            &replica,
+                            &epoch,
                         ],
                     )
                     .await;
@@ -574,25 +623,37 @@ impl PgStore {
     async fn update_now(
         &self,
         task_id: &str,
+        fence: Option<&str>,
         f: &mut (dyn FnMut(&mut TaskRecord) -> bool + Send),
     ) -> Result<Option<TaskRecord>, PgError> {
         let c = self.pool.get().await?;
+        // The fence (`$2`, a route id, or NULL for an unfenced write): the route still
+        // names its seat and that seat's lease is live. Read with the record and
+        // re-checked by the write itself, so a takeover between the two still wins.
         let read = c
-            .prepare_cached("SELECT version, record FROM task_routes WHERE task_id = $1")
+            .prepare_cached(&format!(
+                "SELECT version, record, ($2::text IS NULL OR {FENCE}) FROM task_routes
+                 WHERE task_id = $1"
+            ))
             .await?;
         let write = c
-            .prepare_cached(
+            .prepare_cached(&format!(
                 "UPDATE task_routes SET tenant = $3, subject = $4, status = $5,
                      expires_at_ms = $6, record = $7, version = version + 1
-                 WHERE task_id = $1 AND version = $2",
-            )
+                 WHERE task_id = $1 AND version = $2 AND ($8::text IS NULL OR {})",
+                FENCE.replace("$2", "$8")
+            ))
             .await?;
         loop {
-            let Some(row) = c.query_opt(&read, &[&task_id]).await? else {
+            let Some(row) = c.query_opt(&read, &[&task_id, &fence]).await? else {
                 return Ok(None);
             };
             let version: i64 = row.try_get(0)?;
             let bytes: Vec<u8> = row.try_get(1)?;
+            let holds: bool = row.try_get(2)?;
+            if !holds {
+                return Err(PgError::Fenced);
+            }
             let old: TaskRecord = decode(&format!("task_routes/{task_id}"), &bytes)?;
             let mut rec = old.clone();
             if !f(&mut rec) {
@@ -612,6 +673,7 @@ impl PgStore {
                         &rec.status.as_str(),
                         &ms(rec.expires_at_ms),
                         &record,
+                        &fence,
                     ],
                 )
                 .await?;
@@ -734,8 +796,23 @@ impl TaskStore for PgStore {
         task_id: &'a str,
         f: Update<'a>,
     ) -> BoxFuture<'a, Result<Option<TaskRecord>, StoreError>> {
-        self.run("update", async move { self.update_now(task_id, f).await })
-            .boxed()
+        self.run(
+            "update",
+            async move { self.update_now(task_id, None, f).await },
+        )
+        .boxed()
+    }
+
+    fn update_fenced<'a>(
+        &'a self,
+        task_id: &'a str,
+        route_id: &'a str,
+        f: Update<'a>,
+    ) -> BoxFuture<'a, Result<Option<TaskRecord>, StoreError>> {
+        self.run("update", async move {
+            self.update_now(task_id, Some(route_id), f).await
+        })
+        .boxed()
     }
 
     fn put_route<'a>(&'a self, route: &'a RequestRoute) -> BoxFuture<'a, Result<(), StoreError>> {
@@ -744,16 +821,25 @@ impl TaskStore for PgStore {
             let c = self.pool.get().await?;
             let stmt = c
                 .prepare_cached(
-                    "INSERT INTO request_routes (route_id, task_id, upstream, version, record)
-                     VALUES ($1, $2, $3, 1, $4)
+                    "INSERT INTO request_routes (route_id, task_id, upstream, replica_id, epoch, version, record)
+                     VALUES ($1, $2, $3, $5, $6, 1, $4)
                      ON CONFLICT (route_id) DO UPDATE SET task_id = EXCLUDED.task_id,
                          upstream = EXCLUDED.upstream, record = EXCLUDED.record,
+                         replica_id = EXCLUDED.replica_id, epoch = EXCLUDED.epoch,
                          version = request_routes.version + 1",
                 )
                 .await?;
+            let (replica, epoch) = self.seat_columns();
             c.execute(
                 &stmt,
-                &[&route.route_id, &route.task_id, &route.upstream, &bytes],
+                &[
+                    &route.route_id,
+                    &route.task_id,
+                    &route.upstream,
+                    &bytes,
+                    &replica,
+                    &epoch,
+                ],
             )
             .await?;
             Ok(())
@@ -775,11 +861,19 @@ impl TaskStore for PgStore {
 
     fn routes(&self) -> BoxFuture<'_, Result<Vec<RequestRoute>, StoreError>> {
         self.run("routes", async move {
+            let (replica, epoch) = self.seat_columns();
             let c = self.pool.get().await?;
+            // Before any seat is registered (one gateway on the schema, or tests)
+            // every route is this process's; after, only the routes of this
+            // replica's earlier epochs, and those no seat names (written before
+            // replicas held leases).
             let rows = c
                 .query(
-                    "SELECT route_id, record FROM request_routes ORDER BY route_id",
-                    &[],
+                    "SELECT route_id, record FROM request_routes
+                     WHERE $1::text IS NULL OR replica_id IS NULL
+                        OR (replica_id = $1 AND epoch IS DISTINCT FROM $2)
+                     ORDER BY route_id",
+                    &[&replica, &epoch],
                 )
                 .await?;
             rows.iter()
@@ -1011,6 +1105,7 @@ pub(crate) mod testing {
             url: url(),
             pool_size: 8,
             schema: schema.to_string(),
+            lease_ms: 10_000,
         }
     }
 
@@ -1136,6 +1231,7 @@ mod tests {
             url: "postgres://postgres@127.0.0.1:1/postgres".into(),
             pool_size: 2,
             schema: "taskgate".into(),
+            lease_ms: 10_000,
         };
         let store = PgStore::connect_lazy(&s).expect("pool");
         let err = store.get("tsk_x").await.expect_err("no database");

@@ -1,0 +1,637 @@
+//! [`Cluster`] on PostgreSQL: the `replicas` and `pending_relays` tables, the takeover
+//! of dead seats' routes, and change fan-out with `LISTEN`/`NOTIFY`
+//! (ARCHITECTURE.md "PostgreSQL schema", docs/design.md §18–19).
+//!
+//! Lease times are the database's `now()`, never a replica's clock, so replicas with
+//! skewed clocks agree on who is alive. Notifications are never sent inside a
+//! committing hot-path transaction: `NOTIFY` takes a cluster-wide lock held through
+//! the commit flush, so it rides on a connection of its own with
+//! `synchronous_commit = off`.
+
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use futures_util::StreamExt;
+use tokio::sync::mpsc;
+use tokio_postgres::{AsyncMessage, NoTls};
+
+use super::{PgError, PgStore, SCHEMA_VERSION, decode, encode, ms};
+use crate::store::cluster::{Cluster, ClusterEvent, Relay, RelayKind, Seat, TakenOver};
+use crate::store::{BoxFuture, StoreError, TaskRecord, Update, now_ms};
+
+/// Routes resolved per takeover transaction.
+const TAKEOVER_BATCH: i64 = 64;
+/// Relays delivered per poll.
+const RELAY_BATCH: i64 = 256;
+/// `NOTIFY` payloads must stay under 8000 bytes.
+const MAX_PAYLOAD: usize = 7_900;
+/// Wait before the listener reconnects after losing its connection.
+const LISTEN_RETRY: Duration = Duration::from_millis(500);
+
+/// The notification channel of a schema: replicas on other schemas of the same
+/// database never hear each other. A hash keeps it within the 63-byte identifier limit.
+fn channel(schema: &str) -> String {
+    // FNV-1a: stable across builds and platforms, unlike `DefaultHasher`.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in schema.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("taskgate_{h:016x}")
+}
+
+/// `from` and the ids, split into payloads under the `NOTIFY` limit.
+fn payloads(from: &str, ids: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::from(from);
+    for id in ids {
+        if cur.len() > from.len() && cur.len() + 1 + id.len() > MAX_PAYLOAD {
+            out.push(std::mem::replace(&mut cur, String::from(from)));
+        }
+        cur.push('\n');
+        cur.push_str(id);
+    }
+    if cur.len() > from.len() {
+        out.push(cur);
+    }
+    out
+}
+
+/// The sender and ids of a payload, `None` if it is not one of ours.
+fn parse_payload(p: &str) -> Option<(&str, Vec<String>)> {
+    let mut lines = p.split('\n');
+    let from = lines.next()?;
+    Some((from, lines.map(str::to_string).collect()))
+}
+
+fn lease_secs(ms: u64) -> f64 {
+    ms as f64 / 1000.0
+}
+
+impl PgStore {
+    async fn register_now(&self, replica_id: &str) -> Result<Seat, PgError> {
+        let c = self.pool.get().await?;
+        let row = c
+            .query_one(
+                "INSERT INTO replicas (replica_id, epoch, lease_until)
+                 VALUES ($1, 1, now() + make_interval(secs => $2))
+                 ON CONFLICT (replica_id) DO UPDATE SET epoch = replicas.epoch + 1,
+                     lease_until = EXCLUDED.lease_until, started_at = now()
+                 RETURNING epoch",
+                &[&replica_id, &lease_secs(self.lease_ms)],
+            )
+            .await?;
+        let seat = Seat {
+            replica_id: replica_id.to_string(),
+            epoch: row.try_get(0)?,
+        };
+        if let Ok(mut s) = self.seat.write() {
+            *s = Some(seat.clone());
+        }
+        Ok(seat)
+    }
+
+    async fn renew_now(&self, seat: &Seat) -> Result<bool, PgError> {
+        let c = self.pool.get().await?;
+        let stmt = c
+            .prepare_cached(
+                "UPDATE replicas SET lease_until = now() + make_interval(secs => $3)
+                 WHERE replica_id = $1 AND epoch = $2 AND lease_until > now()",
+            )
+            .await?;
+        let n = c
+            .execute(
+                &stmt,
+                &[&seat.replica_id, &seat.epoch, &lease_secs(self.lease_ms)],
+            )
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn take_over_now(
+        &self,
+        fail: &mut (dyn FnMut(&mut TaskRecord) -> bool + Send),
+    ) -> Result<Vec<TakenOver>, PgError> {
+        let mut c = self.pool.get().await?;
+        let mut out = Vec::new();
+        loop {
+            let tx = c.transaction().await?;
+            // Routes no live seat holds. Routes naming no seat were written by a
+            // gateway before leases; start-up recovery resolves those.
+            let rows = tx
+                .query(
+                    "SELECT rr.route_id, rr.task_id FROM request_routes rr
+                     WHERE rr.replica_id IS NOT NULL AND NOT EXISTS (
+                         SELECT 1 FROM replicas p
+                         WHERE p.replica_id = rr.replica_id AND p.epoch = rr.epoch
+                           AND p.lease_until > now())
+                     ORDER BY rr.route_id LIMIT $1
+                     FOR UPDATE OF rr SKIP LOCKED",
+                    &[&TAKEOVER_BATCH],
+                )
+                .await?;
+            let mut route_ids = Vec::with_capacity(rows.len());
+            for row in &rows {
+                let route_id: String = row.try_get(0)?;
+                let task_id: Option<String> = row.try_get(1)?;
+                if let Some(task_id) = task_id
+                    && let Some(t) = tx
+                        .query_opt(
+                            "SELECT record FROM task_routes WHERE task_id = $1 FOR UPDATE",
+                            &[&task_id],
+                        )
+                        .await?
+                {
+                    let bytes: Vec<u8> = t.try_get(0)?;
+                    let mut rec: TaskRecord = decode(&format!("task_routes/{task_id}"), &bytes)?;
+                    let from = rec.status;
+                    if fail(&mut rec) {
+                        rec.task_id = task_id.clone();
+                        rec.v = SCHEMA_VERSION;
+                        let record = encode("task record", &rec)?;
+                        tx.execute(
+                            "UPDATE task_routes SET status = $2, expires_at_ms = $3,
+                                 record = $4, version = version + 1
+                             WHERE task_id = $1",
+                            &[
+                                &task_id,
+                                &rec.status.as_str(),
+                                &ms(rec.expires_at_ms),
+                                &record,
+                            ],
+                        )
+                        .await?;
+                        out.push(TakenOver { from, record: rec });
+                    }
+                }
+                route_ids.push(route_id);
+            }
+            if !route_ids.is_empty() {
+                tx.execute(
+                    "DELETE FROM request_routes WHERE route_id = ANY($1)",
+                    &[&route_ids],
+                )
+                .await?;
+            }
+            tx.commit().await?;
+            if (rows.len() as i64) < TAKEOVER_BATCH {
+                break;
+            }
+        }
+        // Relays for a dead seat would never be taken.
+        c.execute(
+            "DELETE FROM pending_relays pr WHERE NOT EXISTS (
+                 SELECT 1 FROM replicas p
+                 WHERE p.replica_id = pr.target_replica AND p.epoch = pr.target_epoch
+                   AND p.lease_until > now())",
+            &[],
+        )
+        .await?;
+        Ok(out)
+    }
+
+    async fn holder_now(&self, task_id: &str) -> Result<Option<Seat>, PgError> {
+        let c = self.pool.get().await?;
+        let stmt = c
+            .prepare_cached(
+                "SELECT replica_id, epoch FROM request_routes
+                 WHERE task_id = $1 AND replica_id IS NOT NULL AND epoch IS NOT NULL
+                 LIMIT 1",
+            )
+            .await?;
+        match c.query_opt(&stmt, &[&task_id]).await? {
+            None => Ok(None),
+            Some(row) => Ok(Some(Seat {
+                replica_id: row.try_get(0)?,
+                epoch: row.try_get(1)?,
+            })),
+        }
+    }
+
+    async fn seat_of_now(&self, replica_id: &str) -> Result<Option<Seat>, PgError> {
+        let c = self.pool.get().await?;
+        let row = c
+            .query_opt(
+                "SELECT epoch FROM replicas WHERE replica_id = $1 AND lease_until > now()",
+                &[&replica_id],
+            )
+            .await?;
+        match row {
+            None => Ok(None),
+            Some(row) => Ok(Some(Seat {
+                replica_id: replica_id.to_string(),
+                epoch: row.try_get(0)?,
+            })),
+        }
+    }
+
+    async fn send_relay_now(&self, to: &Seat, relay: &Relay) -> Result<(), PgError> {
+        let c = self.pool.get().await?;
+        let stmt = c
+            .prepare_cached(
+                "INSERT INTO pending_relays
+                     (task_id, kind, target_replica, target_epoch, created_at_ms, payload)
+                 VALUES ($1, $2, $3, $4, $5, $6)",
+            )
+            .await?;
+        c.execute(
+            &stmt,
+            &[
+                &relay.task_id,
+                &relay.kind.as_str(),
+                &to.replica_id,
+                &to.epoch,
+                &ms(now_ms()),
+                &relay.payload,
+            ],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn take_relays_now(&self, seat: &Seat) -> Result<Vec<Relay>, PgError> {
+        let c = self.pool.get().await?;
+        let stmt = c
+            .prepare_cached(
+                "DELETE FROM pending_relays WHERE relay_id IN (
+                     SELECT relay_id FROM pending_relays
+                     WHERE target_replica = $1 AND target_epoch = $2
+                     ORDER BY relay_id LIMIT $3 FOR UPDATE SKIP LOCKED)
+                 RETURNING relay_id, kind, task_id, payload",
+            )
+            .await?;
+        let rows = c
+            .query(&stmt, &[&seat.replica_id, &seat.epoch, &RELAY_BATCH])
+            .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let id: i64 = row.try_get(0)?;
+            let kind: String = row.try_get(1)?;
+            let Some(kind) = RelayKind::parse(&kind) else {
+                tracing::warn!(relay = id, kind = %kind, "dropping a relay of an unknown kind");
+                continue;
+            };
+            out.push((
+                id,
+                Relay {
+                    kind,
+                    task_id: row.try_get(2)?,
+                    payload: row.try_get(3)?,
+                },
+            ));
+        }
+        out.sort_by_key(|(id, _)| *id);
+        Ok(out.into_iter().map(|(_, r)| r).collect())
+    }
+
+    /// A connection of its own (not pooled), for `LISTEN` and for publishing.
+    async fn dedicated(&self) -> Result<tokio_postgres::Client, PgError> {
+        let (client, conn) = self.pg_config.connect(NoTls).await?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok(client)
+    }
+
+    async fn publish_now(&self, from: &str, ids: &[String]) -> Result<(), PgError> {
+        let mut guard = self.publisher.lock().await;
+        if guard.as_ref().is_none_or(|c| c.is_closed()) {
+            let c = self.dedicated().await?;
+            // Losing a notification in a crash costs a subscriber one update; not
+            // worth a flush per batch.
+            c.batch_execute("SET synchronous_commit = off").await?;
+            *guard = Some(c);
+        }
+        let Some(c) = guard.as_ref() else {
+            return Ok(());
+        };
+        let chan = channel(&self.schema);
+        for p in payloads(from, ids) {
+            if let Err(e) = c.execute("SELECT pg_notify($1, $2)", &[&chan, &p]).await {
+                *guard = None;
+                return Err(e.into());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Keep one `LISTEN` connection open while `events` is: forward other replicas'
+/// change notifications, and ask for a resync after every reconnect.
+async fn listen_loop(
+    store: std::sync::Weak<PgStore>,
+    own: String,
+    events: mpsc::Sender<ClusterEvent>,
+) {
+    let mut first = true;
+    loop {
+        if events.is_closed() {
+            return;
+        }
+        let Some(s) = store.upgrade() else { return };
+        let chan = channel(&s.schema);
+        let connected = s.pg_config.connect(NoTls).await;
+        drop(s);
+        let (client, mut conn) = match connected {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "postgres LISTEN connection failed; retrying");
+                tokio::time::sleep(LISTEN_RETRY).await;
+                continue;
+            }
+        };
+        let (msg_tx, mut msgs) = mpsc::unbounded_channel();
+        let driver = tokio::spawn(async move {
+            let mut stream = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
+            while let Some(m) = stream.next().await {
+                match m {
+                    Ok(AsyncMessage::Notification(n)) => {
+                        if msg_tx.send(n.payload().to_string()).is_err() {
+                            return;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(_) => return,
+                }
+            }
+        });
+        if let Err(e) = client.batch_execute(&format!("LISTEN \"{chan}\"")).await {
+            tracing::warn!(error = %e, "postgres LISTEN failed; retrying");
+            driver.abort();
+            tokio::time::sleep(LISTEN_RETRY).await;
+            continue;
+        }
+        if !first && events.send(ClusterEvent::Resync).await.is_err() {
+            return;
+        }
+        first = false;
+        while let Some(p) = msgs.recv().await {
+            let Some((from, ids)) = parse_payload(&p) else {
+                continue;
+            };
+            if from == own || ids.is_empty() {
+                continue;
+            }
+            if events.send(ClusterEvent::Changed(ids)).await.is_err() {
+                driver.abort();
+                return;
+            }
+        }
+        // The connection ended: notifications may be lost until the next LISTEN.
+        tracing::warn!("postgres LISTEN connection lost; reconnecting");
+        drop(client);
+        tokio::time::sleep(LISTEN_RETRY).await;
+    }
+}
+
+impl Cluster for PgStore {
+    fn register<'a>(&'a self, replica_id: &'a str) -> BoxFuture<'a, Result<Seat, StoreError>> {
+        self.run("register", self.register_now(replica_id)).boxed()
+    }
+
+    fn renew<'a>(&'a self, seat: &'a Seat) -> BoxFuture<'a, Result<bool, StoreError>> {
+        self.run("renew", self.renew_now(seat)).boxed()
+    }
+
+    fn take_over<'a>(
+        &'a self,
+        fail: Update<'a>,
+    ) -> BoxFuture<'a, Result<Vec<TakenOver>, StoreError>> {
+        self.run("take_over", self.take_over_now(fail)).boxed()
+    }
+
+    fn seat_of<'a>(
+        &'a self,
+        replica_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Seat>, StoreError>> {
+        self.run("seat_of", self.seat_of_now(replica_id)).boxed()
+    }
+
+    fn holder<'a>(&'a self, task_id: &'a str) -> BoxFuture<'a, Result<Option<Seat>, StoreError>> {
+        self.run("holder", self.holder_now(task_id)).boxed()
+    }
+
+    fn send_relay<'a>(
+        &'a self,
+        to: &'a Seat,
+        relay: &'a Relay,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.run("send_relay", self.send_relay_now(to, relay))
+            .boxed()
+    }
+
+    fn take_relays<'a>(&'a self, seat: &'a Seat) -> BoxFuture<'a, Result<Vec<Relay>, StoreError>> {
+        self.run("take_relays", self.take_relays_now(seat)).boxed()
+    }
+
+    fn publish<'a>(
+        &'a self,
+        from: &'a str,
+        task_ids: &'a [String],
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.run("publish", self.publish_now(from, task_ids))
+            .boxed()
+    }
+
+    fn listen(&self, own: String, events: mpsc::Sender<ClusterEvent>) {
+        let Some(me) = self.me.get().and_then(std::sync::Weak::upgrade) else {
+            return;
+        };
+        tokio::spawn(listen_loop(std::sync::Arc::downgrade(&me), own, events));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::settings;
+    use super::*;
+    use crate::store::test_records::{route, task};
+    use crate::store::{TaskStatus, TaskStore};
+
+    const HOUR: u64 = 3_600_000;
+
+    async fn open_store(prefix: &str) -> std::sync::Arc<PgStore> {
+        let s = settings(&super::super::testing::unique_schema(prefix));
+        PgStore::open(&s).await.expect("open")
+    }
+
+    /// Make `seat`'s lease run out now (as if its replica stopped renewing).
+    async fn expire_lease(store: &PgStore, seat: &Seat) {
+        let c = store.pool.get().await.expect("conn");
+        c.execute(
+            "UPDATE replicas SET lease_until = now() - interval '1 second'
+             WHERE replica_id = $1 AND epoch = $2",
+            &[&seat.replica_id, &seat.epoch],
+        )
+        .await
+        .expect("expire lease");
+    }
+
+    fn fail_working(rec: &mut TaskRecord) -> bool {
+        if rec.status.is_terminal() {
+            return false;
+        }
+        rec.status = TaskStatus::Failed;
+        true
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_lease_fences_writes_and_takeover_fails_once() {
+        let a = open_store("lease").await;
+        // A second replica on the same schema.
+        let b = PgStore::open(&settings(a.schema())).await.expect("open b");
+        let seat_a = a.register("a").await.expect("register a");
+        let seat_b = b.register("b").await.expect("register b");
+        assert_eq!(seat_a.epoch, 1);
+        assert!(a.renew(&seat_a).await.expect("renew"));
+
+        let t = task("tsk_lease", "acme", now_ms() + HOUR);
+        a.create(&t, &route("rt_lease", Some("tsk_lease")), None)
+            .await
+            .expect("create");
+        assert_eq!(
+            b.holder("tsk_lease").await.expect("holder"),
+            Some(seat_a.clone())
+        );
+        // While the lease holds: fenced writes go through, and nothing is taken over.
+        let w = a
+            .update_fenced("tsk_lease", "rt_lease", &mut |r| {
+                r.status_message = Some("progress".into());
+                true
+            })
+            .await
+            .expect("fenced write while held");
+        assert_eq!(
+            w.and_then(|r| r.status_message).as_deref(),
+            Some("progress")
+        );
+        assert!(
+            b.take_over(&mut fail_working)
+                .await
+                .expect("take over")
+                .is_empty()
+        );
+
+        // A's lease runs out: one takeover fails the task, a second finds nothing.
+        expire_lease(&a, &seat_a).await;
+        let late = a
+            .update_fenced("tsk_lease", "rt_lease", &mut |r| {
+                r.status = TaskStatus::Completed;
+                true
+            })
+            .await;
+        assert!(matches!(late, Err(StoreError::Fenced)), "{late:?}");
+        let (mut fb, mut fa) = (fail_working, fail_working);
+        let (t1, t2) = tokio::join!(b.take_over(&mut fb), a.take_over(&mut fa));
+        let taken = t1.expect("b").len() + t2.expect("a").len();
+        assert_eq!(taken, 1, "exactly one replica takes the call over");
+        assert!(
+            !a.renew(&seat_a).await.expect("renew"),
+            "a lapsed lease is lost for good"
+        );
+
+        // A registers a new epoch; a late write of the old call still changes nothing.
+        let seat_a2 = a.register("a").await.expect("register again");
+        assert_eq!(seat_a2.epoch, 2);
+        let late = a
+            .update_fenced("tsk_lease", "rt_lease", &mut |r| {
+                r.status = TaskStatus::Completed;
+                true
+            })
+            .await;
+        assert!(matches!(late, Err(StoreError::Fenced)), "{late:?}");
+        let rec = b.get("tsk_lease").await.expect("get").expect("task");
+        assert_eq!(rec.status, TaskStatus::Failed);
+        assert!(b.holder("tsk_lease").await.expect("holder").is_none());
+        let _ = seat_b;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_relays_reach_only_their_seat_and_routes_are_per_epoch() {
+        let a = open_store("relay").await;
+        let seat1 = a.register("a").await.expect("register");
+        a.create(
+            &task("tsk_r1", "acme", now_ms() + HOUR),
+            &route("rt_r1", Some("tsk_r1")),
+            None,
+        )
+        .await
+        .expect("create");
+        // The route names the seat; start-up recovery of the same epoch sees nothing.
+        assert!(a.routes().await.expect("routes").is_empty());
+        let relay = Relay {
+            kind: RelayKind::Cancel,
+            task_id: Some("tsk_r1".into()),
+            payload: b"null".to_vec(),
+        };
+        a.send_relay(&seat1, &relay).await.expect("send");
+        let other = Seat {
+            replica_id: "b".into(),
+            epoch: 1,
+        };
+        assert!(a.take_relays(&other).await.expect("take").is_empty());
+        assert_eq!(a.take_relays(&seat1).await.expect("take"), vec![relay]);
+        assert!(a.take_relays(&seat1).await.expect("take again").is_empty());
+        // After a restart (a new epoch) the old epoch's route is this replica's to
+        // recover.
+        let seat2 = a.register("a").await.expect("register again");
+        assert_eq!(seat2.epoch, seat1.epoch + 1);
+        let left = a.routes().await.expect("routes");
+        assert_eq!(left.len(), 1);
+        assert_eq!(left[0].route_id, "rt_r1");
+        assert_eq!(a.seat_of("a").await.expect("seat_of"), Some(seat2));
+        assert_eq!(a.seat_of("nobody").await.expect("seat_of"), None);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_changes_reach_other_listeners_not_the_sender() {
+        let a = open_store("notify").await;
+        let (tx, mut rx) = mpsc::channel(16);
+        a.listen("b".into(), tx);
+        let (own_tx, mut own_rx) = mpsc::channel(16);
+        a.listen("a".into(), own_tx);
+        // Publish until the listener is up (LISTEN runs in the background).
+        let ids = vec!["tsk_n1".to_string(), "tsk_n2".to_string()];
+        let got = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                a.publish("a", &ids).await.expect("publish");
+                if let Ok(Some(ev)) =
+                    tokio::time::timeout(Duration::from_millis(200), rx.recv()).await
+                {
+                    return ev;
+                }
+            }
+        })
+        .await
+        .expect("a notification");
+        assert_eq!(got, ClusterEvent::Changed(ids));
+        assert!(
+            own_rx.try_recv().is_err(),
+            "a replica hears its own changes"
+        );
+    }
+
+    #[test]
+    fn payloads_split_under_the_limit_and_parse_back() {
+        let ids: Vec<String> = (0..1000).map(|i| format!("tsk_{i:040}")).collect();
+        let ps = payloads("replica-a", &ids);
+        assert!(ps.len() > 1);
+        let mut back = Vec::new();
+        for p in &ps {
+            assert!(p.len() < 8000);
+            let (from, got) = parse_payload(p).expect("payload");
+            assert_eq!(from, "replica-a");
+            back.extend(got);
+        }
+        assert_eq!(back, ids);
+        assert!(payloads("a", &[]).is_empty());
+    }
+
+    #[test]
+    fn channels_differ_by_schema_and_fit() {
+        let a = channel("taskgate");
+        assert_ne!(a, channel("taskgate2"));
+        assert!(a.len() <= 63);
+        assert_eq!(a, channel("taskgate"));
+    }
+}

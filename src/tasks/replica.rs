@@ -1,0 +1,495 @@
+//! Being one of several replicas on a shared store (docs/design.md §18 "Replicas and
+//! leases", §19 "Any replica answers"; README "Several replicas").
+//!
+//! - **Lease.** [`Engine::join_cluster`] registers a new epoch; a loop renews the
+//!   lease every `lease_renew_ms`. A replica that cannot renew within its lease stops
+//!   taking calls (`lease_held() == false`: `/readyz` and `/livez` 503), stops its
+//!   in-flight calls without settling them (their writes would be fenced anyway) and
+//!   registers again with a new epoch once the database answers.
+//! - **Takeover.** Each sweep resolves the routes of seats without a live lease: their
+//!   tasks fail with "replica lost while the call was in flight". The store hands
+//!   each route to exactly one replica, so no leader is needed.
+//! - **Relays.** A cancel or input answer for a call held elsewhere, and an MRTR retry
+//!   of a call held elsewhere, is queued in the store for the holder, which polls for
+//!   its relays every [`RELAY_POLL`].
+//! - **Fan-out.** Every changed task id is published (batched) to the other replicas;
+//!   what they publish comes back through the listener into the local change stream,
+//!   with [`RESYNC`] after a reconnect.
+//!
+//! With sled none of this runs: one gateway, the lease is always held.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::driver::{conclude, fail};
+use super::{Engine, Transition};
+use crate::protocol::RpcError;
+use crate::store::StoreError;
+use crate::store::cluster::{Cluster, ClusterEvent, Relay, RelayKind, Seat};
+use crate::upstream::InputAnswer;
+
+/// How often a replica takes the relays queued for it: the bound on a cross-replica
+/// cancel or input answer at idle.
+pub const RELAY_POLL: Duration = Duration::from_millis(200);
+
+/// The id sent on the change stream when every subscribed task must be read again
+/// (no task id has this form).
+pub const RESYNC: &str = "*";
+
+/// Why a takeover failed a task.
+const LOST: &str = "replica lost while the call was in flight";
+
+/// Handles an MRTR retry relayed here; the front installs it.
+pub type MrtrHandler =
+    Arc<dyn Fn(Value) -> futures_util::future::BoxFuture<'static, Value> + Send + Sync>;
+
+/// This replica's part in the cluster.
+pub(super) struct ReplicaState {
+    /// `server.replica_id` (or its default): stable across restarts.
+    pub(super) id: String,
+    cluster: OnceLock<Arc<dyn Cluster>>,
+    seat: RwLock<Option<Seat>>,
+    lease_held: AtomicBool,
+    publish: OnceLock<mpsc::UnboundedSender<String>>,
+    mrtr: OnceLock<MrtrHandler>,
+    /// MRTR retries relayed from here, waiting for their replies, by correlation id.
+    waiting: Mutex<HashMap<String, oneshot::Sender<Value>>>,
+}
+
+impl ReplicaState {
+    pub(super) fn new(id: String) -> Self {
+        Self {
+            id,
+            cluster: OnceLock::new(),
+            seat: RwLock::new(None),
+            lease_held: AtomicBool::new(true),
+            publish: OnceLock::new(),
+            mrtr: OnceLock::new(),
+            waiting: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn seat(&self) -> Option<Seat> {
+        self.seat.read().ok().and_then(|s| s.clone())
+    }
+
+    fn set_seat(&self, seat: Seat) {
+        if let Ok(mut s) = self.seat.write() {
+            *s = Some(seat);
+        }
+    }
+}
+
+fn correlation_id() -> String {
+    use rand::RngCore;
+    let mut b = [0u8; 12];
+    rand::rng().fill_bytes(&mut b);
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn seat_json(s: &Seat) -> Value {
+    json!({"replica_id": s.replica_id, "epoch": s.epoch})
+}
+
+fn seat_from(v: &Value) -> Option<Seat> {
+    Some(Seat {
+        replica_id: v.get("replica_id")?.as_str()?.to_string(),
+        epoch: v.get("epoch")?.as_i64()?,
+    })
+}
+
+impl Engine {
+    /// This replica's id (`server.replica_id` or its default).
+    pub fn replica_id(&self) -> &str {
+        &self.replica.id
+    }
+
+    /// Whether this replica may take calls: always with one gateway; on a shared
+    /// store, while its lease is renewed.
+    pub fn lease_held(&self) -> bool {
+        self.replica.lease_held.load(Ordering::SeqCst)
+    }
+
+    /// The epoch of this replica's seat (`None` with one gateway): a call started
+    /// under another epoch is no longer this replica's.
+    pub(super) fn epoch(&self) -> Option<i64> {
+        self.replica.seat().map(|s| s.epoch)
+    }
+
+    fn cluster(&self) -> Option<&Arc<dyn Cluster>> {
+        self.replica.cluster.get()
+    }
+
+    /// Take a seat on a shared store: a new epoch and a lease. Call before recovery
+    /// (which then resolves this replica's earlier epochs only).
+    pub async fn join_cluster(&self, cluster: Arc<dyn Cluster>) -> Result<Seat, StoreError> {
+        let seat = cluster.register(&self.replica.id).await?;
+        self.replica.set_seat(seat.clone());
+        let _ = self.replica.cluster.set(cluster);
+        Ok(seat)
+    }
+
+    /// Install what runs an MRTR retry relayed to this replica.
+    pub fn on_relayed_mrtr(&self, h: MrtrHandler) {
+        let _ = self.replica.mrtr.set(h);
+    }
+
+    /// Start the lease, relay, publish and listen loops (nothing with one gateway).
+    pub fn spawn_cluster(self: &Arc<Self>, shutdown: CancellationToken) {
+        let Some(cluster) = self.cluster().cloned() else {
+            return;
+        };
+        tokio::spawn(self.clone().lease_loop(cluster.clone(), shutdown.clone()));
+        tokio::spawn(self.clone().relay_loop(cluster.clone(), shutdown.clone()));
+        let (tx, rx) = mpsc::unbounded_channel();
+        let _ = self.replica.publish.set(tx);
+        tokio::spawn(publish_loop(
+            cluster.clone(),
+            self.replica.id.clone(),
+            rx,
+            shutdown.clone(),
+        ));
+        let (ev_tx, mut events) = mpsc::channel(256);
+        cluster.listen(self.replica.id.clone(), ev_tx);
+        let engine = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let ev = tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    ev = events.recv() => ev,
+                };
+                match ev {
+                    None => return,
+                    Some(ClusterEvent::Changed(ids)) => {
+                        for id in ids {
+                            engine.changed_here(&id);
+                        }
+                    }
+                    Some(ClusterEvent::Resync) => engine.changed_here(RESYNC),
+                }
+            }
+        });
+    }
+
+    /// Publish a change to the other replicas (batched, in the background).
+    pub(super) fn publish_change(&self, task_id: &str) {
+        if let Some(tx) = self.replica.publish.get() {
+            let _ = tx.send(task_id.to_string());
+        }
+    }
+
+    async fn lease_loop(self: Arc<Self>, cluster: Arc<dyn Cluster>, shutdown: CancellationToken) {
+        let every = Duration::from_millis(self.cfg.store.lease_renew_ms.max(1));
+        let lease = Duration::from_millis(self.cfg.store.lease_ms);
+        let mut renewed_at = Instant::now();
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(every) => {}
+            }
+            let Some(seat) = self.replica.seat() else {
+                continue;
+            };
+            match cluster.renew(&seat).await {
+                Ok(true) => {
+                    renewed_at = Instant::now();
+                    if !self.replica.lease_held.swap(true, Ordering::SeqCst) {
+                        tracing::info!(replica = %seat.replica_id, epoch = seat.epoch, "lease held again");
+                    }
+                }
+                Ok(false) => {
+                    self.lose_lease("the lease ran out before it was renewed");
+                    match cluster.register(&self.replica.id).await {
+                        Ok(new) => {
+                            tracing::warn!(replica = %new.replica_id, epoch = new.epoch, "registered again with a new epoch");
+                            self.replica.set_seat(new);
+                            renewed_at = Instant::now();
+                            self.replica.lease_held.store(true, Ordering::SeqCst);
+                        }
+                        Err(e) => tracing::error!(error = %e, "registering a new epoch failed"),
+                    }
+                }
+                // Not renewed, not yet known to be lost: the lease is gone once it
+                // may have run out on the database clock.
+                Err(e) => {
+                    if renewed_at.elapsed() + every >= lease {
+                        self.lose_lease(&format!("the lease could not be renewed: {e}"));
+                    } else {
+                        tracing::warn!(error = %e, "renewing the lease failed; retrying");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stop taking calls and stop the calls in flight here: once the lease may have
+    /// run out another replica may fail their tasks, and their writes are fenced.
+    fn lose_lease(&self, why: &str) {
+        if self.replica.lease_held.swap(false, Ordering::SeqCst) {
+            tracing::error!(reason = why, "replica lease lost: not taking calls");
+        }
+        let live: Vec<_> = self
+            .live
+            .lock()
+            .map(|mut l| l.drain().map(|(_, v)| v).collect())
+            .unwrap_or_default();
+        for l in live {
+            l.abort.abort();
+        }
+    }
+
+    /// Fail the tasks of calls whose replica lost its lease. Exactly one replica
+    /// resolves each call.
+    pub(super) async fn take_over(&self) -> Result<usize, StoreError> {
+        let Some(cluster) = self.cluster() else {
+            return Ok(0);
+        };
+        let retention = self.cfg.tasks.result_retention_ms;
+        let err = RpcError::internal(LOST);
+        let taken = cluster
+            .take_over(&mut |rec| {
+                if rec.status.is_terminal() {
+                    return false;
+                }
+                let e = err.clone().with_data(json!({ "upstream": rec.upstream }));
+                fail(rec, &e);
+                conclude(rec, retention);
+                true
+            })
+            .await?;
+        for t in &taken {
+            self.notify(Transition {
+                task_id: &t.record.task_id,
+                from: Some(t.from),
+                to: Some(t.record.status),
+                created_at_ms: t.record.created_at_ms,
+            });
+            self.changed(&t.record.task_id);
+            tracing::warn!(task = %t.record.task_id, upstream = %t.record.upstream, "{LOST}: task failed");
+        }
+        Ok(taken.len())
+    }
+
+    /// Stop the upstream call of `task_id`: here if it runs here, else by a relay to
+    /// the replica holding it.
+    pub(super) async fn stop_call(&self, task_id: &str) {
+        if self.abort_live(task_id) {
+            return;
+        }
+        self.relay_to_holder(task_id, RelayKind::Cancel, Value::Null)
+            .await;
+    }
+
+    /// Hand an input answer to the upstream call of `task_id`, wherever it runs.
+    pub(super) async fn deliver_input(&self, task_id: &str, key: &str, answer: Value) {
+        if let Some(tx) = self.take_responder(task_id, key) {
+            let _ = tx.send(InputAnswer::Result(answer));
+            return;
+        }
+        self.relay_to_holder(
+            task_id,
+            RelayKind::Input,
+            json!({"key": key, "answer": answer}),
+        )
+        .await;
+    }
+
+    async fn relay_to_holder(&self, task_id: &str, kind: RelayKind, payload: Value) {
+        let Some(cluster) = self.cluster() else {
+            return;
+        };
+        let holder = match cluster.holder(task_id).await {
+            Ok(Some(h)) => h,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(task = task_id, error = %e, "finding the replica holding a call failed");
+                return;
+            }
+        };
+        if self.replica.seat().as_ref() == Some(&holder) {
+            return;
+        }
+        let relay = Relay {
+            kind,
+            task_id: Some(task_id.to_string()),
+            payload: serde_json::to_vec(&payload).unwrap_or_default(),
+        };
+        if let Err(e) = cluster.send_relay(&holder, &relay).await {
+            tracing::warn!(task = task_id, error = %e, kind = kind.as_str(), "relaying to the replica holding a call failed");
+        }
+    }
+
+    /// Relay an MRTR retry to the live seat of `replica_id` and wait for its reply (the
+    /// opaque `request` and reply are the front's). `None` when the replica is gone or
+    /// did not answer within `wait`.
+    pub async fn relay_mrtr(
+        &self,
+        replica_id: &str,
+        request: Value,
+        wait: Duration,
+    ) -> Option<Value> {
+        let cluster = self.cluster()?;
+        let me = self.replica.seat()?;
+        let to = match cluster.seat_of(replica_id).await {
+            Ok(Some(s)) => s,
+            Ok(None) => return None,
+            Err(e) => {
+                tracing::warn!(replica = replica_id, error = %e, "finding an MRTR holder failed");
+                return None;
+            }
+        };
+        let corr = correlation_id();
+        let (tx, rx) = oneshot::channel();
+        if let Ok(mut w) = self.replica.waiting.lock() {
+            w.insert(corr.clone(), tx);
+        }
+        let relay = Relay {
+            kind: RelayKind::Mrtr,
+            task_id: None,
+            payload: serde_json::to_vec(
+                &json!({"corr": corr, "reply_to": seat_json(&me), "request": request}),
+            )
+            .unwrap_or_default(),
+        };
+        let sent = cluster.send_relay(&to, &relay).await;
+        let reply = match sent {
+            Ok(()) => tokio::time::timeout(wait, rx)
+                .await
+                .ok()
+                .and_then(Result::ok),
+            Err(e) => {
+                tracing::warn!(replica = replica_id, error = %e, "relaying an MRTR retry failed");
+                None
+            }
+        };
+        if let Ok(mut w) = self.replica.waiting.lock() {
+            w.remove(&corr);
+        }
+        reply
+    }
+
+    async fn relay_loop(self: Arc<Self>, cluster: Arc<dyn Cluster>, shutdown: CancellationToken) {
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(RELAY_POLL) => {}
+            }
+            let Some(seat) = self.replica.seat() else {
+                continue;
+            };
+            let relays = match cluster.take_relays(&seat).await {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::debug!(error = %e, "taking relays failed");
+                    continue;
+                }
+            };
+            for r in relays {
+                self.on_relay(&cluster, r).await;
+            }
+        }
+    }
+
+    async fn on_relay(self: &Arc<Self>, cluster: &Arc<dyn Cluster>, r: Relay) {
+        let payload: Value = serde_json::from_slice(&r.payload).unwrap_or(Value::Null);
+        match r.kind {
+            RelayKind::Cancel => {
+                if let Some(t) = &r.task_id {
+                    self.abort_live(t);
+                }
+            }
+            RelayKind::Input => {
+                let key = payload.get("key").and_then(Value::as_str);
+                if let (Some(t), Some(key), Some(answer)) = (&r.task_id, key, payload.get("answer"))
+                {
+                    match self.take_responder(t, key) {
+                        Some(tx) => {
+                            let _ = tx.send(InputAnswer::Result(answer.clone()));
+                        }
+                        None => {
+                            tracing::debug!(task = %t, key, "relayed input answer has no waiting request")
+                        }
+                    }
+                }
+            }
+            RelayKind::Reply => {
+                let corr = payload
+                    .get("corr")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                let waiter = self
+                    .replica
+                    .waiting
+                    .lock()
+                    .ok()
+                    .and_then(|mut w| w.remove(corr));
+                if let (Some(tx), Some(reply)) = (waiter, payload.get("reply")) {
+                    let _ = tx.send(reply.clone());
+                }
+            }
+            RelayKind::Mrtr => {
+                let (Some(h), Some(to), Some(corr), Some(req)) = (
+                    self.replica.mrtr.get().cloned(),
+                    payload.get("reply_to").and_then(seat_from),
+                    payload
+                        .get("corr")
+                        .and_then(Value::as_str)
+                        .map(str::to_string),
+                    payload.get("request").cloned(),
+                ) else {
+                    return;
+                };
+                let cluster = cluster.clone();
+                // The resumed call may run for a while: never hold up other relays.
+                tokio::spawn(async move {
+                    let reply = h(req).await;
+                    let relay = Relay {
+                        kind: RelayKind::Reply,
+                        task_id: None,
+                        payload: serde_json::to_vec(&json!({"corr": corr, "reply": reply}))
+                            .unwrap_or_default(),
+                    };
+                    if let Err(e) = cluster.send_relay(&to, &relay).await {
+                        tracing::warn!(error = %e, "sending an MRTR reply back failed");
+                    }
+                });
+            }
+        }
+    }
+}
+
+/// Publish changed ids in batches: whatever queued up while the last batch went out
+/// goes in the next, each id once.
+async fn publish_loop(
+    cluster: Arc<dyn Cluster>,
+    from: String,
+    mut rx: mpsc::UnboundedReceiver<String>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let first = tokio::select! {
+            () = shutdown.cancelled() => return,
+            id = rx.recv() => match id { Some(id) => id, None => return },
+        };
+        let mut seen = std::collections::HashSet::from([first.clone()]);
+        let mut batch = vec![first];
+        while let Ok(id) = rx.try_recv() {
+            if seen.insert(id.clone()) {
+                batch.push(id);
+            }
+            if batch.len() >= 4096 {
+                break;
+            }
+        }
+        if let Err(e) = cluster.publish(&from, &batch).await {
+            tracing::debug!(error = %e, ids = batch.len(), "publishing task changes failed");
+        }
+    }
+}

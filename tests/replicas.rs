@@ -1,0 +1,458 @@
+//! Several replicas on one PostgreSQL database (docs/design.md §18–20; README
+//! "Several replicas"): real gateway binaries sharing a schema and one HTTP demo
+//! upstream. Any replica answers any task; cancels, input answers and MRTR retries
+//! reach the replica holding the call; listens see changes made anywhere; a replica
+//! killed mid-task loses its calls to the others, and a replica that lost its lease
+//! cannot write.
+
+mod common;
+mod tasks_support;
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::*;
+use serde_json::{Value, json};
+use tasks_support::*;
+
+/// Short leases so takeovers happen within a test; the bounds below stay generous.
+const LEASE_MS: u64 = 2_000;
+const RENEW_MS: u64 = 400;
+const SWEEP_MS: u64 = 400;
+/// A relay (cancel, input answer, MRTR retry) reaches its holder within this.
+const RELAY_BOUND: Duration = Duration::from_secs(5);
+/// A dead replica's calls are failed within this.
+const TAKEOVER_BOUND: Duration = Duration::from_secs(30);
+
+struct Replicas {
+    /// Keeps the shared upstream alive as long as the replicas.
+    _demo: DemoHttp,
+    gws: Vec<Gateway>,
+}
+
+fn replica_config(
+    dir: &std::path::Path,
+    id: &str,
+    schema: &str,
+    demo_port: u16,
+    tasks_extra: &str,
+) -> String {
+    format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nkeepalive_ms = 1000\nreplica_id = \"{id}\"\n\
+         [store]\npath = {}\n{}lease_ms = {LEASE_MS}\nlease_renew_ms = {RENEW_MS}\nsweep_interval_ms = {SWEEP_MS}\n\
+         {}{}{}",
+        toml_string(&dir.join("data").display().to_string()),
+        pg_store_keys(schema),
+        jwt_auth(),
+        tasks_section(tasks_extra),
+        demo_http_upstream(demo_port, ""),
+    )
+}
+
+async fn launch_replica(dir: tempfile::TempDir, config_path: std::path::PathBuf) -> Gateway {
+    let gw = Gateway::launch(dir, config_path).await;
+    gw.wait_ready().await;
+    gw
+}
+
+impl Replicas {
+    async fn start(n: usize, tasks_extra: &str) -> Self {
+        let schema = unique_schema();
+        let demo = DemoHttp::start().await;
+        let mut gws = Vec::new();
+        for i in 0..n {
+            gws.push(Self::start_one(&schema, demo.port, i, tasks_extra).await);
+        }
+        Self { _demo: demo, gws }
+    }
+
+    async fn start_one(schema: &str, demo_port: u16, i: usize, tasks_extra: &str) -> Gateway {
+        let dir = tempfile::tempdir().unwrap();
+        let config_path = dir.path().join("taskgate.toml");
+        let text = replica_config(dir.path(), &format!("r{i}"), schema, demo_port, tasks_extra);
+        std::fs::write(&config_path, text).unwrap();
+        launch_replica(dir, config_path).await
+    }
+
+    fn client(&self, i: usize) -> Client2026 {
+        tasks_client(&self.gws[i], "alice", "acme")
+    }
+}
+
+fn replica_of(r: &Resp) -> String {
+    r.header("taskgate-replica").unwrap_or_default()
+}
+
+/// Poll on replica `c` until `pred` holds (every poll must succeed).
+async fn wait_for(
+    c: &Client2026,
+    id: &str,
+    limit: Duration,
+    pred: impl Fn(&Value) -> bool,
+) -> Value {
+    poll_until(c, id, limit, pred).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_replica_answers_with_identical_snapshots() {
+    let rs = Replicas::start(3, "").await;
+    let (a, b, c) = (rs.client(0), rs.client(1), rs.client(2));
+    let r = a.call_tool("sleep", json!({"ms": 1500})).await;
+    assert_eq!(replica_of(&r), "r0");
+    let id = task_id(&ok_result(&r));
+
+    // Read-your-writes across replicas: B and C know the task at once.
+    let rb = tasks_get(&b, &id).await;
+    assert_eq!(replica_of(&rb), "r1");
+    let sb = ok_result(&rb);
+    assert!(
+        matches!(sb["status"].as_str(), Some("working" | "completed")),
+        "{sb}"
+    );
+    let rc = tasks_get(&c, &id).await;
+    assert_eq!(replica_of(&rc), "r2");
+    ok_result(&rc);
+
+    let done = wait_for(&b, &id, Duration::from_secs(30), |r| {
+        r["status"] == "completed"
+    })
+    .await;
+    assert_eq!(first_text(&done["result"]), "slept 1500 ms");
+    // The terminal snapshot is the same on every replica.
+    let mut snaps = Vec::new();
+    for cl in [&a, &b, &c] {
+        snaps.push(ok_result(&tasks_get(cl, &id).await));
+    }
+    let strip = |mut v: Value| {
+        // Adaptive poll intervals are per replica (README "Several replicas").
+        v.as_object_mut().map(|m| m.remove("pollIntervalMs"));
+        v
+    };
+    assert_eq!(strip(snaps[0].clone()), strip(snaps[1].clone()));
+    assert_eq!(strip(snaps[1].clone()), strip(snaps[2].clone()));
+    // Every reply names its replica, operational endpoints too.
+    let live = raw(&rs.gws[2].url("/livez"), "GET", &[], Bytes::new())
+        .await
+        .unwrap();
+    assert_eq!(live.status, 200, "{}", String::from_utf8_lossy(&live.body));
+    assert_eq!(replica_of(&live), "r2");
+    assert_eq!(live.json()["lease"], "held");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_on_another_replica_reaches_the_upstream() {
+    let rs = Replicas::start(3, "").await;
+    let (a, b) = (rs.client(0), rs.client(1));
+    let before = task_demo_stats(&a).await["cancelled"].as_u64().unwrap_or(0);
+    let id = task_id(&create_task(&a, "sleep", json!({"ms": 60_000})).await);
+    wait_for(&b, &id, Duration::from_secs(10), |r| {
+        r["status"] == "working"
+    })
+    .await;
+
+    let sent = Instant::now();
+    let ack = ok_result(&tasks_cancel(&b, &id).await);
+    assert_eq!(ack["resultType"], "complete", "{ack}");
+    // The upstream call on A gets `notifications/cancelled`.
+    let mut cancelled = false;
+    while sent.elapsed() < RELAY_BOUND {
+        if task_demo_stats(&b).await["cancelled"].as_u64().unwrap_or(0) > before {
+            cancelled = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        cancelled,
+        "the upstream never saw the cancel:\n{}",
+        rs.gws[0].proc.log_text()
+    );
+    for i in 0..3 {
+        let s = ok_result(&tasks_get(&rs.client(i), &id).await);
+        assert_eq!(s["status"], "cancelled", "replica r{i}: {s}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn input_answer_on_another_replica_reaches_the_held_call() {
+    let rs = Replicas::start(3, "").await;
+    let (a, b, c) = (rs.client(0), rs.client(1), rs.client(2));
+    let id = task_id(&create_task(&a, "elicit", json!({"message": "your name?"})).await);
+    let waiting = wait_for(&b, &id, Duration::from_secs(30), |r| {
+        r["status"] == "input_required"
+    })
+    .await;
+    let key = waiting["inputRequests"]
+        .as_object()
+        .and_then(|m| m.keys().next().cloned())
+        .expect("an input request");
+    let ack = ok_result(
+        &tasks_update(
+            &c,
+            &id,
+            json!({&key: {"action": "accept", "content": {"answer": "from-c"}}}),
+        )
+        .await,
+    );
+    assert_eq!(ack["resultType"], "complete", "{ack}");
+    let done = wait_for(&b, &id, RELAY_BOUND + Duration::from_secs(10), |r| {
+        is_terminal(r["status"].as_str().unwrap_or_default())
+    })
+    .await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert!(all_text(&done["result"]).contains("from-c"), "{done}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mrtr_retry_on_another_replica_completes_the_held_call() {
+    let rs = Replicas::start(2, "").await;
+    let caps = json!({"elicitation": {}});
+    let a = plain_client(&rs.gws[0], "alice", "acme", caps.clone());
+    let b = plain_client(&rs.gws[1], "alice", "acme", caps);
+    let params = json!({"name": "elicit", "arguments": {"message": "your name?"}});
+    let v = msg(&a
+        .send(
+            "tools/call",
+            &params,
+            &a.body(json!("first"), "tools/call", &params),
+        )
+        .await);
+    let res = v["result"].clone();
+    assert_eq!(res["resultType"], "input_required", "{v}");
+    let key = res["inputRequests"]
+        .as_object()
+        .and_then(|m| m.keys().next().cloned())
+        .expect("an input request");
+    let mut p = params.clone();
+    p["inputResponses"] = json!({key: {"action": "accept", "content": {"answer": "relayed-mrtr"}}});
+    p["requestState"] = res["requestState"].clone();
+    let sent = Instant::now();
+    let r = b
+        .send("tools/call", &p, &b.body(json!("retry"), "tools/call", &p))
+        .await;
+    assert_eq!(replica_of(&r), "r1");
+    let v = msg(&r);
+    assert!(
+        sent.elapsed() < RELAY_BOUND + Duration::from_secs(10),
+        "{:?}",
+        sent.elapsed()
+    );
+    assert_eq!(v["id"], "retry", "{v}");
+    assert_eq!(v["result"]["resultType"], "complete", "{v}");
+    assert!(first_text(&v["result"]).contains("relayed-mrtr"), "{v}");
+    // A state nobody holds any more is refused like a tampered one.
+    let v = msg(&b
+        .send("tools/call", &p, &b.body(json!(3), "tools/call", &p))
+        .await);
+    assert_eq!(v["error"]["code"], -32602, "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listen_on_one_replica_sees_changes_made_on_another() {
+    let rs = Replicas::start(2, "").await;
+    let (a, b) = (rs.client(0), rs.client(1));
+    let id = task_id(&create_task(&a, "sleep", json!({"ms": 1500})).await);
+    let mut l = SseStream::listen(&b, json!("sub"), json!({"taskIds": [id.clone()]})).await;
+    assert_eq!(
+        l.headers
+            .get("taskgate-replica")
+            .and_then(|v| v.to_str().ok()),
+        Some("r1")
+    );
+    let ack = l.next(Duration::from_secs(10)).await.expect("ack");
+    assert_eq!(
+        ack["params"]["notifications"]["taskIds"],
+        json!([id.clone()]),
+        "{ack}"
+    );
+    let start = Instant::now();
+    let mut completed = false;
+    while start.elapsed() < Duration::from_secs(30) {
+        let Some(n) = l.next(Duration::from_secs(30)).await else {
+            break;
+        };
+        if n["method"] == "notifications/tasks"
+            && n["params"]["taskId"] == id.as_str()
+            && n["params"]["status"] == "completed"
+        {
+            completed = true;
+            break;
+        }
+    }
+    assert!(completed, "B's listen never saw A's completion");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idempotent_duplicates_on_different_replicas_make_one_task() {
+    let rs = Replicas::start(3, "").await;
+    let before = task_demo_stats(&rs.client(0)).await["calls"]
+        .as_u64()
+        .unwrap_or(0);
+    let params = json!({"name": "sleep", "arguments": {"ms": 800}});
+    let sends = (0..3).map(|i| {
+        let c = rs.client(i);
+        let params = params.clone();
+        async move {
+            let body = c.body(json!(i), "tools/call", &params);
+            let mut h = c.headers("tools/call", &params);
+            h.push(("idempotency-key", "same-key-across-replicas".to_string()));
+            let r = raw(&c.url, "POST", &h, Bytes::from(body.to_string()))
+                .await
+                .unwrap();
+            task_id(&ok_result(&r))
+        }
+    });
+    let ids = futures_util::future::join_all(sends).await;
+    assert!(ids.iter().all(|i| *i == ids[0]), "{ids:?}");
+    let done = poll_terminal(&rs.client(1), &ids[0]).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    // `stats` is one more call; the duplicates ran the tool once.
+    let after = task_demo_stats(&rs.client(2)).await["calls"]
+        .as_u64()
+        .unwrap_or(0);
+    assert_eq!(after - before, 2, "one sleep run plus this stats call");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_ids_match_never_issued_ones_on_every_replica() {
+    let rs = Replicas::start(3, "").await;
+    let id = task_id(&create_task(&rs.client(0), "sleep", json!({"ms": 30_000})).await);
+    let unknown = never_issued_id();
+    for i in 0..3 {
+        let bob = tasks_client(&rs.gws[i], "bob", "other");
+        for method in ["tasks/get", "tasks/cancel", "tasks/update"] {
+            let probe = |tid: &str| {
+                let mut p = json!({"taskId": tid});
+                if method == "tasks/update" {
+                    p["inputResponses"] = json!({});
+                }
+                p
+            };
+            let pf = probe(&id);
+            let pu = probe(&unknown);
+            let rf = bob
+                .send(method, &pf, &bob.body(json!(7), method, &pf))
+                .await;
+            let ru = bob
+                .send(method, &pu, &bob.body(json!(7), method, &pu))
+                .await;
+            assert_eq!(rf.status, ru.status, "r{i} {method}");
+            assert_eq!(rf.body, ru.body, "r{i} {method}");
+        }
+    }
+    let s = ok_result(&tasks_get(&rs.client(2), &id).await);
+    assert_eq!(
+        s["status"], "working",
+        "foreign probes changed the task: {s}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_replica_loses_its_calls_to_the_others() {
+    let mut rs = Replicas::start(3, "").await;
+    let a = rs.client(0);
+    let ids: Vec<String> = {
+        let mut v = Vec::new();
+        for _ in 0..3 {
+            v.push(task_id(
+                &create_task(&a, "sleep", json!({"ms": 120_000})).await,
+            ));
+        }
+        v
+    };
+    let (b, c) = (rs.client(1), rs.client(2));
+    for id in &ids {
+        wait_for(&b, id, Duration::from_secs(10), |r| {
+            r["status"] == "working"
+        })
+        .await;
+    }
+    rs.gws[0].proc.kill9();
+    let killed = Instant::now();
+    // B and C answer throughout; every task ends `failed` with the reason.
+    for id in &ids {
+        let done = wait_for(&c, id, TAKEOVER_BOUND, |r| r["status"] != "working").await;
+        assert_eq!(done["status"], "failed", "{done}");
+        assert_eq!(
+            done["statusMessage"], "replica lost while the call was in flight",
+            "{done}"
+        );
+        let on_b = ok_result(&tasks_get(&b, id).await);
+        assert_eq!(on_b["status"], "failed", "{on_b}");
+    }
+    eprintln!("takeover after kill -9: {:?}", killed.elapsed());
+
+    // A restarts under its id with a new epoch.
+    let old = rs.gws.remove(0);
+    let (dir, config_path) = (old.dir, old.config_path);
+    drop(old.proc);
+    let a2 = launch_replica(dir, config_path).await;
+    let line = a2
+        .proc
+        .wait_log("replica registered", Duration::from_secs(10))
+        .await
+        .unwrap_or_default();
+    assert!(
+        line.contains("epoch=2") || line.contains("\"epoch\":2"),
+        "{line}"
+    );
+    let s = ok_result(&tasks_get(&tasks_client(&a2, "alice", "acme"), &ids[0]).await);
+    assert_eq!(s["status"], "failed", "{s}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_write_of_a_replica_that_lost_its_lease_changes_nothing() {
+    let rs = Replicas::start(2, "").await;
+    let (a, b) = (rs.client(0), rs.client(1));
+    // Short enough that the upstream usually answers while A is frozen, so that the
+    // late result is waiting when A wakes.
+    let id = task_id(&create_task(&a, "sleep", json!({"ms": 2_500})).await);
+    wait_for(&b, &id, Duration::from_secs(10), |r| {
+        r["status"] == "working"
+    })
+    .await;
+    let pid = rs.gws[0].proc.child.id() as i32;
+    // Freeze A: its lease runs out and B takes the call over.
+    unsafe {
+        libc::kill(pid, libc::SIGSTOP);
+    }
+    let failed = wait_for(&b, &id, TAKEOVER_BOUND, |r| r["status"] != "working").await;
+    unsafe {
+        libc::kill(pid, libc::SIGCONT);
+    }
+    assert_eq!(failed["status"], "failed", "{failed}");
+    // A wakes: either its call's late result is fenced, or it notices the lost lease
+    // first and stops the call. Which comes first is up to the scheduler; the store
+    // test `postgres_lease_fences_writes_and_takeover_fails_once` covers the fence
+    // deterministically.
+    let noticed = eventually(Duration::from_secs(30), || {
+        let log = rs.gws[0].proc.log_text();
+        log.contains("this replica no longer holds the call") || log.contains("replica lease lost")
+    })
+    .await;
+    assert!(
+        noticed,
+        "A never noticed it lost the call:\n{}",
+        rs.gws[0].proc.log_text()
+    );
+    // Past the end of the upstream sleep: whatever A tried to write has been tried.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = ok_result(&tasks_get(&b, &id).await);
+    assert_eq!(
+        after["status"], "failed",
+        "a late write changed the task: {after}"
+    );
+    assert_eq!(after, ok_result(&tasks_get(&a, &id).await));
+    // A registered again with a new epoch and serves.
+    assert!(
+        rs.gws[0]
+            .proc
+            .wait_log("registered again with a new epoch", Duration::from_secs(30))
+            .await
+            .is_some(),
+        "{}",
+        rs.gws[0].proc.log_text()
+    );
+    let r = a.call_tool("echo", json!({"text": "back"})).await;
+    assert_eq!(ok_result(&r)["resultType"], "complete");
+}
