@@ -35,9 +35,9 @@ trap 'rm -rf "$TMP"' EXIT
 echo "== micro-benchmarks (divan)"
 cargo bench --locked --bench micro 2>/dev/null | tee "$TMP/micro.txt"
 
-echo "== load harness"
-cargo bench --locked --bench load -- --out "$TMP/load.md" --mcp-proxy "$MCP_PROXY" "$@" \
-    >/dev/null
+echo "== load harness (under a throwaway PostgreSQL for the store and replica rows)"
+bash scripts/pg.sh run cargo bench --locked --bench load -- --out "$TMP/load.md" \
+    --mcp-proxy "$MCP_PROXY" "$@" >/dev/null
 
 echo "== store backends (sled next to a throwaway PostgreSQL; scripts/pg.sh)"
 bash scripts/pg.sh run cargo bench --locked --bench store_backends 2>/dev/null \

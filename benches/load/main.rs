@@ -5,7 +5,7 @@
 //!
 //! `cargo build --release && cargo bench --bench load -- [--quick] [--out FILE]
 //!  [--duration-ms N] [--scale 100000,1000000] [--mcp-proxy PATH]
-//!  [--only inline,get,create,scale,native,pool,stores]`
+//!  [--only inline,get,create,scale,native,pool,stores,replicas]`
 //!
 //! Every load point is bounded in time (`--duration-ms`, default 3000, after a 500 ms
 //! warm-up) and in count (`MAX_REQUESTS`), and all traffic goes to 127.0.0.1.
@@ -18,6 +18,7 @@ mod native;
 #[path = "../support/pg_stats.rs"]
 mod pg_stats;
 mod processes;
+mod replicas;
 mod report;
 mod requests;
 mod scenarios;
@@ -183,6 +184,9 @@ fn main() {
     }
     if want("stores") {
         stores::stores(&rt, &o, &mut rep, &c, up, work.path());
+    }
+    if want("replicas") {
+        replicas::replicas(&rt, &o, &mut rep, &c, up, work.path());
     }
     rep.note(&format!(
         "Harness wall time: {:.0} s.",
