@@ -76,6 +76,8 @@ pub enum ClusterEvent {
     /// The listener reconnected: notifications may have been missed, so every task
     /// with a subscriber must be read again.
     Resync,
+    /// A relay was queued for this replica: take it now rather than at the next poll.
+    Wake,
 }
 
 /// Coordination between the replicas sharing one store. Every method is safe to call
@@ -107,7 +109,8 @@ pub trait Cluster: Send + Sync + 'static {
     /// The seat holding the in-flight call of `task_id`, if any.
     fn holder<'a>(&'a self, task_id: &'a str) -> BoxFuture<'a, Result<Option<Seat>, StoreError>>;
 
-    /// Queue `relay` for the replica at `to` (durable before it returns).
+    /// Queue `relay` for the replica at `to` (durable before it returns) and wake it
+    /// (best effort: it also polls).
     fn send_relay<'a>(
         &'a self,
         to: &'a Seat,

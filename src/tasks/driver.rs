@@ -33,6 +33,11 @@ pub type Responder = oneshot::Sender<InputAnswer>;
 /// message at most this much later.
 const PROGRESS_COALESCE: Duration = Duration::from_millis(50);
 
+/// Retries of a terminal write while the store is unreachable: doubling from the first
+/// up to the last.
+const SETTLE_RETRY_FIRST: Duration = Duration::from_millis(100);
+const SETTLE_RETRY_MAX: Duration = Duration::from_secs(2);
+
 /// Everything the driver needs for one task.
 pub struct Driven {
     pub task_id: String,
@@ -102,6 +107,11 @@ impl Engine {
     /// Apply a terminal outcome of the call of `route_id` unless the task is already
     /// terminal. `false` when the write was fenced: this replica no longer holds the
     /// call, and whoever does (or the takeover) resolves the task.
+    ///
+    /// A store that is unreachable (an I/O error) is retried until it answers: the
+    /// outcome exists only here, and a task left `working` by one failed write would
+    /// stay so (its route names this live replica, so no takeover comes). A gateway
+    /// that stops meanwhile keeps the route, and its next start resolves the task.
     pub(super) async fn settle(
         &self,
         task_id: &str,
@@ -110,16 +120,27 @@ impl Engine {
     ) -> bool {
         let retention = self.cfg.tasks.result_retention_ms;
         self.terminal_writing(task_id);
-        let updated = self
-            .update_task_from(task_id, Some(route_id), &mut |rec| {
-                if rec.status.is_terminal() {
-                    return false;
+        let mut backoff = SETTLE_RETRY_FIRST;
+        let updated = loop {
+            let r = self
+                .update_task_from(task_id, Some(route_id), &mut |rec| {
+                    if rec.status.is_terminal() {
+                        return false;
+                    }
+                    apply(rec);
+                    conclude(rec, retention);
+                    true
+                })
+                .await;
+            match r {
+                Err(StoreError::Io(e)) if !self.shutting_down() && self.lease_held() => {
+                    tracing::warn!(task = task_id, error = %e, retry_ms = backoff.as_millis() as u64, "recording a terminal state failed; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(SETTLE_RETRY_MAX);
                 }
-                apply(rec);
-                conclude(rec, retention);
-                true
-            })
-            .await;
+                other => break other,
+            }
+        };
         match updated {
             Ok(_) => match self.flush().await {
                 Ok(()) => self.terminal_flushed(task_id),
@@ -133,6 +154,12 @@ impl Engine {
                     task = task_id,
                     "call outcome discarded: this replica no longer holds the call"
                 );
+                return false;
+            }
+            // Stopping, or the lease went meanwhile: the route stays for the next
+            // start or the takeover.
+            Err(StoreError::Io(e)) => {
+                tracing::error!(task = task_id, error = %e, "recording a terminal state failed");
                 return false;
             }
             Err(e) => {

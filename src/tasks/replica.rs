@@ -10,8 +10,8 @@
 //!   tasks fail with "replica lost while the call was in flight". The store hands
 //!   each route to exactly one replica, so no leader is needed.
 //! - **Relays.** A cancel or input answer for a call held elsewhere, and an MRTR retry
-//!   of a call held elsewhere, is queued in the store for the holder, which polls for
-//!   its relays every [`RELAY_POLL`].
+//!   of a call held elsewhere, is queued in the store for the holder, which is woken
+//!   by a notification and also polls for its relays every [`RELAY_POLL`].
 //! - **Fan-out.** Every changed task id is published (batched) to the other replicas;
 //!   what they publish comes back through the listener into the local change stream,
 //!   with [`RESYNC`] after a reconnect.
@@ -35,8 +35,8 @@ use crate::store::StoreError;
 use crate::store::cluster::{Cluster, ClusterEvent, Relay, RelayKind, Seat};
 use crate::upstream::InputAnswer;
 
-/// How often a replica takes the relays queued for it: the bound on a cross-replica
-/// cancel or input answer at idle.
+/// How often a replica takes the relays queued for it even when no wake-up came: the
+/// bound on a cross-replica cancel or input answer when a notification is lost.
 pub const RELAY_POLL: Duration = Duration::from_millis(200);
 
 /// The id sent on the change stream when every subscribed task must be read again
@@ -59,6 +59,8 @@ pub(super) struct ReplicaState {
     lease_held: AtomicBool,
     publish: OnceLock<mpsc::UnboundedSender<String>>,
     mrtr: OnceLock<MrtrHandler>,
+    /// Rung when another replica queued a relay for this one.
+    wake: tokio::sync::Notify,
     /// MRTR retries relayed from here, waiting for their replies, by correlation id.
     waiting: Mutex<HashMap<String, oneshot::Sender<Value>>>,
 }
@@ -72,6 +74,7 @@ impl ReplicaState {
             lease_held: AtomicBool::new(true),
             publish: OnceLock::new(),
             mrtr: OnceLock::new(),
+            wake: tokio::sync::Notify::new(),
             waiting: Mutex::new(HashMap::new()),
         }
     }
@@ -173,6 +176,7 @@ impl Engine {
                         }
                     }
                     Some(ClusterEvent::Resync) => engine.changed_here(RESYNC),
+                    Some(ClusterEvent::Wake) => engine.replica.wake.notify_one(),
                 }
             }
         });
@@ -380,6 +384,7 @@ impl Engine {
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 () = tokio::time::sleep(RELAY_POLL) => {}
+                () = self.replica.wake.notified() => {}
             }
             let Some(seat) = self.replica.seat() else {
                 continue;

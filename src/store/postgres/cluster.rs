@@ -57,6 +57,9 @@ fn payloads(from: &str, ids: &[String]) -> Vec<String> {
     out
 }
 
+/// A payload id that is no task id: "a relay is waiting for this replica".
+const WAKE: &str = "!wake:";
+
 /// The sender and ids of a payload, `None` if it is not one of ours.
 fn parse_payload(p: &str) -> Option<(&str, Vec<String>)> {
     let mut lines = p.split('\n');
@@ -246,6 +249,14 @@ impl PgStore {
             ],
         )
         .await?;
+        drop(c);
+        // The relay is committed; a lost wake-up only costs the holder's poll interval.
+        if let Err(e) = self
+            .publish_now("", &[format!("{WAKE}{}", to.replica_id)])
+            .await
+        {
+            tracing::debug!(error = %e.as_display(), "waking the relay target failed");
+        }
         Ok(())
     }
 
@@ -369,6 +380,13 @@ async fn listen_loop(
             let Some((from, ids)) = parse_payload(&p) else {
                 continue;
             };
+            let (wakes, ids): (Vec<String>, Vec<String>) =
+                ids.into_iter().partition(|i| i.starts_with(WAKE));
+            let woken = wakes.iter().any(|w| w[WAKE.len()..] == own);
+            if woken && events.send(ClusterEvent::Wake).await.is_err() {
+                driver.abort();
+                return;
+            }
             if from == own || ids.is_empty() {
                 continue;
             }
@@ -608,6 +626,26 @@ mod tests {
         assert!(
             own_rx.try_recv().is_err(),
             "a replica hears its own changes"
+        );
+        // A relay queued for "b" wakes b's listener, not a's.
+        let to = Seat {
+            replica_id: "b".into(),
+            epoch: 1,
+        };
+        let relay = Relay {
+            kind: RelayKind::Cancel,
+            task_id: None,
+            payload: b"null".to_vec(),
+        };
+        a.send_relay(&to, &relay).await.expect("relay");
+        let woke = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("a wake-up");
+        assert_eq!(woke, Some(ClusterEvent::Wake));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            own_rx.try_recv().is_err(),
+            "a replica woken for another's relay"
         );
     }
 
