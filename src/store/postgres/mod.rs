@@ -25,6 +25,9 @@ use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
 
 mod cluster;
+mod migrate;
+
+pub use migrate::{LATEST_MIGRATION, Migrated, migrate};
 
 use super::cluster::Seat;
 use super::{
@@ -32,17 +35,6 @@ use super::{
     TaskRecord, TaskStatus, TaskStore, Tombstone, Update, UpstreamIdentity,
 };
 use crate::config::{StoreConfig, is_pg_schema_name};
-
-/// The migrations, in order. A version is never edited once released; a change is a
-/// new file.
-const MIGRATIONS: &[(i32, &str, &str)] = &[(
-    1,
-    "init",
-    include_str!("../../../migrations/postgres/0001_init.sql"),
-)];
-
-/// The newest schema version this gateway knows.
-pub const LATEST_MIGRATION: i32 = 1;
 
 /// Longest any one store operation may take (pool wait, connect and query together).
 /// Past it the operation fails, so a database that hangs turns into errors (503s and
@@ -200,83 +192,6 @@ impl std::fmt::Debug for PgStore {
             .field("schema", &self.schema)
             .finish_non_exhaustive()
     }
-}
-
-/// What [`migrate`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Migrated {
-    /// Versions applied by this call (0 when the schema was up to date).
-    pub applied: usize,
-    /// The schema's version afterwards (may be newer than [`LATEST_MIGRATION`] when a
-    /// newer gateway migrated it).
-    pub version: i32,
-}
-
-/// Bring the schema up to date: create it if needed and apply every migration it
-/// lacks, all in one transaction under a transaction-scoped advisory lock keyed by
-/// the schema name (replicas starting at once queue on it; the lock goes with the
-/// transaction, even if the connection dies). Uses its own connection.
-pub async fn migrate(settings: &PgSettings) -> Result<Migrated, StoreError> {
-    let cfg = settings.pg_config()?;
-    let run = async {
-        let (mut client, conn) = cfg.connect(NoTls).await?;
-        let conn = tokio::spawn(conn);
-        let out = migrate_on(&mut client, &settings.schema).await;
-        drop(client);
-        let _ = conn.await;
-        out
-    };
-    match tokio::time::timeout(OP_TIMEOUT * 3, run).await {
-        Ok(r) => r.map_err(|e| e.into_store("migrations")),
-        Err(_) => Err(PgError::Timeout.into_store("migrations")),
-    }
-}
-
-async fn migrate_on(
-    client: &mut tokio_postgres::Client,
-    schema: &str,
-) -> Result<Migrated, PgError> {
-    let tx = client.transaction().await?;
-    tx.execute(
-        "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
-        &[&format!("taskgate migrations {schema}")],
-    )
-    .await?;
-    // The name was checked to be a plain identifier (`is_pg_schema_name`).
-    tx.batch_execute(&format!(
-        "CREATE SCHEMA IF NOT EXISTS {schema};
-         CREATE TABLE IF NOT EXISTS schema_migrations (
-             version    integer     PRIMARY KEY,
-             name       text        NOT NULL,
-             applied_at timestamptz NOT NULL DEFAULT now()
-         );"
-    ))
-    .await?;
-    let current: i32 = tx
-        .query_one(
-            "SELECT coalesce(max(version), 0) FROM schema_migrations",
-            &[],
-        )
-        .await?
-        .try_get(0)?;
-    let mut applied = 0;
-    for (version, name, sql) in MIGRATIONS {
-        if *version <= current {
-            continue;
-        }
-        tx.batch_execute(sql).await?;
-        tx.execute(
-            "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
-            &[version, name],
-        )
-        .await?;
-        applied += 1;
-    }
-    tx.commit().await?;
-    Ok(Migrated {
-        applied,
-        version: current.max(LATEST_MIGRATION),
-    })
 }
 
 impl PgStore {
@@ -1130,6 +1045,7 @@ mod tests {
     use super::testing::*;
     use super::*;
     use crate::store::test_records;
+    use migrate::MIGRATIONS;
 
     #[tokio::test]
     async fn postgres_migrations_are_idempotent_and_recorded() {
