@@ -83,16 +83,6 @@ fn replica_of(r: &Resp) -> String {
     r.header("taskgate-replica").unwrap_or_default()
 }
 
-/// Poll on replica `c` until `pred` holds (every poll must succeed).
-async fn wait_for(
-    c: &Client2026,
-    id: &str,
-    limit: Duration,
-    pred: impl Fn(&Value) -> bool,
-) -> Value {
-    poll_until(c, id, limit, pred).await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn any_replica_answers_with_identical_snapshots() {
     let rs = Replicas::start(3, "").await;
@@ -113,7 +103,7 @@ async fn any_replica_answers_with_identical_snapshots() {
     assert_eq!(replica_of(&rc), "r2");
     ok_result(&rc);
 
-    let done = wait_for(&b, &id, Duration::from_secs(30), |r| {
+    let done = poll_until(&b, &id, Duration::from_secs(30), |r| {
         r["status"] == "completed"
     })
     .await;
@@ -145,7 +135,7 @@ async fn cancel_on_another_replica_reaches_the_upstream() {
     let (a, b) = (rs.client(0), rs.client(1));
     let before = task_demo_stats(&a).await["cancelled"].as_u64().unwrap_or(0);
     let id = task_id(&create_task(&a, "sleep", json!({"ms": 60_000})).await);
-    wait_for(&b, &id, Duration::from_secs(10), |r| {
+    poll_until(&b, &id, Duration::from_secs(10), |r| {
         r["status"] == "working"
     })
     .await;
@@ -178,7 +168,7 @@ async fn input_answer_on_another_replica_reaches_the_held_call() {
     let rs = Replicas::start(3, "").await;
     let (a, b, c) = (rs.client(0), rs.client(1), rs.client(2));
     let id = task_id(&create_task(&a, "elicit", json!({"message": "your name?"})).await);
-    let waiting = wait_for(&b, &id, Duration::from_secs(30), |r| {
+    let waiting = poll_until(&b, &id, Duration::from_secs(30), |r| {
         r["status"] == "input_required"
     })
     .await;
@@ -195,7 +185,7 @@ async fn input_answer_on_another_replica_reaches_the_held_call() {
         .await,
     );
     assert_eq!(ack["resultType"], "complete", "{ack}");
-    let done = wait_for(&b, &id, RELAY_BOUND + Duration::from_secs(10), |r| {
+    let done = poll_until(&b, &id, RELAY_BOUND + Duration::from_secs(10), |r| {
         is_terminal(r["status"].as_str().unwrap_or_default())
     })
     .await;
@@ -362,7 +352,7 @@ async fn killed_replica_loses_its_calls_to_the_others() {
     };
     let (b, c) = (rs.client(1), rs.client(2));
     for id in &ids {
-        wait_for(&b, id, Duration::from_secs(10), |r| {
+        poll_until(&b, id, Duration::from_secs(10), |r| {
             r["status"] == "working"
         })
         .await;
@@ -371,7 +361,7 @@ async fn killed_replica_loses_its_calls_to_the_others() {
     let killed = Instant::now();
     // B and C answer throughout; every task ends `failed` with the reason.
     for id in &ids {
-        let done = wait_for(&c, id, TAKEOVER_BOUND, |r| r["status"] != "working").await;
+        let done = poll_until(&c, id, TAKEOVER_BOUND, |r| r["status"] != "working").await;
         assert_eq!(done["status"], "failed", "{done}");
         assert_eq!(
             done["statusMessage"], "replica lost while the call was in flight",
@@ -407,7 +397,7 @@ async fn late_write_of_a_replica_that_lost_its_lease_changes_nothing() {
     // Short enough that the upstream usually answers while A is frozen, so that the
     // late result is waiting when A wakes.
     let id = task_id(&create_task(&a, "sleep", json!({"ms": 2_500})).await);
-    wait_for(&b, &id, Duration::from_secs(10), |r| {
+    poll_until(&b, &id, Duration::from_secs(10), |r| {
         r["status"] == "working"
     })
     .await;
@@ -416,7 +406,7 @@ async fn late_write_of_a_replica_that_lost_its_lease_changes_nothing() {
     unsafe {
         libc::kill(pid, libc::SIGSTOP);
     }
-    let failed = wait_for(&b, &id, TAKEOVER_BOUND, |r| r["status"] != "working").await;
+    let failed = poll_until(&b, &id, TAKEOVER_BOUND, |r| r["status"] != "working").await;
     unsafe {
         libc::kill(pid, libc::SIGCONT);
     }
