@@ -3,18 +3,34 @@
 # conformance suite, server-everything, the TypeScript SDK client, pinned Python SDKs)
 # into .peers/, builds once in release mode, checks formatting and lints, starts a
 # throwaway PostgreSQL (scripts/pg.sh), then runs every test against the real binary.
+# Everything builds with the `edge` feature (`taskgate edge`, pingora): the same feature
+# set in every cargo call below, so nothing is built twice.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# pingora's zlib-ng (libz-ng-sys) builds with cmake. Installed only when missing
+# (apt-get install, about 13 s here).
+if ! command -v cmake >/dev/null 2>&1; then
+    echo "== installing cmake (pingora's libz-ng-sys builds with it)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake >/dev/null
+fi
+FEATURES=(--features edge)
 
 echo "== installing test peers into .peers/"
 bash scripts/install-peers.sh "$PWD"
 
 echo "== build (release, once; tests drive this build)"
-cargo build --release --all-targets --locked 2>&1 | tail -n 3
+# The edge feature adds the pingora crates: about 6-9 min of a clean release build on
+# this 2-core machine under load (pingora-core, -proxy, -cache, -load-balancing and
+# their dependencies, and rebuilds of `log`/`tracing-subscriber` with more features).
+cargo build --release --all-targets --locked "${FEATURES[@]}" 2>&1 | tail -n 3
 
 echo "== format and lints"
 cargo fmt --all -- --check
-cargo clippy --release --all-targets --locked -- -D warnings 2>&1 | tail -n 3
+cargo clippy --release --all-targets --locked "${FEATURES[@]}" -- -D warnings 2>&1 | tail -n 3
+# The lean build (no pingora) stays lint-clean too.
+cargo clippy --release --lib --bins --locked -- -D warnings 2>&1 | tail -n 3
 # The library as the cargo-fuzz crate (fuzz/) builds it. The fuzz crate itself is not
 # built here: it is one-line wrappers around this feature's functions, and building it
 # means libFuzzer's C++ plus a second pass over the dependency tree (minutes, not
@@ -22,7 +38,7 @@ cargo clippy --release --all-targets --locked -- -D warnings 2>&1 | tail -n 3
 cargo clippy --release --lib --features fuzzing --locked -- -D warnings 2>&1 | tail -n 3
 # Rustdoc: broken intra-doc links and other doc warnings fail the run (pipefail keeps
 # cargo's exit status through `tail`).
-RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --locked 2>&1 | tail -n 3
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --locked "${FEATURES[@]}" 2>&1 | tail -n 3
 
 echo "== PostgreSQL for the store tests (scripts/pg.sh; stopped on exit)"
 # shellcheck source=scripts/pg.sh
@@ -32,9 +48,9 @@ pg_start
 echo "== tests"
 export PATH="$PWD/.peers/node22/node_modules/.bin:$PATH"
 if cargo nextest --version >/dev/null 2>&1; then
-    run_tests() { cargo nextest run --release --locked --no-fail-fast --failure-output final "$@"; }
+    run_tests() { cargo nextest run --release --locked "${FEATURES[@]}" --no-fail-fast --failure-output final "$@"; }
 else
-    run_tests() { cargo test --release --locked --no-fail-fast "$@"; }
+    run_tests() { cargo test --release --locked "${FEATURES[@]}" --no-fail-fast "$@"; }
 fi
 # The gateway's task tests once more with the PostgreSQL backend (the contract suite,
 # tests/store_postgres.rs and the crash loop run on it in the main pass too). First, so

@@ -115,6 +115,10 @@ pub struct Config {
     pub limits: LimitsConfig,
     #[serde(default, rename = "upstream")]
     pub upstreams: Vec<UpstreamConfig>,
+    /// `[edge]`: read by `taskgate edge` only ([`EdgeConfig::from_source`]); a replica
+    /// checks it when present, so one file can hold both.
+    #[serde(default)]
+    pub edge: Option<EdgeConfig>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -691,6 +695,9 @@ impl Config {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(e) = &self.edge {
+            e.validate()?;
+        }
         let listen = self.listen_addr()?;
         if let Some(m) = &self.server.metrics_listen {
             m.parse::<SocketAddr>().map_err(|e| {
@@ -949,6 +956,189 @@ impl Config {
     }
 }
 
+/// `[edge]`: `taskgate edge`, the pingora front for several replicas (docs/design.md
+/// §21, README "Running several replicas behind the edge").
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EdgeConfig {
+    /// The edge's own listen address (required).
+    pub listen: String,
+    /// The replicas, as `http://host:port` (required, at least one, no duplicates).
+    pub replicas: Vec<String>,
+    /// Active `/livez` checks of every replica, this often.
+    pub health_interval_ms: u64,
+    /// Graceful restart and upgrade: how long the old process keeps serving its
+    /// connections after handing over the listener (pingora `grace_period_seconds`).
+    pub grace_period_s: u64,
+    /// pingora's pid file (written when daemonised).
+    pub pid_file: PathBuf,
+    /// The unix socket the listener is handed over on during an upgrade.
+    pub upgrade_sock: PathBuf,
+    /// Requests in flight at the edge at once; past it the edge answers 503.
+    pub max_connections: usize,
+}
+
+impl Default for EdgeConfig {
+    fn default() -> Self {
+        Self {
+            listen: String::new(),
+            replicas: Vec::new(),
+            health_interval_ms: 1000,
+            grace_period_s: 30,
+            pid_file: PathBuf::from("data/edge.pid"),
+            upgrade_sock: PathBuf::from("data/edge-upgrade.sock"),
+            max_connections: 10_000,
+        }
+    }
+}
+
+/// One replica of `edge.replicas`: where to connect (`host:port`, resolved at start-up).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaUrl {
+    pub host: String,
+    pub port: u16,
+}
+
+impl ReplicaUrl {
+    /// `http://host:port` with an optional trailing `/`; no path, query, user info or
+    /// TLS (the edge talks plain HTTP to the replicas).
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let rest = s
+            .strip_prefix("http://")
+            .ok_or_else(|| format!("{s:?}: must start with http:// (no TLS to replicas)"))?;
+        let authority = rest.strip_suffix('/').unwrap_or(rest);
+        if authority.is_empty() || authority.contains(['/', '?', '#', '@']) {
+            return Err(format!("{s:?}: must be http://host:port with no path"));
+        }
+        let (host, port) = authority
+            .rsplit_once(':')
+            .ok_or_else(|| format!("{s:?}: the port is required"))?;
+        let port: u16 = port
+            .parse()
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| format!("{s:?}: not a port number: {port:?}"))?;
+        let host = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host);
+        if host.is_empty() || host.contains(['[', ']']) {
+            return Err(format!("{s:?}: no host"));
+        }
+        if host.contains(':') && host.parse::<std::net::Ipv6Addr>().is_err() {
+            return Err(format!("{s:?}: not a host: {host:?}"));
+        }
+        Ok(Self {
+            host: host.to_string(),
+            port,
+        })
+    }
+
+    /// `host:port` as `ToSocketAddrs` reads it (IPv6 in brackets).
+    pub fn authority(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// A file read by `taskgate edge`: `[edge]` only; other tables (a replica's) are
+/// ignored, so one file may configure both.
+#[derive(Debug, Clone, Default, Deserialize)]
+struct EdgeOnly {
+    #[serde(default)]
+    edge: Option<EdgeConfig>,
+}
+
+impl EdgeConfig {
+    /// The `[edge]` table of `source`, validated; missing → an error naming it.
+    pub fn from_source(source: &ConfigSource) -> Result<Self, ConfigError> {
+        let (path, text) = match source {
+            ConfigSource::File(path) => (
+                path.clone(),
+                std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                    path: path.clone(),
+                    source,
+                })?,
+            ),
+            ConfigSource::Embedded => (PathBuf::new(), SHIPPED_DEFAULT.to_string()),
+        };
+        Self::parse(&text).map_err(|e| match e {
+            ConfigError::Parse { message, .. } => ConfigError::Parse { path, message },
+            other => other,
+        })
+    }
+
+    /// The `[edge]` table of a TOML text, validated.
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        let only: EdgeOnly = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: PathBuf::new(),
+            message: e.to_string(),
+        })?;
+        let edge = only
+            .edge
+            .ok_or_else(|| invalid("edge", "`taskgate edge` needs an [edge] table"))?;
+        edge.validate()?;
+        Ok(edge)
+    }
+
+    pub fn listen_addr(&self) -> Result<SocketAddr, ConfigError> {
+        if self.listen.is_empty() {
+            return Err(invalid("edge.listen", "required (e.g. \"127.0.0.1:8000\")"));
+        }
+        self.listen
+            .parse()
+            .map_err(|e| invalid("edge.listen", format!("not a socket address: {e}")))
+    }
+
+    /// `edge.replicas`, parsed (validation guarantees they parse).
+    pub fn replica_urls(&self) -> Result<Vec<ReplicaUrl>, ConfigError> {
+        self.replicas
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                ReplicaUrl::parse(r).map_err(|p| invalid(format!("edge.replicas[{i}]"), p))
+            })
+            .collect()
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.listen_addr()?;
+        if self.replicas.is_empty() {
+            return Err(invalid(
+                "edge.replicas",
+                "required: at least one \"http://host:port\"",
+            ));
+        }
+        let urls = self.replica_urls()?;
+        for (i, u) in urls.iter().enumerate() {
+            if urls[..i].contains(u) {
+                return Err(invalid(
+                    format!("edge.replicas[{i}]"),
+                    format!("{} is listed twice", u.authority()),
+                ));
+            }
+        }
+        if self.health_interval_ms == 0 {
+            return Err(invalid("edge.health_interval_ms", "must be > 0"));
+        }
+        if self.max_connections == 0 {
+            return Err(invalid("edge.max_connections", "must be > 0"));
+        }
+        for (key, p) in [
+            ("edge.pid_file", &self.pid_file),
+            ("edge.upgrade_sock", &self.upgrade_sock),
+        ] {
+            if p.as_os_str().is_empty() || p.to_str().is_none() {
+                return Err(invalid(key, "must be a non-empty UTF-8 path"));
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -960,6 +1150,70 @@ mode = "none"
 name = "demo"
 command = ["@self", "demo-upstream"]
 "#;
+
+    const EDGE: &str = "[edge]\nlisten = \"127.0.0.1:8000\"\nreplicas = [\"http://127.0.0.1:8081\", \"http://localhost:8082/\"]\n";
+
+    #[test]
+    fn edge_table_gets_defaults_and_parses_replicas() {
+        let e = EdgeConfig::parse(EDGE).unwrap();
+        assert_eq!(e.health_interval_ms, 1000);
+        assert_eq!(e.grace_period_s, 30);
+        assert_eq!(e.max_connections, 10_000);
+        let urls = e.replica_urls().unwrap();
+        assert_eq!(urls[0].authority(), "127.0.0.1:8081");
+        assert_eq!(
+            urls[1],
+            ReplicaUrl {
+                host: "localhost".into(),
+                port: 8082
+            }
+        );
+        // Other tables are a replica's business; the edge ignores them.
+        let both = format!("{MIN}{EDGE}");
+        assert!(EdgeConfig::parse(&both).is_ok());
+        // And a replica accepts (and checks) an [edge] table.
+        assert!(Config::parse(&both).unwrap().edge.is_some());
+    }
+
+    #[test]
+    fn edge_errors_name_the_key() {
+        let err = |text: &str| EdgeConfig::parse(text).unwrap_err().to_string();
+        assert!(
+            err("[server]\n").contains("`edge`"),
+            "{}",
+            err("[server]\n")
+        );
+        assert!(err("[edge]\nreplicas = [\"http://a:1\"]\n").contains("edge.listen"));
+        assert!(err("[edge]\nlisten = \"127.0.0.1:1\"\n").contains("edge.replicas"));
+        for bad in [
+            "https://a:1",
+            "http://a",
+            "http://a:1/mcp",
+            "http://:1",
+            "http://a:0",
+            "a:1",
+            "http://u@a:1",
+        ] {
+            let text = format!(
+                "[edge]\nlisten = \"127.0.0.1:1\"\nreplicas = [\"http://b:2\", \"{bad}\"]\n"
+            );
+            assert!(
+                err(&text).contains("edge.replicas[1]"),
+                "{bad}: {}",
+                err(&text)
+            );
+        }
+        let dup =
+            "[edge]\nlisten = \"127.0.0.1:1\"\nreplicas = [\"http://b:2\", \"http://b:2/\"]\n";
+        assert!(err(dup).contains("listed twice"), "{}", err(dup));
+        assert!(
+            err(&format!("{EDGE}health_interval_ms = 0\n")).contains("edge.health_interval_ms")
+        );
+        assert!(err(&format!("{EDGE}max_connections = 0\n")).contains("edge.max_connections"));
+        assert!(err(&format!("{EDGE}pid_file = \"\"\n")).contains("edge.pid_file"));
+        assert!(err(&format!("{EDGE}bogus = 1\n")).contains("bogus"));
+        assert!(ReplicaUrl::parse("http://[::1]:9/").unwrap().authority() == "[::1]:9");
+    }
 
     #[test]
     fn minimal_config_gets_defaults() {

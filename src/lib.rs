@@ -5,6 +5,8 @@
 pub mod auth;
 pub mod config;
 pub mod demo;
+#[cfg(feature = "edge")]
+pub mod edge;
 pub mod front;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;

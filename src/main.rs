@@ -1,5 +1,6 @@
-//! The `taskgate` binary: the gateway (`serve`, the default), a dev-token minter
-//! (`token`) and the bundled demo legacy server (`demo-upstream`).
+//! The `taskgate` binary: the gateway (`serve`, the default), the front for several
+//! replicas (`edge`, feature `edge`), a dev-token minter (`token`) and the bundled demo
+//! legacy server (`demo-upstream`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -55,6 +56,15 @@ enum Command {
         #[arg(long, default_value = "1h")]
         ttl: String,
     },
+    /// Run the edge: the pingora front for several replicas (the `[edge]` table).
+    Edge {
+        /// Take the listener over from a running edge (then send it SIGQUIT).
+        #[arg(long)]
+        upgrade: bool,
+        /// Run in the background (writes `edge.pid_file`).
+        #[arg(long)]
+        daemon: bool,
+    },
     /// Run the bundled demo legacy MCP server (stdio, or HTTP with --http).
     DemoUpstream {
         /// Serve legacy Streamable HTTP on this address instead of stdio.
@@ -88,6 +98,15 @@ fn main() -> Result<()> {
 
 fn run() -> Result<()> {
     let cli = Cli::parse();
+    // pingora builds its own runtimes: the edge starts before any tokio runtime exists.
+    if let Some(Command::Edge { upgrade, daemon }) = cli.command {
+        return edge(
+            ConfigSource::resolve(cli.config),
+            cli.listen,
+            upgrade,
+            daemon,
+        );
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -106,6 +125,7 @@ fn run() -> Result<()> {
             println!("{token}");
             Ok(())
         }
+        Command::Edge { .. } => unreachable!("the edge branches off above"),
         Command::DemoUpstream { http } => {
             init_tracing(false);
             // The demo's `crash` tool ends the process with `exit`; log lines still
@@ -126,6 +146,30 @@ fn run() -> Result<()> {
             })
         }
     }
+}
+
+#[cfg(feature = "edge")]
+fn edge(
+    source: ConfigSource,
+    listen_override: Option<String>,
+    upgrade: bool,
+    daemon: bool,
+) -> Result<()> {
+    let mut cfg = taskgate::config::EdgeConfig::from_source(&source)?;
+    if let Some(listen) = listen_override {
+        cfg.listen = listen;
+        cfg.validate()?;
+    }
+    init_tracing(false);
+    tracing::info!(config = %source.describe(), "edge configuration loaded");
+    taskgate::edge::run(cfg, taskgate::edge::EdgeStart { upgrade, daemon })
+}
+
+#[cfg(not(feature = "edge"))]
+fn edge(_: ConfigSource, _: Option<String>, _: bool, _: bool) -> Result<()> {
+    anyhow::bail!(
+        "this taskgate was built without the `edge` feature (cargo build --features edge)"
+    )
 }
 
 async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<()> {

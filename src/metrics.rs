@@ -34,6 +34,15 @@ const TASK_BUCKETS: &[f64] = &[
 
 /// Install the process-wide recorder (once; later calls are no-ops).
 pub fn install() {
+    install_with(describe);
+}
+
+/// The recorder of `taskgate edge`: the same exposition, only the edge's metrics.
+pub fn install_edge() {
+    install_with(describe_edge);
+}
+
+fn install_with(describe: fn()) {
     if HANDLE.get().is_some() {
         return;
     }
@@ -123,6 +132,58 @@ fn describe() {
     for status in TASK_STATUSES {
         task_gauge(status, 0.0);
     }
+}
+
+fn describe_edge() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        "taskgate_edge_requests_total",
+        "requests at the edge by route class (task, other, edge) and HTTP status"
+    );
+    describe_histogram!(
+        "taskgate_edge_request_duration_seconds",
+        "time from the request to the end of the response at the edge, by route class"
+    );
+    describe_gauge!(
+        "taskgate_edge_replica_healthy",
+        "1 while the replica passes its /livez checks, else 0"
+    );
+    describe_counter!(
+        "taskgate_edge_retries_total",
+        "requests sent to another replica after a connect failure, by the replica that failed"
+    );
+    describe_counter!(
+        "taskgate_edge_ejections_total",
+        "replicas ejected after a connect failure (until the next health check interval)"
+    );
+}
+
+/// A request at the edge was answered (`route`: task, other, or edge for its own
+/// endpoints).
+pub fn edge_request(route: &'static str, status: u16, elapsed: Duration) {
+    counter!("taskgate_edge_requests_total", "route" => route, "status" => status.to_string())
+        .increment(1);
+    histogram!("taskgate_edge_request_duration_seconds", "route" => route)
+        .record(elapsed.as_secs_f64());
+}
+
+/// The edge's view of one replica's health.
+pub fn edge_replica_health(replica: &str, healthy: bool) {
+    gauge!("taskgate_edge_replica_healthy", "replica" => replica.to_string()).set(if healthy {
+        1.0
+    } else {
+        0.0
+    });
+}
+
+/// A connect failure at `replica`: the request goes to another one.
+pub fn edge_retry(replica: &str) {
+    counter!("taskgate_edge_retries_total", "replica" => replica.to_string()).increment(1);
+}
+
+/// `replica` was ejected after a connect failure.
+pub fn edge_ejected(replica: &str) {
+    counter!("taskgate_edge_ejections_total", "replica" => replica.to_string()).increment(1);
 }
 
 /// A `completed` or `failed` task expired without its owner having received its

@@ -36,6 +36,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
         ],
     ),
     ("demo", &["protocol"]),
+    // `taskgate edge` (feature `edge`): beside `front`, in front of the replicas; it
+    // reads its config, records its metrics and checks task ids, nothing more.
+    ("edge", &["config", "metrics", "tasks"]),
     // Test-only harnesses over the untrusted-input surfaces: a top layer beside
     // `main`, since they drive `front` from above.
     (

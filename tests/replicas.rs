@@ -6,82 +6,21 @@
 //! cannot write.
 
 mod common;
+mod replicas_support;
 mod tasks_support;
 
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::*;
+use replicas_support::*;
 use serde_json::{Value, json};
 use tasks_support::*;
 
-/// Short leases so takeovers happen within a test; the bounds below stay generous.
-const LEASE_MS: u64 = 2_000;
-const RENEW_MS: u64 = 400;
-const SWEEP_MS: u64 = 400;
 /// A relay (cancel, input answer, MRTR retry) reaches its holder within this.
 const RELAY_BOUND: Duration = Duration::from_secs(5);
 /// A dead replica's calls are failed within this.
 const TAKEOVER_BOUND: Duration = Duration::from_secs(30);
-
-struct Replicas {
-    /// Keeps the shared upstream alive as long as the replicas.
-    _demo: DemoHttp,
-    gws: Vec<Gateway>,
-}
-
-fn replica_config(
-    dir: &std::path::Path,
-    id: &str,
-    schema: &str,
-    demo_port: u16,
-    tasks_extra: &str,
-) -> String {
-    format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\nkeepalive_ms = 1000\nreplica_id = \"{id}\"\n\
-         [store]\npath = {}\n{}lease_ms = {LEASE_MS}\nlease_renew_ms = {RENEW_MS}\nsweep_interval_ms = {SWEEP_MS}\n\
-         {}{}{}",
-        toml_string(&dir.join("data").display().to_string()),
-        pg_store_keys(schema),
-        jwt_auth(),
-        tasks_section(tasks_extra),
-        demo_http_upstream(demo_port, ""),
-    )
-}
-
-async fn launch_replica(dir: tempfile::TempDir, config_path: std::path::PathBuf) -> Gateway {
-    let gw = Gateway::launch(dir, config_path).await;
-    gw.wait_ready().await;
-    gw
-}
-
-impl Replicas {
-    async fn start(n: usize, tasks_extra: &str) -> Self {
-        let schema = unique_schema();
-        let demo = DemoHttp::start().await;
-        let mut gws = Vec::new();
-        for i in 0..n {
-            gws.push(Self::start_one(&schema, demo.port, i, tasks_extra).await);
-        }
-        Self { _demo: demo, gws }
-    }
-
-    async fn start_one(schema: &str, demo_port: u16, i: usize, tasks_extra: &str) -> Gateway {
-        let dir = tempfile::tempdir().unwrap();
-        let config_path = dir.path().join("taskgate.toml");
-        let text = replica_config(dir.path(), &format!("r{i}"), schema, demo_port, tasks_extra);
-        std::fs::write(&config_path, text).unwrap();
-        launch_replica(dir, config_path).await
-    }
-
-    fn client(&self, i: usize) -> Client2026 {
-        tasks_client(&self.gws[i], "alice", "acme")
-    }
-}
-
-fn replica_of(r: &Resp) -> String {
-    r.header("taskgate-replica").unwrap_or_default()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn any_replica_answers_with_identical_snapshots() {

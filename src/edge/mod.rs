@@ -1,0 +1,199 @@
+//! `taskgate edge`: a stateless pingora front for several replicas (docs/design.md
+//! §21, README "Running several replicas behind the edge").
+//!
+//! Task methods are routed by their task id with Ketama consistent hashing over the
+//! healthy replicas, everything else round-robin (`route.rs`); both selectors share one
+//! health registry, probed on `/livez` every `edge.health_interval_ms` by one
+//! background service. The edge never reads a request body and verifies no tokens
+//! (the replicas do). pingora runs its own runtimes, so [`run`] is called before any
+//! tokio runtime exists and does not return until the server stops.
+
+mod proxy;
+mod route;
+
+use std::collections::BTreeSet;
+use std::net::ToSocketAddrs;
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use async_trait::async_trait;
+use futures_util::FutureExt;
+use pingora_core::server::configuration::{Opt, ServerConf};
+use pingora_core::server::{RunArgs, Server};
+use pingora_core::services::background::background_service;
+use pingora_http::RequestHeader;
+use pingora_load_balancing::discovery::Static;
+use pingora_load_balancing::health_check::{HealthObserve, HttpHealthCheck};
+use pingora_load_balancing::selection::consistent::KetamaHashing;
+use pingora_load_balancing::selection::{BackendIter, BackendSelection, RoundRobin};
+use pingora_load_balancing::{Backend, Backends, HealthCheckService, HealthRegistry, LoadBalancer};
+
+use crate::config::EdgeConfig;
+use proxy::{EdgeProxy, Replica};
+
+/// How long stopping services may take after the grace period (pingora
+/// `graceful_shutdown_timeout_seconds`).
+const SHUTDOWN_TIMEOUT_S: u64 = 5;
+
+/// How the edge process was asked to start.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EdgeStart {
+    /// Take the listening socket over from a running edge (pingora upgrade: start
+    /// the new binary with `--upgrade`, then send the old one SIGQUIT).
+    pub upgrade: bool,
+    /// Daemonise (pingora writes `edge.pid_file`).
+    pub daemon: bool,
+}
+
+/// Logs and records each replica's health changes (pingora calls this on a flip).
+struct HealthLog {
+    replicas: Arc<Vec<Replica>>,
+}
+
+#[async_trait]
+impl HealthObserve for HealthLog {
+    async fn observe(&self, target: &Backend, healthy: bool) {
+        let addr = target.addr.as_inet().copied();
+        let name = self
+            .replicas
+            .iter()
+            .find(|r| Some(r.addr) == addr)
+            .map(|r| r.name.clone())
+            .unwrap_or_else(|| format!("{:?}", target.addr));
+        crate::metrics::edge_replica_health(&name, healthy);
+        if healthy {
+            tracing::info!(target: "taskgate::edge", replica = %name, "replica healthy: back in the ring");
+        } else {
+            tracing::warn!(target: "taskgate::edge", replica = %name, "replica failed its /livez check: out of the ring");
+        }
+    }
+}
+
+fn selector<S>(
+    backends: &BTreeSet<Backend>,
+    registry: &Arc<HealthRegistry>,
+) -> Result<LoadBalancer<S>>
+where
+    S: BackendSelection + 'static,
+    S::Iter: BackendIter,
+{
+    let view = Backends::new_with_health_registry(Static::new(backends.clone()), registry.clone());
+    let lb = LoadBalancer::<S>::from_backends(view);
+    // Static discovery: completes at once, no runtime needed.
+    lb.update()
+        .now_or_never()
+        .context("static replica discovery blocked")?
+        .map_err(|e| anyhow::anyhow!("replica discovery: {e}"))?;
+    Ok(lb)
+}
+
+/// Resolve `edge.replicas` (blocking DNS, before any runtime exists).
+fn resolve(cfg: &EdgeConfig) -> Result<Vec<Replica>> {
+    let urls = cfg.replica_urls()?;
+    let mut out: Vec<Replica> = Vec::new();
+    for (i, u) in urls.iter().enumerate() {
+        let addr = u
+            .authority()
+            .to_socket_addrs()
+            .with_context(|| format!("edge.replicas[{i}]: resolving {}", u.authority()))?
+            .next()
+            .with_context(|| format!("edge.replicas[{i}]: {} has no address", u.authority()))?;
+        if out.iter().any(|r| r.addr == addr) {
+            anyhow::bail!("edge.replicas[{i}]: {addr} is already listed");
+        }
+        let name = format!("http://{}", u.authority());
+        out.push(Replica::new(addr, name));
+    }
+    Ok(out)
+}
+
+/// Run the edge until it is stopped (SIGTERM: graceful; SIGINT: fast; SIGQUIT:
+/// graceful upgrade, handing the listener to a new process started with `--upgrade`).
+pub fn run(cfg: EdgeConfig, start: EdgeStart) -> Result<()> {
+    let listen = cfg.listen_addr()?;
+    let replicas = Arc::new(resolve(&cfg)?);
+    let backends: BTreeSet<Backend> = replicas
+        .iter()
+        .map(|r| Backend::new(&r.addr.to_string()))
+        .collect::<pingora_core::Result<_>>()
+        .map_err(|e| anyhow::anyhow!("edge.replicas: {e}"))?;
+
+    crate::metrics::install_edge();
+    for r in replicas.iter() {
+        // Healthy until a check says otherwise (pingora's start state).
+        crate::metrics::edge_replica_health(&r.name, true);
+    }
+
+    let conf = ServerConf {
+        pid_file: cfg.pid_file.display().to_string(),
+        upgrade_sock: cfg.upgrade_sock.display().to_string(),
+        grace_period_seconds: Some(cfg.grace_period_s),
+        graceful_shutdown_timeout_seconds: Some(SHUTDOWN_TIMEOUT_S),
+        threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+        // Retries happen only on connect failures (`fail_to_connect`), once per replica.
+        max_retries: replicas.len(),
+        ..ServerConf::default()
+    };
+    let opt = Opt {
+        upgrade: start.upgrade,
+        daemon: start.daemon,
+        ..Opt::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(opt, conf);
+    server.bootstrap();
+
+    let interval = Duration::from_millis(cfg.health_interval_ms);
+    let registry = Arc::new(HealthRegistry::new());
+    let mut check = HttpHealthCheck::new("localhost", false);
+    check.req = RequestHeader::build("GET", b"/livez", None)
+        .map_err(|e| anyhow::anyhow!("health check request: {e}"))?;
+    check
+        .req
+        .append_header("host", "localhost")
+        .map_err(|e| anyhow::anyhow!("health check request: {e}"))?;
+    // A probe slower than the interval counts as a failure.
+    let probe_timeout = interval.clamp(Duration::from_millis(100), Duration::from_secs(1));
+    check.peer_template.options.connection_timeout = Some(probe_timeout);
+    check.peer_template.options.read_timeout = Some(probe_timeout);
+    check.health_changed_callback = Some(Box::new(HealthLog {
+        replicas: replicas.clone(),
+    }));
+    registry.set_health_check(Box::new(check));
+
+    let ketama = Arc::new(selector::<KetamaHashing>(&backends, &registry)?);
+    let round_robin = Arc::new(selector::<RoundRobin>(&backends, &registry)?);
+    let mut health = HealthCheckService::new(registry);
+    health.health_check_frequency = Some(interval);
+    health.parallel_health_check = true;
+    let health = background_service("replica health (/livez)", health);
+
+    let proxy = EdgeProxy {
+        ketama,
+        round_robin,
+        replicas: replicas.clone(),
+        eject_for: interval.max(Duration::from_secs(1)),
+        started: Instant::now(),
+        in_flight: Arc::new(AtomicUsize::new(0)),
+        max_in_flight: cfg.max_connections,
+    };
+    let mut service =
+        pingora_proxy::http_proxy_service_with_name(&server.configuration, proxy, "taskgate edge");
+    service.add_tcp(&listen.to_string());
+    server.add_service(health);
+    server.add_service(service);
+    for r in replicas.iter() {
+        tracing::info!(target: "taskgate::edge", replica = %r.name, addr = %r.addr, "replica");
+    }
+    tracing::info!(
+        target: "taskgate::edge",
+        addr = %listen,
+        health_interval_ms = cfg.health_interval_ms,
+        grace_period_s = cfg.grace_period_s,
+        "taskgate edge listening on http://{listen}"
+    );
+    server.run(RunArgs::default());
+    tracing::info!(target: "taskgate::edge", "taskgate edge stopped");
+    Ok(())
+}

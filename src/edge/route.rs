@@ -1,0 +1,99 @@
+//! The routing decision of the edge, from the request headers alone (the edge never
+//! reads a body; docs/design.md §21).
+//!
+//! `tasks/get`, `tasks/update` and `tasks/cancel` (by `Mcp-Method`) with a well-formed
+//! task id in `Mcp-Name` are keyed by that id, so every poll, answer and cancel of one
+//! task reaches one replica while the ring is stable (the poll limiter stays exact,
+//! policy 20). Everything else goes round-robin: `tools/call` (MRTR retries included;
+//! a retry on another replica is relayed to the holder, policy 19),
+//! `subscriptions/listen`, discovery and lists, and task methods without a valid
+//! `Mcp-Name` (the replica answers the error).
+
+use crate::tasks::ids;
+
+/// Where a request goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Route {
+    /// A task method: consistent hashing of the task id over the healthy replicas.
+    Task(String),
+    /// Anything else: round-robin over the healthy replicas.
+    Other,
+}
+
+impl Route {
+    /// The `route` label of the edge's metrics and logs.
+    pub(crate) fn class(&self) -> &'static str {
+        match self {
+            Route::Task(_) => "task",
+            Route::Other => "other",
+        }
+    }
+}
+
+/// The task methods routed by their task id.
+const TASK_METHODS: [&str; 3] = ["tasks/get", "tasks/update", "tasks/cancel"];
+
+/// The route of a request with these `Mcp-Method` and `Mcp-Name` header values (raw
+/// bytes; `None` when absent).
+pub(crate) fn route(mcp_method: Option<&[u8]>, mcp_name: Option<&[u8]>) -> Route {
+    let is_task_method = mcp_method
+        .and_then(|m| std::str::from_utf8(m).ok())
+        .is_some_and(|m| TASK_METHODS.contains(&m));
+    if !is_task_method {
+        return Route::Other;
+    }
+    match mcp_name.and_then(|n| std::str::from_utf8(n).ok()) {
+        Some(name) if ids::is_well_formed(name) => Route::Task(name.to_string()),
+        _ => Route::Other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn task_methods_with_a_task_id_are_keyed_by_it() {
+        let id = ids::new_task_id();
+        for m in TASK_METHODS {
+            assert_eq!(
+                route(Some(m.as_bytes()), Some(id.as_bytes())),
+                Route::Task(id.clone()),
+                "{m}"
+            );
+        }
+        assert_eq!(
+            route(Some(b"tasks/get"), Some(id.as_bytes())).class(),
+            "task"
+        );
+    }
+
+    #[test]
+    fn everything_else_goes_round_robin() {
+        let id = ids::new_task_id();
+        let other = |m: Option<&[u8]>, n: Option<&[u8]>| assert_eq!(route(m, n), Route::Other);
+        // Other methods, even with a task id as the name.
+        for m in [
+            "tools/call",
+            "tools/list",
+            "subscriptions/listen",
+            "resources/read",
+            "TASKS/GET",
+            "tasks/list",
+            "",
+        ] {
+            other(Some(m.as_bytes()), Some(id.as_bytes()));
+        }
+        // No method header at all.
+        other(None, Some(id.as_bytes()));
+        // Task methods without a valid name: the replica answers the error.
+        other(Some(b"tasks/get"), None);
+        other(Some(b"tasks/get"), Some(b""));
+        other(Some(b"tasks/get"), Some(b"not-a-task"));
+        other(Some(b"tasks/cancel"), Some(&[0xff, 0xfe]));
+        let mut longer = id.clone();
+        longer.push('x');
+        other(Some(b"tasks/update"), Some(longer.as_bytes()));
+        assert_eq!(Route::Other.class(), "other");
+    }
+}
