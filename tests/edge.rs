@@ -226,3 +226,167 @@ async fn killed_replica_leaves_the_ring_and_only_its_tasks_move() {
         }
     }
 }
+
+/// Of `n` polls of `id` sent back to back, how many were answered (the others got
+/// 429 from the poll limiter).
+async fn polls_answered(clients: &[Client2026], id: &str, n: usize) -> usize {
+    let mut answered = 0;
+    for i in 0..n {
+        let r = clients[i % clients.len()]
+            .request("tasks/get", json!({"taskId": id}))
+            .await;
+        match r.status {
+            200 => answered += 1,
+            429 => {}
+            s => panic!("poll {i}: {s} {}", String::from_utf8_lossy(&r.body)),
+        }
+    }
+    answered
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_poller_through_the_edge_is_throttled_as_on_one_replica() {
+    // A strict poll limiter: a burst of 3, then one poll per 2 s.
+    let rs = Replicas::start_edited(3, "", |text| {
+        text.replace("poll_interval_ms = 50", "poll_interval_ms = 2000")
+            .replace("poll_burst = 100000", "poll_burst = 3")
+    })
+    .await;
+    let edge = Edge::start(&rs).await;
+    let c = edge.client();
+    const POLLS: usize = 12;
+
+    let id = task_id(&create_task(&c, "sleep", json!({"ms": 60_000})).await);
+    let through_edge = polls_answered(std::slice::from_ref(&c), &id, POLLS).await;
+    let direct_client = rs.client(0);
+    let id = task_id(&create_task(&direct_client, "sleep", json!({"ms": 60_000})).await);
+    let direct = polls_answered(std::slice::from_ref(&direct_client), &id, POLLS).await;
+    // Round-robin over the replicas without the edge: each replica's own budget.
+    let all: Vec<Client2026> = (0..3).map(|i| rs.client(i)).collect();
+    let id = task_id(&create_task(&all[0], "sleep", json!({"ms": 60_000})).await);
+    let spread = polls_answered(&all, &id, POLLS).await;
+    eprintln!(
+        "polls answered of {POLLS}: edge {through_edge}, one replica {direct}, round-robin {spread}"
+    );
+    // The burst, plus at most one refill on a slow machine.
+    assert!((3..=4).contains(&direct), "direct: {direct}");
+    assert!(
+        through_edge.abs_diff(direct) <= 1 && through_edge <= 4,
+        "through the edge {through_edge}, direct {direct}"
+    );
+    assert!(spread >= 7, "round-robin without the edge: {spread}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_disconnecting_at_the_edge_cancels_the_inline_call() {
+    use tokio::io::AsyncWriteExt;
+
+    let rs = Replicas::start(3, "").await;
+    let edge = Edge::start(&rs).await;
+    let c = edge.client();
+    let before = task_demo_stats(&c).await["cancelled"].as_u64().unwrap_or(0);
+
+    // A client without the tasks extension: the call is held inline.
+    let plain = Client2026 {
+        url: edge.url("/mcp"),
+        token: Some(token("alice", "acme")),
+        caps: json!({}),
+    };
+    let params = json!({"name": "sleep", "arguments": {"ms": 10_000}});
+    let body = plain.body(json!(1), "tools/call", &params).to_string();
+    let mut head = format!(
+        "POST /mcp HTTP/1.1\r\nhost: 127.0.0.1:{}\r\ncontent-length: {}\r\n",
+        edge.port,
+        body.len()
+    );
+    for (k, v) in plain.headers("tools/call", &params) {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", edge.port))
+        .await
+        .unwrap();
+    conn.write_all(head.as_bytes()).await.unwrap();
+    conn.write_all(body.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(conn);
+
+    let start = Instant::now();
+    loop {
+        let stats = task_demo_stats(&c).await;
+        if stats["cancelled"].as_u64().unwrap_or(0) > before {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(9),
+            "the upstream never saw the cancel (stats {stats}):\n{}",
+            edge.proc.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!(
+        "upstream cancelled {:?} after the disconnect",
+        start.elapsed()
+    );
+}
+
+/// p50 and p90 in µs of `n` sequential POSTs of `method` with `params` through one
+/// kept-alive client connection pool.
+async fn latencies(c: &Client2026, method: &str, params: &Value, n: usize) -> (u128, u128) {
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let body = Bytes::from(c.body(json!(1), method, params).to_string());
+    let headers = c.headers(method, params);
+    let mut times = Vec::with_capacity(n);
+    for i in 0..n + 20 {
+        let mut b = http::Request::builder().method("POST").uri(&c.url);
+        for (k, v) in &headers {
+            b = b.header(*k, v);
+        }
+        let req = b.body(Full::new(body.clone())).unwrap();
+        let t = Instant::now();
+        let resp = client.request(req).await.unwrap();
+        let status = resp.status();
+        resp.into_body().collect().await.unwrap();
+        assert_eq!(status, 200);
+        // The first 20 warm the connections up.
+        if i >= 20 {
+            times.push(t.elapsed().as_micros());
+        }
+    }
+    times.sort_unstable();
+    (times[n / 2], times[n * 9 / 10])
+}
+
+/// The benchmark rows of the edge (run by hand: `--run-ignored only`): its overhead on
+/// `tasks/get` and on an inline `tools/call`, through the edge vs straight to a
+/// replica, in one run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement, not a check; prints its rows"]
+async fn edge_overhead_rows() {
+    let rs = Replicas::start(3, "").await;
+    let edge = Edge::start(&rs).await;
+    let c = edge.client();
+    const N: usize = 300;
+    let id = task_id(&create_task(&c, "sleep", json!({"ms": 600_000})).await);
+    // Straight to the replica the edge sends this task's polls to.
+    let holder = poll_replica(&c, &id).await;
+    let index: usize = holder.trim_start_matches('r').parse().unwrap();
+    let direct = rs.client(index);
+    let get = json!({"taskId": id});
+    let (e50, e90) = latencies(&c, "tasks/get", &get, N).await;
+    let (d50, d90) = latencies(&direct, "tasks/get", &get, N).await;
+    eprintln!(
+        "ROW tasks/get  direct p50 {d50} µs p90 {d90} µs | edge p50 {e50} µs p90 {e90} µs | overhead p50 {} µs",
+        e50 as i128 - d50 as i128
+    );
+    let echo = json!({"name": "echo", "arguments": {"text": "hi"}});
+    let (e50, e90) = latencies(&c, "tools/call", &echo, N).await;
+    let (d50, d90) = latencies(&direct, "tools/call", &echo, N).await;
+    eprintln!(
+        "ROW tools/call echo inline  direct p50 {d50} µs p90 {d90} µs | edge p50 {e50} µs p90 {e90} µs | overhead p50 {} µs",
+        e50 as i128 - d50 as i128
+    );
+}
