@@ -390,3 +390,57 @@ async fn edge_overhead_rows() {
         e50 as i128 - d50 as i128
     );
 }
+
+/// When `stream` delivers the `completed` notification of `id`.
+async fn completed_at(stream: &mut SseStream, id: &str) -> Instant {
+    loop {
+        let n = stream
+            .next(Duration::from_secs(30))
+            .await
+            .expect("the stream ended before the completion");
+        if n["method"] == "notifications/tasks"
+            && n["params"]["taskId"] == id
+            && n["params"]["status"] == "completed"
+        {
+            return Instant::now();
+        }
+    }
+}
+
+/// The SSE row of the edge (run by hand): a `notifications/tasks` completion reaches a
+/// listen through the edge how much later than a listen straight on the same replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement, not a check; prints its row"]
+async fn edge_sse_latency_row() {
+    let rs = Replicas::start(3, "").await;
+    let edge = Edge::start(&rs).await;
+    let c = edge.client();
+    let mut deltas = Vec::new();
+    for round in 0..15 {
+        let id = task_id(&create_task(&c, "sleep", json!({"ms": 800})).await);
+        let sub = json!({"taskIds": [id.clone()]});
+        let mut via_edge = SseStream::listen(&c, json!(round), sub.clone()).await;
+        let replica = via_edge
+            .headers
+            .get("taskgate-replica")
+            .and_then(|v| v.to_str().ok())
+            .unwrap()
+            .to_string();
+        let index: usize = replica.trim_start_matches('r').parse().unwrap();
+        let mut direct = SseStream::listen(&rs.client(index), json!(round), sub).await;
+        let (e, d) = tokio::join!(
+            completed_at(&mut via_edge, &id),
+            completed_at(&mut direct, &id)
+        );
+        deltas.push(
+            e.duration_since(d).as_micros() as i128 - d.duration_since(e).as_micros() as i128,
+        );
+    }
+    deltas.sort_unstable();
+    eprintln!(
+        "ROW SSE notification: edge later than direct by p50 {} µs, max {} µs ({} rounds)",
+        deltas[deltas.len() / 2],
+        deltas[deltas.len() - 1],
+        deltas.len()
+    );
+}
