@@ -28,7 +28,8 @@ const EJECT_BOUND: Duration = Duration::from_secs(10);
 struct Edge {
     proc: Proc,
     port: u16,
-    _dir: tempfile::TempDir,
+    config_path: std::path::PathBuf,
+    dir: tempfile::TempDir,
 }
 
 impl Edge {
@@ -49,17 +50,12 @@ impl Edge {
         );
         let config_path = dir.path().join("edge.toml");
         std::fs::write(&config_path, text).unwrap();
-        let mut cmd = Command::new(bin());
-        cmd.arg("edge")
-            .arg("--config")
-            .arg(&config_path)
-            .current_dir(dir.path())
-            .env("TASKGATE_LOG", "info");
-        let proc = Proc::spawn(cmd);
+        let proc = Proc::spawn(edge_command(&config_path, dir.path(), false));
         let edge = Self {
             proc,
             port,
-            _dir: dir,
+            config_path,
+            dir,
         };
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(30) {
@@ -91,6 +87,19 @@ impl Edge {
             .unwrap()
             .json()
     }
+}
+
+fn edge_command(config: &std::path::Path, dir: &std::path::Path, upgrade: bool) -> Command {
+    let mut cmd = Command::new(bin());
+    cmd.arg("edge");
+    if upgrade {
+        cmd.arg("--upgrade");
+    }
+    cmd.arg("--config")
+        .arg(config)
+        .current_dir(dir)
+        .env("TASKGATE_LOG", "info");
+    cmd
 }
 
 /// The replica answering one `tasks/get` of `id` through the edge.
@@ -443,4 +452,51 @@ async fn edge_sse_latency_row() {
         deltas[deltas.len() - 1],
         deltas.len()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_hands_the_listener_over_without_refusing_requests() {
+    let rs = Replicas::start(2, "").await;
+    let mut old = Edge::start(&rs).await;
+    let c = old.client();
+    // The new process waits on `upgrade_sock` for the old one's listener.
+    let new = Proc::spawn(edge_command(&old.config_path, old.dir.path(), true));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // SAFETY: a signal to the child this test started.
+    unsafe {
+        libc::kill(old.proc.child.id() as i32, libc::SIGQUIT);
+    }
+    let start = Instant::now();
+    let mut served = 0;
+    let mut old_exited = None;
+    while start.elapsed() < Duration::from_secs(20) {
+        let r = c.request("tools/list", json!({})).await;
+        assert_eq!(
+            r.status,
+            200,
+            "request {served} during the upgrade: {}\nold:\n{}\nnew:\n{}",
+            String::from_utf8_lossy(&r.body),
+            old.proc.log_text(),
+            new.log_text()
+        );
+        served += 1;
+        if old_exited.is_none() && old.proc.child.try_wait().unwrap().is_some() {
+            old_exited = Some(Instant::now());
+        }
+        // Keep going a while after the old process is gone: the new one serves.
+        if old_exited.is_some_and(|t| t.elapsed() > Duration::from_secs(1)) {
+            break;
+        }
+    }
+    assert!(
+        old_exited.is_some(),
+        "the old edge never exited:\nold:\n{}\nnew:\n{}",
+        old.proc.log_text(),
+        new.log_text()
+    );
+    let h = old.healthz().await;
+    assert_eq!(h["status"], "ok", "{h}");
+    eprintln!("{served} requests served across the upgrade");
+    // Stop the new edge with the old one's `Proc` so it is killed on drop.
+    old.proc = new;
 }
