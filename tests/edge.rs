@@ -34,6 +34,11 @@ struct Edge {
 
 impl Edge {
     async fn start(rs: &Replicas) -> Self {
+        Self::start_with(rs, HEALTH_MS, 0).await
+    }
+
+    /// With `/livez` probed every `health_ms` and a grace period of `grace_s`.
+    async fn start_with(rs: &Replicas, health_ms: u64, grace_s: u64) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let replicas: Vec<String> = rs
@@ -42,8 +47,8 @@ impl Edge {
             .map(|g| format!("\"http://{}\"", g.addr))
             .collect();
         let text = format!(
-            "[edge]\nlisten = \"127.0.0.1:{port}\"\nreplicas = [{}]\nhealth_interval_ms = {HEALTH_MS}\n\
-             grace_period_s = 0\npid_file = {}\nupgrade_sock = {}\n",
+            "[edge]\nlisten = \"127.0.0.1:{port}\"\nreplicas = [{}]\nhealth_interval_ms = {health_ms}\n\
+             grace_period_s = {grace_s}\npid_file = {}\nupgrade_sock = {}\n",
             replicas.join(", "),
             toml_string(&dir.path().join("edge.pid").display().to_string()),
             toml_string(&dir.path().join("edge.sock").display().to_string()),
@@ -457,7 +462,8 @@ async fn edge_sse_latency_row() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upgrade_hands_the_listener_over_without_refusing_requests() {
     let rs = Replicas::start(2, "").await;
-    let mut old = Edge::start(&rs).await;
+    // The old process keeps serving what it accepted for the grace period.
+    let mut old = Edge::start_with(&rs, HEALTH_MS, 2).await;
     let c = old.client();
     // The new process waits on `upgrade_sock` for the old one's listener.
     let new = Proc::spawn(edge_command(&old.config_path, old.dir.path(), true));
@@ -469,7 +475,7 @@ async fn an_upgrade_hands_the_listener_over_without_refusing_requests() {
     let start = Instant::now();
     let mut served = 0;
     let mut old_exited = None;
-    while start.elapsed() < Duration::from_secs(20) {
+    while start.elapsed() < Duration::from_secs(30) {
         let r = c.request("tools/list", json!({})).await;
         assert_eq!(
             r.status,
@@ -499,4 +505,41 @@ async fn an_upgrade_hands_the_listener_over_without_refusing_requests() {
     eprintln!("{served} requests served across the upgrade");
     // Stop the new edge with the old one's `Proc` so it is killed on drop.
     old.proc = new;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_failure_is_retried_elsewhere_and_ejects_the_replica() {
+    let mut rs = Replicas::start(3, "").await;
+    // Probes far apart: only the passive ejection can notice the dead replica.
+    let edge = Edge::start_with(&rs, 600_000, 0).await;
+    let c = edge.client();
+    rs.gws[1].proc.kill9();
+    for i in 0..9 {
+        let r = c.request("tools/list", json!({})).await;
+        assert_eq!(
+            r.status,
+            200,
+            "request {i}: {}\n{}",
+            String::from_utf8_lossy(&r.body),
+            edge.proc.log_text()
+        );
+        assert_ne!(replica_of(&r), "r1", "request {i}");
+    }
+    let m = raw(&edge.url("/metrics"), "GET", &[], Bytes::new())
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&m.body);
+    let victim = format!("http://{}", rs.gws[1].addr);
+    assert!(
+        text.contains(&format!(
+            "taskgate_edge_retries_total{{replica=\"{victim}\"}}"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "taskgate_edge_ejections_total{{replica=\"{victim}\"}}"
+        )),
+        "{text}"
+    );
 }
