@@ -5,11 +5,12 @@
 //!
 //! `cargo build --release && cargo bench --bench load -- [--quick] [--out FILE]
 //!  [--duration-ms N] [--scale 100000,1000000] [--mcp-proxy PATH]
-//!  [--only inline,get,create,scale,native,pool,stores,replicas]`
+//!  [--only inline,get,create,scale,native,pool,stores,replicas,edge]`
 //!
 //! Every load point is bounded in time (`--duration-ms`, default 3000, after a 500 ms
 //! warm-up) and in count (`MAX_REQUESTS`), and all traffic goes to 127.0.0.1.
 
+mod edge;
 #[path = "../support/fixtures.rs"]
 mod fixtures;
 mod harness;
@@ -187,6 +188,9 @@ fn main() {
     }
     if want("replicas") {
         replicas::replicas(&rt, &o, &mut rep, &c, up, work.path());
+    }
+    if want("edge") {
+        edge::edge(&rt, &o, &mut rep, &c, up, work.path());
     }
     rep.note(&format!(
         "Harness wall time: {:.0} s.",

@@ -49,7 +49,13 @@ fn replica_config(dir: &Path, up: SocketAddr, url: &str, schema: &str, id: &str)
         )
 }
 
-fn start_replicas(work: &Path, up: SocketAddr, url: &str, schema: &str, n: usize) -> Vec<Gateway> {
+pub(super) fn start_replicas(
+    work: &Path,
+    up: SocketAddr,
+    url: &str,
+    schema: &str,
+    n: usize,
+) -> Vec<Gateway> {
     (0..n)
         .map(|i| {
             let dir = work.join(format!("{schema}-r{i}"));
@@ -62,7 +68,7 @@ fn start_replicas(work: &Path, up: SocketAddr, url: &str, schema: &str, n: usize
         .collect()
 }
 
-fn bearer() -> HeaderValue {
+pub(super) fn bearer() -> HeaderValue {
     HeaderValue::from_str(&format!("Bearer {}", token("carol", "acme"))).unwrap()
 }
 
@@ -84,7 +90,7 @@ async fn call(
     serde_json::from_slice(&b).unwrap_or(serde_json::Value::Null)
 }
 
-async fn create(c: &HttpClient, addr: SocketAddr, ms: u64) -> String {
+pub(super) async fn create(c: &HttpClient, addr: SocketAddr, ms: u64) -> String {
     let v = call(
         c,
         addr,
@@ -99,7 +105,7 @@ async fn create(c: &HttpClient, addr: SocketAddr, ms: u64) -> String {
         .to_string()
 }
 
-async fn status(c: &HttpClient, addr: SocketAddr, id: &str) -> String {
+pub(super) async fn status(c: &HttpClient, addr: SocketAddr, id: &str) -> String {
     let v = call(c, addr, "tasks/get", id, &format!(r#""taskId":"{id}""#)).await;
     v["result"]["status"]
         .as_str()
