@@ -67,11 +67,27 @@ impl Edge {
             if let Ok(r) = raw(&edge.url("/healthz"), "GET", &[], Bytes::new()).await
                 && r.status == 200
             {
+                edge.wait_listening_log().await;
                 return edge;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         panic!("edge did not start:\n{}", edge.proc.log_text());
+    }
+
+    /// The edge answers, so its "listening" line (written once the listener accepts)
+    /// must follow within a generous bound.
+    async fn wait_listening_log(&self) {
+        let want = format!("taskgate edge listening on http://127.0.0.1:{}", self.port);
+        let start = Instant::now();
+        while !self.proc.log_text().contains(&want) {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "no {want:?} line:\n{}",
+                self.proc.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     fn url(&self, path: &str) -> String {

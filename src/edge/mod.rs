@@ -71,6 +71,46 @@ impl HealthObserve for HealthLog {
     }
 }
 
+/// Logs "listening" once the edge accepts connections. pingora binds the socket
+/// inside `Server::run`, after this module has handed everything over, so the line
+/// is written by a background service that connects to the listener until it
+/// answers: an operator (or a script) waiting for the line can then connect.
+struct ListeningLog {
+    listen: std::net::SocketAddr,
+    health_interval_ms: u64,
+    grace_period_s: u64,
+}
+
+#[async_trait]
+impl pingora_core::services::background::BackgroundService for ListeningLog {
+    async fn start(&self, _shutdown: pingora_core::server::ShutdownWatch) {
+        let mut probe = self.listen;
+        if probe.ip().is_unspecified() {
+            probe.set_ip(match probe {
+                std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+            });
+        }
+        let started = Instant::now();
+        while tokio::net::TcpStream::connect(probe).await.is_err() {
+            if started.elapsed() > Duration::from_secs(30) {
+                tracing::warn!(target: "taskgate::edge", addr = %self.listen,
+                    "the edge's listener does not accept connections after 30 s");
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let listen = self.listen;
+        tracing::info!(
+            target: "taskgate::edge",
+            addr = %listen,
+            health_interval_ms = self.health_interval_ms,
+            grace_period_s = self.grace_period_s,
+            "taskgate edge listening on http://{listen}"
+        );
+    }
+}
+
 fn selector<S>(
     backends: &BTreeSet<Backend>,
     registry: &Arc<HealthRegistry>,
@@ -183,16 +223,17 @@ pub fn run(cfg: EdgeConfig, start: EdgeStart) -> Result<()> {
     service.add_tcp(&listen.to_string());
     server.add_service(health);
     server.add_service(service);
+    server.add_service(background_service(
+        "listening log",
+        ListeningLog {
+            listen,
+            health_interval_ms: cfg.health_interval_ms,
+            grace_period_s: cfg.grace_period_s,
+        },
+    ));
     for r in replicas.iter() {
         tracing::info!(target: "taskgate::edge", replica = %r.name, addr = %r.addr, "replica");
     }
-    tracing::info!(
-        target: "taskgate::edge",
-        addr = %listen,
-        health_interval_ms = cfg.health_interval_ms,
-        grace_period_s = cfg.grace_period_s,
-        "taskgate edge listening on http://{listen}"
-    );
     server.run(RunArgs::default());
     tracing::info!(target: "taskgate::edge", "taskgate edge stopped");
     Ok(())
