@@ -976,6 +976,8 @@ pub struct EdgeConfig {
     pub upgrade_sock: PathBuf,
     /// Requests in flight at the edge at once; past it the edge answers 503.
     pub max_connections: usize,
+    /// `"text"` or `"json"` lines on stderr, as `server.log_format` for a replica.
+    pub log_format: String,
 }
 
 impl Default for EdgeConfig {
@@ -988,6 +990,7 @@ impl Default for EdgeConfig {
             pid_file: PathBuf::from("data/edge.pid"),
             upgrade_sock: PathBuf::from("data/edge-upgrade.sock"),
             max_connections: 10_000,
+            log_format: "text".into(),
         }
     }
 }
@@ -1127,6 +1130,9 @@ impl EdgeConfig {
         if self.max_connections == 0 {
             return Err(invalid("edge.max_connections", "must be > 0"));
         }
+        if !matches!(self.log_format.as_str(), "text" | "json") {
+            return Err(invalid("edge.log_format", "must be \"text\" or \"json\""));
+        }
         for (key, p) in [
             ("edge.pid_file", &self.pid_file),
             ("edge.upgrade_sock", &self.upgrade_sock),
@@ -1159,6 +1165,7 @@ command = ["@self", "demo-upstream"]
         assert_eq!(e.health_interval_ms, 1000);
         assert_eq!(e.grace_period_s, 30);
         assert_eq!(e.max_connections, 10_000);
+        assert_eq!(e.log_format, "text");
         let urls = e.replica_urls().unwrap();
         assert_eq!(urls[0].authority(), "127.0.0.1:8081");
         assert_eq!(
@@ -1210,6 +1217,7 @@ command = ["@self", "demo-upstream"]
             err(&format!("{EDGE}health_interval_ms = 0\n")).contains("edge.health_interval_ms")
         );
         assert!(err(&format!("{EDGE}max_connections = 0\n")).contains("edge.max_connections"));
+        assert!(err(&format!("{EDGE}log_format = \"xml\"\n")).contains("edge.log_format"));
         assert!(err(&format!("{EDGE}pid_file = \"\"\n")).contains("edge.pid_file"));
         assert!(err(&format!("{EDGE}bogus = 1\n")).contains("bogus"));
         assert!(ReplicaUrl::parse("http://[::1]:9/").unwrap().authority() == "[::1]:9");

@@ -160,7 +160,7 @@ fn edge(
         cfg.listen = listen;
         cfg.validate()?;
     }
-    init_tracing(false);
+    init_tracing(cfg.log_format == "json");
     tracing::info!(config = %source.describe(), "edge configuration loaded");
     taskgate::edge::run(cfg, taskgate::edge::EdgeStart { upgrade, daemon })
 }

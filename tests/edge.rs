@@ -39,6 +39,11 @@ impl Edge {
 
     /// With `/livez` probed every `health_ms` and a grace period of `grace_s`.
     async fn start_with(rs: &Replicas, health_ms: u64, grace_s: u64) -> Self {
+        Self::start_configured(rs, health_ms, grace_s, "").await
+    }
+
+    /// As [`Edge::start_with`], with `extra` lines appended to the `[edge]` table.
+    async fn start_configured(rs: &Replicas, health_ms: u64, grace_s: u64, extra: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let replicas: Vec<String> = rs
@@ -48,7 +53,7 @@ impl Edge {
             .collect();
         let text = format!(
             "[edge]\nlisten = \"127.0.0.1:{port}\"\nreplicas = [{}]\nhealth_interval_ms = {health_ms}\n\
-             grace_period_s = {grace_s}\npid_file = {}\nupgrade_sock = {}\n",
+             grace_period_s = {grace_s}\npid_file = {}\nupgrade_sock = {}\n{extra}",
             replicas.join(", "),
             toml_string(&dir.path().join("edge.pid").display().to_string()),
             toml_string(&dir.path().join("edge.sock").display().to_string()),
@@ -443,4 +448,41 @@ async fn a_connect_failure_is_retried_elsewhere_and_ejects_the_replica() {
         )),
         "{text}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_edge_writes_json_lines_with_log_format_json() {
+    let rs = Replicas::start(1, "").await;
+    let edge = Edge::start_configured(&rs, HEALTH_MS, 0, "log_format = \"json\"\n").await;
+    let r = edge.client().request("tools/list", json!({})).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    // The request line is written after the response: poll for it.
+    let start = Instant::now();
+    let line = loop {
+        let text = edge.proc.log_text();
+        if let Some(v) = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|v| v["fields"]["message"] == "request" && v["fields"]["path"] == "/mcp")
+        {
+            break v;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no JSON request line:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(line["target"], "taskgate::edge", "{line}");
+    assert_eq!(line["fields"]["method"], "tools/list", "{line}");
+    assert_eq!(line["fields"]["route"], "other", "{line}");
+    // The edge names a replica by its `edge.replicas` entry.
+    let replica = format!("http://{}", rs.gws[0].addr);
+    assert_eq!(line["fields"]["replica"], replica.as_str(), "{line}");
+    assert_eq!(line["fields"]["status"], 200, "{line}");
+    // Every line is JSON, pingora's own included.
+    let text = edge.proc.log_text();
+    for l in text.lines().filter(|l| !l.trim().is_empty()) {
+        assert!(serde_json::from_str::<Value>(l).is_ok(), "not JSON: {l}");
+    }
 }
