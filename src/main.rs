@@ -231,6 +231,9 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
     taskgate::metrics::install();
     let limits = taskgate::limits::Limits::from_config(&cfg);
     seed_task_gauge(store.clone());
+    if cluster.is_some() {
+        recount_task_gauge(store.clone(), cfg.store.sweep_interval_ms);
+    }
     let metrics_listener = match &cfg.server.metrics_listen {
         Some(addr) => Some(
             tokio::net::TcpListener::bind(addr)
@@ -387,6 +390,27 @@ fn seed_task_gauge(store: Arc<dyn TaskStore>) {
         // SAFETY: malloc_trim only releases free heap pages; no pointers change.
         unsafe {
             libc::malloc_trim(0);
+        }
+    });
+}
+
+/// On a store shared by replicas, count `taskgate_tasks` afresh every ten sweep
+/// intervals: the transitions other replicas make never reach this one's gauge, so
+/// moving it by its own transitions alone lets the replicas' gauges drift apart.
+/// The count is one `GROUP BY` query; a transition racing it is corrected by the next.
+fn recount_task_gauge(store: Arc<dyn TaskStore>, sweep_interval_ms: u64) {
+    let every = std::time::Duration::from_millis(sweep_interval_ms.saturating_mul(10).max(1_000));
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(every).await;
+            match store.count_by_status().await {
+                Ok(counts) => {
+                    let counts: Vec<(&'static str, u64)> =
+                        counts.iter().map(|(s, n)| (s.as_str(), *n)).collect();
+                    taskgate::metrics::task_gauge_recounted(&counts);
+                }
+                Err(e) => tracing::warn!(error = %e, "recounting the stored tasks failed"),
+            }
         }
     });
 }

@@ -285,6 +285,20 @@ pub fn task_gauge(status: &'static str, n: f64) {
     gauge!("taskgate_tasks", "status" => status).increment(n);
 }
 
+/// Replace `taskgate_tasks` with a fresh count of a shared store: `counts` by status,
+/// every status it does not name at 0. Other replicas move tasks this one never
+/// sees, so on a shared store the gauge is recounted rather than only moved.
+pub fn task_gauge_recounted(counts: &[(&'static str, u64)]) {
+    for status in TASK_STATUSES {
+        let n = counts
+            .iter()
+            .filter(|(s, _)| *s == status)
+            .map(|(_, n)| *n)
+            .sum::<u64>();
+        gauge!("taskgate_tasks", "status" => status).set(n as f64);
+    }
+}
+
 /// One durable flush of the task store.
 pub fn store_flush(elapsed: Duration) {
     histogram!("taskgate_store_flush_duration_seconds").record(elapsed);

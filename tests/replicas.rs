@@ -385,3 +385,41 @@ async fn late_write_of_a_replica_that_lost_its_lease_changes_nothing() {
     let r = a.call_tool("echo", json!({"text": "back"})).await;
     assert_eq!(ok_result(&r)["resultType"], "complete");
 }
+
+/// `taskgate_tasks{status="…"}` as replica `i` exports it.
+async fn task_gauge(rs: &Replicas, i: usize, status: &str) -> f64 {
+    let url = format!("http://{}/metrics", rs.gws[i].addr);
+    let r = raw(&url, "GET", &[], Bytes::new()).await.unwrap();
+    assert_eq!(r.status, 200);
+    let series = format!("taskgate_tasks{{status=\"{status}\"}} ");
+    String::from_utf8_lossy(&r.body)
+        .lines()
+        .find_map(|l| l.strip_prefix(&series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_replica_counts_the_tasks_another_one_finished() {
+    let rs = Replicas::start(2, "").await;
+    let a = rs.client(0);
+    // Past promote_after_ms (200), so it becomes a task.
+    let id = task_id(&create_task(&a, "sleep", json!({"ms": 800})).await);
+    poll_until(&a, &id, Duration::from_secs(30), |r| {
+        r["status"] == "completed"
+    })
+    .await;
+    // r1 made no transition of this task: its gauge learns of it only by recounting
+    // the shared store (every ten sweep intervals).
+    let bound = Duration::from_millis(SWEEP_MS * 10) + Duration::from_secs(20);
+    let start = Instant::now();
+    for i in [0, 1] {
+        while task_gauge(&rs, i, "completed").await != 1.0 {
+            assert!(
+                start.elapsed() < bound,
+                "replica r{i} never counted the completed task"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(task_gauge(&rs, i, "working").await, 0.0, "replica r{i}");
+    }
+}
