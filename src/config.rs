@@ -60,6 +60,19 @@ impl ConfigSource {
         }
     }
 
+    /// The file's path (empty for the embedded default) and its text.
+    fn read(&self) -> Result<(PathBuf, String), ConfigError> {
+        match self {
+            Self::File(path) => std::fs::read_to_string(path)
+                .map(|text| (path.clone(), text))
+                .map_err(|source| ConfigError::Read {
+                    path: path.clone(),
+                    source,
+                }),
+            Self::Embedded => Ok((PathBuf::new(), SHIPPED_DEFAULT.to_string())),
+        }
+    }
+
     /// What the start-up log says about the source.
     pub fn describe(&self) -> String {
         match self {
@@ -82,16 +95,7 @@ pub struct AuthOnly {
 
 impl AuthOnly {
     pub fn from_source(source: &ConfigSource) -> Result<AuthConfig, ConfigError> {
-        let (path, text) = match source {
-            ConfigSource::File(path) => (
-                path.clone(),
-                std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-                    path: path.clone(),
-                    source,
-                })?,
-            ),
-            ConfigSource::Embedded => (PathBuf::new(), SHIPPED_DEFAULT.to_string()),
-        };
+        let (path, text) = source.read()?;
         let only: AuthOnly = toml::from_str(&text).map_err(|e| ConfigError::Parse {
             path,
             message: e.to_string(),
@@ -1058,16 +1062,7 @@ struct EdgeOnly {
 impl EdgeConfig {
     /// The `[edge]` table of `source`, validated; missing → an error naming it.
     pub fn from_source(source: &ConfigSource) -> Result<Self, ConfigError> {
-        let (path, text) = match source {
-            ConfigSource::File(path) => (
-                path.clone(),
-                std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-                    path: path.clone(),
-                    source,
-                })?,
-            ),
-            ConfigSource::Embedded => (PathBuf::new(), SHIPPED_DEFAULT.to_string()),
-        };
+        let (path, text) = source.read()?;
         Self::parse(&text).map_err(|e| match e {
             ConfigError::Parse { message, .. } => ConfigError::Parse { path, message },
             other => other,

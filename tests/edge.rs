@@ -172,20 +172,10 @@ async fn every_poll_of_a_task_reaches_one_replica() {
     let id = task_id(&create_task(&c, "sleep", json!({"ms": 1500})).await);
     let mut l = SseStream::listen(&c, json!("sub"), json!({"taskIds": [id.clone()]})).await;
     assert_eq!(l.status, 200);
-    let start = Instant::now();
-    let mut completed = false;
-    while start.elapsed() < Duration::from_secs(30) {
-        let Some(n) = l.next(Duration::from_secs(30)).await else {
-            break;
-        };
-        if n["method"] == "notifications/tasks"
-            && n["params"]["taskId"] == id.as_str()
-            && n["params"]["status"] == "completed"
-        {
-            completed = true;
-            break;
-        }
-    }
+    let completed = l
+        .task_reached(&id, "completed", Duration::from_secs(30))
+        .await
+        .is_some();
     assert!(
         completed,
         "the listen through the edge never saw the completion:\n{}",

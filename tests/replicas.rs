@@ -194,20 +194,10 @@ async fn listen_on_one_replica_sees_changes_made_on_another() {
         json!([id.clone()]),
         "{ack}"
     );
-    let start = Instant::now();
-    let mut completed = false;
-    while start.elapsed() < Duration::from_secs(30) {
-        let Some(n) = l.next(Duration::from_secs(30)).await else {
-            break;
-        };
-        if n["method"] == "notifications/tasks"
-            && n["params"]["taskId"] == id.as_str()
-            && n["params"]["status"] == "completed"
-        {
-            completed = true;
-            break;
-        }
-    }
+    let completed = l
+        .task_reached(&id, "completed", Duration::from_secs(30))
+        .await
+        .is_some();
     assert!(completed, "B's listen never saw A's completion");
 }
 

@@ -25,7 +25,7 @@ use super::processes::{Gateway, Proc, taskgate_bin};
 use super::replicas::{bearer, create, start_replicas, status};
 use super::report::{Report, err_note, ms};
 use super::requests::{echo_body_2026, gw_req};
-use super::{HttpClient, META_TASKS, MakeReq, Opts};
+use super::{HttpClient, META_TASKS, MakeReq, Opts, pg_url};
 
 /// Completed tasks the `tasks/get` points poll (spread over the ring by their ids).
 const TASKS: usize = 64;
@@ -217,11 +217,7 @@ pub(super) fn edge(
             "errors",
         ],
     );
-    let Some(url) = std::env::var("TASKGATE_TEST_PG_URL")
-        .ok()
-        .filter(|u| !u.is_empty())
-    else {
-        rep.note("Edge rows not run: TASKGATE_TEST_PG_URL is not set (run the harness under `bash scripts/pg.sh run`).");
+    let Some(url) = pg_url(rep, "Edge rows") else {
         return;
     };
     let schema = format!("bench_edge_{}", std::process::id());

@@ -72,6 +72,20 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The PostgreSQL URL `scripts/pg.sh run` exports; without it a note says that
+/// `rows` did not run.
+fn pg_url(rep: &mut Report, rows: &str) -> Option<String> {
+    let url = std::env::var("TASKGATE_TEST_PG_URL")
+        .ok()
+        .filter(|u| !u.is_empty());
+    if url.is_none() {
+        rep.note(&format!(
+            "{rows} not run: TASKGATE_TEST_PG_URL is not set (run the harness under `bash scripts/pg.sh run`)."
+        ));
+    }
+    url
+}
+
 fn parse_opts() -> Opts {
     let mut o = Opts {
         quick: false,

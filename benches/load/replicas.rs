@@ -22,7 +22,7 @@ use super::harness::{check_task_created, median_run, run_load};
 use super::processes::{Gateway, gateway_config, start_gateway_with};
 use super::report::{Report, err_note, ms};
 use super::requests::{gw_req, token};
-use super::{HttpClient, META_TASKS, MakeReq, Opts};
+use super::{HttpClient, META_TASKS, MakeReq, Opts, pg_url};
 
 const LEASE_MS: u64 = 2_000;
 const RENEW_MS: u64 = 500;
@@ -171,11 +171,7 @@ pub(super) fn replicas(
             "errors",
         ],
     );
-    let Some(url) = std::env::var("TASKGATE_TEST_PG_URL")
-        .ok()
-        .filter(|u| !u.is_empty())
-    else {
-        rep.note("Replica rows not run: TASKGATE_TEST_PG_URL is not set (run the harness under `bash scripts/pg.sh run`).");
+    let Some(url) = pg_url(rep, "Replica rows") else {
         return;
     };
     let pid = std::process::id();

@@ -24,7 +24,7 @@ use super::processes::{Gateway, gateway_config, start_gateway_with};
 use super::report::{Report, err_note, ms};
 use super::requests::{gw_req, seed, seed_store, token};
 use super::scenarios::get_maker;
-use super::{HttpClient, META_TASKS, MakeReq, Opts};
+use super::{HttpClient, META_TASKS, MakeReq, Opts, pg_url};
 
 /// Seeded tasks for the `tasks/get` rows, and their owners.
 const TASKS: u64 = 10_000;
@@ -67,14 +67,11 @@ pub(super) fn stores(
         ],
     );
     let mut backends = vec![Backend::Sled];
-    match std::env::var("TASKGATE_TEST_PG_URL") {
-        Ok(url) if !url.is_empty() => backends.push(Backend::Postgres {
+    if let Some(url) = pg_url(rep, "PostgreSQL rows") {
+        backends.push(Backend::Postgres {
             url,
             schema: format!("bench_load_{}", std::process::id()),
-        }),
-        _ => rep.note(
-            "PostgreSQL rows not run: TASKGATE_TEST_PG_URL is not set (run the harness under `bash scripts/pg.sh run`).",
-        ),
+        });
     }
     for b in &backends {
         let dir = work.join(format!("stores-{}", b.name()));

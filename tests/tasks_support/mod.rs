@@ -327,6 +327,22 @@ impl SseStream {
         Some(serde_json::from_str(&data.join("\n")).ok())
     }
 
+    /// The first `notifications/tasks` snapshot of task `id` in `status` within
+    /// `limit`, skipping every other message; `None` if the stream ends first.
+    pub async fn task_reached(&mut self, id: &str, status: &str, limit: Duration) -> Option<Value> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let left = deadline.checked_duration_since(Instant::now())?;
+            let n = self.next(left).await?;
+            if n["method"] == "notifications/tasks"
+                && n["params"]["taskId"] == id
+                && n["params"]["status"] == status
+            {
+                return Some(n["params"].clone());
+            }
+        }
+    }
+
     /// The next JSON message on the stream, skipping keep-alive comments; `None` on
     /// end of stream or after `limit`.
     pub async fn next(&mut self, limit: Duration) -> Option<Value> {
