@@ -1103,7 +1103,14 @@ impl EdgeConfig {
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.listen_addr()?;
+        // pingora binds the listener itself and does not tell which port it picked,
+        // so a port of 0 would leave clients (and the "listening" line) without one.
+        if self.listen_addr()?.port() == 0 {
+            return Err(invalid(
+                "edge.listen",
+                "needs a fixed port (0 would pick one nobody is told)",
+            ));
+        }
         if self.replicas.is_empty() {
             return Err(invalid(
                 "edge.replicas",
@@ -1187,6 +1194,11 @@ command = ["@self", "demo-upstream"]
         );
         assert!(err("[edge]\nreplicas = [\"http://a:1\"]\n").contains("edge.listen"));
         assert!(err("[edge]\nlisten = \"127.0.0.1:1\"\n").contains("edge.replicas"));
+        let port_0 = err("[edge]\nlisten = \"127.0.0.1:0\"\nreplicas = [\"http://a:1\"]\n");
+        assert!(
+            port_0.contains("edge.listen") && port_0.contains("fixed port"),
+            "{port_0}"
+        );
         for bad in [
             "https://a:1",
             "http://a",

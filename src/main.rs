@@ -98,21 +98,24 @@ fn main() -> Result<()> {
 
 fn run() -> Result<()> {
     let cli = Cli::parse();
-    // pingora builds its own runtimes: the edge starts before any tokio runtime exists.
-    if let Some(Command::Edge { upgrade, daemon }) = cli.command {
-        return edge(
+    // Built only by the commands that need it: pingora builds its own runtimes, so
+    // the edge must start before any tokio runtime exists.
+    let tokio_runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .context("starting the tokio runtime")
+    };
+    match cli.command.unwrap_or(Command::Serve) {
+        Command::Serve => {
+            tokio_runtime()?.block_on(serve(ConfigSource::resolve(cli.config), cli.listen))
+        }
+        Command::Edge { upgrade, daemon } => edge(
             ConfigSource::resolve(cli.config),
             cli.listen,
             upgrade,
             daemon,
-        );
-    }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the tokio runtime")?;
-    match cli.command.unwrap_or(Command::Serve) {
-        Command::Serve => runtime.block_on(serve(ConfigSource::resolve(cli.config), cli.listen)),
+        ),
         Command::Token {
             sub,
             tenant,
@@ -125,7 +128,6 @@ fn run() -> Result<()> {
             println!("{token}");
             Ok(())
         }
-        Command::Edge { .. } => unreachable!("the edge branches off above"),
         Command::DemoUpstream { http } => {
             init_tracing(false);
             // The demo's `crash` tool ends the process with `exit`; log lines still
@@ -138,7 +140,7 @@ fn run() -> Result<()> {
             unsafe {
                 libc::atexit(flush_logs_at_exit);
             }
-            runtime.block_on(async move {
+            tokio_runtime()?.block_on(async move {
                 match http {
                     Some(addr) => taskgate::demo::run_http(addr).await,
                     None => taskgate::demo::run_stdio().await,
