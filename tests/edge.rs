@@ -370,9 +370,23 @@ async fn an_upgrade_hands_the_listener_over_without_refusing_requests() {
     }
     let start = Instant::now();
     let mut served = 0;
+    // Requests whose connection closed before any answer. pingora's old process,
+    // when its listener stops, drops the connections still waiting for a request
+    // (README "Running several replicas behind the edge"): a connection it accepted
+    // in that instant, before the request arrived, is closed unanswered and nothing
+    // was forwarded. This client has one request open at a time, so at most one.
+    let mut dropped = Vec::new();
     let mut old_exited = None;
+    let (params, body) = (json!({}), c.body(json!(1), "tools/list", &json!({})));
+    let headers = c.headers("tools/list", &params);
     while start.elapsed() < Duration::from_secs(30) {
-        let r = c.request("tools/list", json!({})).await;
+        let r = match raw(&c.url, "POST", &headers, Bytes::from(body.to_string())).await {
+            Ok(r) => r,
+            Err(e) => {
+                dropped.push(format!("request {served}: {e}"));
+                continue;
+            }
+        };
         assert_eq!(
             r.status,
             200,
@@ -396,9 +410,18 @@ async fn an_upgrade_hands_the_listener_over_without_refusing_requests() {
         old.proc.log_text(),
         new.log_text()
     );
+    assert!(
+        dropped.len() <= 1,
+        "connections closed unanswered across the upgrade: {dropped:?}\nold:\n{}\nnew:\n{}",
+        old.proc.log_text(),
+        new.log_text()
+    );
     let h = old.healthz().await;
     assert_eq!(h["status"], "ok", "{h}");
-    eprintln!("{served} requests served across the upgrade");
+    eprintln!(
+        "{served} requests served across the upgrade, {} closed unanswered",
+        dropped.len()
+    );
     // Stop the new edge with the old one's `Proc` so it is killed on drop.
     old.proc = new;
 }
