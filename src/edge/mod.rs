@@ -193,6 +193,10 @@ pub fn run(cfg: EdgeConfig, start: EdgeStart) -> Result<()> {
         .req
         .append_header("host", "localhost")
         .map_err(|e| anyhow::anyhow!("health check request: {e}"))?;
+    // Two failed probes in a row take a replica out, so one slow answer on a busy
+    // host does not move its tasks; a dead replica also fails its first connect,
+    // which ejects it at once (the passive path in `proxy.rs`).
+    check.consecutive_failure = 2;
     // A probe slower than the interval counts as a failure.
     let probe_timeout = interval.clamp(Duration::from_millis(100), Duration::from_secs(1));
     check.peer_template.options.connection_timeout = Some(probe_timeout);
