@@ -135,13 +135,8 @@ impl Gateway {
         let store_ok = self.engine.store.healthy();
         let lease = self.engine.lease_held();
         let ready = all_ready && store_ok && lease;
-        let status = if ready {
-            StatusCode::OK
-        } else {
-            StatusCode::SERVICE_UNAVAILABLE
-        };
         reply::json(
-            status,
+            ok_or_unavailable(ready),
             &json!({
                 "ready": ready,
                 "store": if store_ok { "open" } else { "failed" },
@@ -160,13 +155,8 @@ impl Gateway {
         let lease = self.engine.lease_held();
         let draining = self.engine.shutting_down();
         let live = store_ok && lease && !draining;
-        let status = if live {
-            StatusCode::OK
-        } else {
-            StatusCode::SERVICE_UNAVAILABLE
-        };
         reply::json(
-            status,
+            ok_or_unavailable(live),
             &json!({
                 "live": live,
                 "replica": self.engine.replica_id(),
@@ -222,4 +212,13 @@ fn method_not_allowed(allow: &'static str) -> Response<Body> {
 pub async fn serve(gw: Arc<Gateway>, listener: TcpListener, shutdown: CancellationToken) {
     let policy = conn::ConnPolicy::from_config(&gw.cfg.server);
     conn::serve(listener, policy, shutdown, stack::build(gw)).await;
+}
+
+/// 200 for a probe that passes, 503 for one that does not (`/readyz`, `/livez`).
+fn ok_or_unavailable(pass: bool) -> StatusCode {
+    if pass {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    }
 }

@@ -485,6 +485,17 @@ mod tests {
         .expect("expire lease");
     }
 
+    /// A late write of the call of `rt_lease` (its seat's lease gone) is refused.
+    async fn assert_late_write_fenced(store: &PgStore) {
+        let late = store
+            .update_fenced("tsk_lease", "rt_lease", &mut |r| {
+                r.status = TaskStatus::Completed;
+                true
+            })
+            .await;
+        assert!(matches!(late, Err(StoreError::Fenced)), "{late:?}");
+    }
+
     fn fail_working(rec: &mut TaskRecord) -> bool {
         if rec.status.is_terminal() {
             return false;
@@ -499,7 +510,7 @@ mod tests {
         // A second replica on the same schema.
         let b = PgStore::open(&settings(a.schema())).await.expect("open b");
         let seat_a = a.register("a").await.expect("register a");
-        let seat_b = b.register("b").await.expect("register b");
+        b.register("b").await.expect("register b");
         assert_eq!(seat_a.epoch, 1);
         assert!(a.renew(&seat_a).await.expect("renew"));
 
@@ -532,13 +543,7 @@ mod tests {
 
         // A's lease runs out: one takeover fails the task, a second finds nothing.
         expire_lease(&a, &seat_a).await;
-        let late = a
-            .update_fenced("tsk_lease", "rt_lease", &mut |r| {
-                r.status = TaskStatus::Completed;
-                true
-            })
-            .await;
-        assert!(matches!(late, Err(StoreError::Fenced)), "{late:?}");
+        assert_late_write_fenced(&a).await;
         let (mut fb, mut fa) = (fail_working, fail_working);
         let (t1, t2) = tokio::join!(b.take_over(&mut fb), a.take_over(&mut fa));
         let taken = t1.expect("b").len() + t2.expect("a").len();
@@ -551,17 +556,10 @@ mod tests {
         // A registers a new epoch; a late write of the old call still changes nothing.
         let seat_a2 = a.register("a").await.expect("register again");
         assert_eq!(seat_a2.epoch, 2);
-        let late = a
-            .update_fenced("tsk_lease", "rt_lease", &mut |r| {
-                r.status = TaskStatus::Completed;
-                true
-            })
-            .await;
-        assert!(matches!(late, Err(StoreError::Fenced)), "{late:?}");
+        assert_late_write_fenced(&a).await;
         let rec = b.get("tsk_lease").await.expect("get").expect("task");
         assert_eq!(rec.status, TaskStatus::Failed);
         assert!(b.holder("tsk_lease").await.expect("holder").is_none());
-        let _ = seat_b;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
