@@ -39,6 +39,11 @@ pub const SHIPPED_DEFAULT: &str = include_str!("../config/taskgate.toml");
 /// Where `taskgate` looks for its configuration when `--config` is not given.
 pub const DEFAULT_CONFIG_PATH: &str = "config/taskgate.toml";
 
+/// The paths the front answers itself before any upstream route (its path step,
+/// and the `metrics_listen` listener): an upstream configured on one would be
+/// unreachable, so the configuration refuses it.
+pub const OPERATIONAL_PATHS: [&str; 4] = ["/metrics", "/healthz", "/readyz", "/livez"];
+
 /// Where a configuration comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ConfigSource {
@@ -896,7 +901,7 @@ impl Config {
                     "must start with '/' and not be under /.well-known",
                 ));
             }
-            if matches!(u.path.as_str(), "/metrics" | "/healthz" | "/readyz") {
+            if OPERATIONAL_PATHS.contains(&u.path.as_str()) {
                 return Err(invalid(
                     key("path"),
                     "collides with an operational endpoint",
@@ -1160,6 +1165,18 @@ command = ["@self", "demo-upstream"]
 "#;
 
     const EDGE: &str = "[edge]\nlisten = \"127.0.0.1:8000\"\nreplicas = [\"http://127.0.0.1:8081\", \"http://localhost:8082/\"]\n";
+
+    #[test]
+    fn no_upstream_on_an_operational_path() {
+        for path in OPERATIONAL_PATHS {
+            let text = MIN.replace(
+                "name = \"demo\"",
+                &format!("name = \"demo\"\npath = \"{path}\""),
+            );
+            let err = Config::parse(&text).unwrap_err().to_string();
+            assert!(err.contains("operational endpoint"), "{path}: {err}");
+        }
+    }
 
     #[test]
     fn edge_table_gets_defaults_and_parses_replicas() {

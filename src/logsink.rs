@@ -14,9 +14,10 @@
 //! before the process exits, and a panic flushes before its message.
 
 use std::io::Write;
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use parking_lot::{Condvar, Mutex};
 use tracing_subscriber::fmt::MakeWriter;
 
 /// How often the writer thread drains the buffer.
@@ -40,8 +41,8 @@ struct Shared {
 }
 
 impl Shared {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
-        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, Pending> {
+        self.pending.lock()
     }
 
     fn new() -> Self {
@@ -76,7 +77,7 @@ impl Shared {
 
     /// Write out everything buffered so far.
     fn drain(&self) {
-        let _order = self.draining.lock().unwrap_or_else(|p| p.into_inner());
+        let _order = self.draining.lock();
         let (bytes, dropped) = self.take();
         let mut err = std::io::stderr().lock();
         // Nowhere to report a failing stderr: the lines are lost either way.
@@ -102,10 +103,10 @@ fn shared() -> &'static Arc<Shared> {
             .spawn(move || {
                 loop {
                     {
-                        let p = bg.lock();
-                        let _ = bg
-                            .wake
-                            .wait_timeout_while(p, TICK, |p| p.bytes.len() < EARLY_WAKE);
+                        let mut p = bg.lock();
+                        let _ =
+                            bg.wake
+                                .wait_while_for(&mut p, |p| p.bytes.len() < EARLY_WAKE, TICK);
                     }
                     bg.drain();
                 }

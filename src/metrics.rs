@@ -25,6 +25,22 @@ const TASK_STATUSES: [&str; 5] = [
     "cancelled",
 ];
 
+/// The `decision` label values of `taskgate_fail_closed_total`: each error branch that
+/// refuses or keeps state for recovery instead of going on (docs/design.md §16 "Fail
+/// closed").
+pub const FAIL_CLOSED: [&str; 5] = [
+    // A tenant's live tasks could not be counted: the call was refused (503).
+    "quota_uncounted",
+    // A relay taken from the store could not be read: logged with its id, not acted on.
+    "relay_undecodable",
+    // Recording a call's outcome failed unexpectedly: its route was kept for recovery.
+    "route_kept",
+    // The store failed after the upstream call was sent: 200 + -32603, call cancelled.
+    "store_failed_after_send",
+    // A route of this replica's live seat that no call here knows was resolved.
+    "orphan_resolved",
+];
+
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 ];
@@ -125,7 +141,14 @@ fn describe() {
         "taskgate_tasks_expired_unread_total",
         "terminal tasks that expired before their owner received the terminal state, by status (completed, failed)"
     );
+    describe_counter!(
+        "taskgate_fail_closed_total",
+        "error branches that refused or kept state for recovery, by decision (docs/design.md §16)"
+    );
     // Present from the start, so an alert on its increase sees the first one.
+    for decision in FAIL_CLOSED {
+        counter!("taskgate_fail_closed_total", "decision" => decision).increment(0);
+    }
     for status in ["completed", "failed"] {
         counter!("taskgate_tasks_expired_unread_total", "status" => status).increment(0);
     }
@@ -220,6 +243,11 @@ pub fn promoted(upstream: &str, task_id: &str) {
 
 pub fn inline_completion(upstream: &str) {
     counter!("taskgate_inline_completions_total", "upstream" => upstream.to_string()).increment(1);
+}
+
+/// A fail-closed decision was taken (`decision`: one of [`FAIL_CLOSED`]).
+pub fn fail_closed(decision: &'static str) {
+    counter!("taskgate_fail_closed_total", "decision" => decision).increment(1);
 }
 
 pub fn throttled(reason: &'static str) {

@@ -1,7 +1,8 @@
 //! Bounded cache of verified tokens, keyed by SHA-256 of the token, honoured until `exp`.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+
+use parking_lot::Mutex;
 
 use super::Principal;
 
@@ -30,7 +31,7 @@ impl TokenCache {
 
     /// The cached principal if the token was verified before and `now < exp`.
     pub(crate) fn get(&self, key: &Digest, now: u64) -> Option<Principal> {
-        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.map.lock();
         match map.get(key) {
             Some((p, exp)) if now < *exp => Some(p.clone()),
             Some(_) => {
@@ -47,7 +48,7 @@ impl TokenCache {
         if exp <= now || self.capacity == 0 {
             return;
         }
-        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.map.lock();
         if map.len() >= self.capacity && !map.contains_key(&key) {
             map.retain(|_, (_, e)| now < *e);
             if map.len() >= self.capacity {
@@ -63,6 +64,6 @@ impl TokenCache {
 
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.map.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.map.lock().len()
     }
 }

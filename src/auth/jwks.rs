@@ -2,12 +2,13 @@
 //! refresh on an unknown `kid`, a refresh rate limit and fail-closed behaviour.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Limited};
 use jsonwebtoken::{Algorithm, AlgorithmFamily, DecodingKey};
+use parking_lot::RwLock;
 use serde_json::Value;
 
 /// Largest JWKS document accepted (file or HTTP body).
@@ -220,7 +221,7 @@ impl JwksStore {
     }
 
     fn snapshot(&self) -> (Arc<KeySet>, Option<Instant>, u64) {
-        let s = self.state.read().unwrap_or_else(|e| e.into_inner());
+        let s = self.state.read();
         (s.keys.clone(), s.loaded_at, s.generation)
     }
 
@@ -272,7 +273,7 @@ impl JwksStore {
     pub(crate) async fn refresh(&self, seen_generation: u64) {
         let _guard = self.refresh_lock.lock().await;
         {
-            let s = self.state.read().unwrap_or_else(|e| e.into_inner());
+            let s = self.state.read();
             if s.generation != seen_generation {
                 return;
             }
@@ -282,10 +283,7 @@ impl JwksStore {
                 return;
             }
         }
-        self.state
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .last_attempt = Some(Instant::now());
+        self.state.write().last_attempt = Some(Instant::now());
         let loaded = match &self.source {
             JwksSource::File(path) => read_file(path).await,
             JwksSource::Url(uri) => fetch(uri).await,
@@ -294,7 +292,7 @@ impl JwksStore {
         match loaded {
             Ok(set) => {
                 tracing::info!(keys = set.len(), "JWKS loaded");
-                let mut s = self.state.write().unwrap_or_else(|e| e.into_inner());
+                let mut s = self.state.write();
                 s.keys = Arc::new(set);
                 s.loaded_at = Some(Instant::now());
                 s.generation += 1;

@@ -2,8 +2,8 @@
 //! (RSA 2048 PKCS#1 + SPKI, EC P-256 PKCS#8 + SPKI) and are used only here.
 
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -13,6 +13,7 @@ use http::{HeaderMap, HeaderValue, StatusCode};
 use http_body_util::Full;
 use jsonwebtoken::jwk::Jwk;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 
 use super::*;
@@ -738,7 +739,7 @@ async fn jwks_server(initial: String) -> JwksServer {
                         async move {
                             assert_eq!(req.uri().path(), "/jwks");
                             h.fetch_add(1, Ordering::SeqCst);
-                            let text = b.lock().unwrap().clone();
+                            let text = b.lock().clone();
                             Ok::<_, Infallible>(
                                 http::Response::builder()
                                     .header("content-type", "application/json")
@@ -794,7 +795,7 @@ async fn jwks_url_cached_refetched_and_rate_limited() {
     assert_eq!(a.verifier.as_ref().unwrap().jwks_key_count(), 1);
 
     // The IdP adds e1. Right after the last fetch, the refetch is rate limited.
-    *srv.body.lock().unwrap() = jwks(&[
+    *srv.body.lock() = jwks(&[
         (Algorithm::RS256, RSA1_KEY, "r1"),
         (Algorithm::ES256, EC1_KEY, "e1"),
     ]);
@@ -853,7 +854,7 @@ async fn jwks_url_cache_expiry_refetches() {
     .await;
     assert_eq!(srv.hits.load(Ordering::SeqCst), 1);
     // The IdP drops e1; after the cache period the set is refetched and e1 is refused.
-    *srv.body.lock().unwrap() = jwks(&[(Algorithm::ES256, EC2_KEY, "e2")]);
+    *srv.body.lock() = jwks(&[(Algorithm::ES256, EC2_KEY, "e2")]);
     tokio::time::sleep(Duration::from_millis(250)).await;
     let t = sign(Algorithm::ES256, EC1_KEY, Some("e1"), &claims("b", "t"));
     assert_invalid_token(&fail(&a, &t).await, "unknown signing key");
@@ -898,7 +899,7 @@ async fn jwks_url_bad_document_keeps_previous_set() {
         &sign(Algorithm::RS256, RSA1_KEY, Some("r1"), &claims("a", "t")),
     )
     .await;
-    *srv.body.lock().unwrap() = "not json".into();
+    *srv.body.lock() = "not json".into();
     let t = sign(Algorithm::RS256, RSA2_KEY, Some("r2"), &claims("a", "t"));
     assert_invalid_token(&fail(&a, &t).await, "unknown signing key");
     ok(

@@ -6,17 +6,13 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 
 use crate::protocol::{RpcError, notification};
-
-/// Locks a std mutex, ignoring poisoning.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// Something the session wants to deliver to the client.
 #[derive(Debug, Clone)]
@@ -66,7 +62,9 @@ pub struct Stats {
 
 impl Stats {
     pub fn snapshot(&self) -> Value {
-        let counters: serde_json::Map<String, Value> = lock(&self.counters)
+        let counters: serde_json::Map<String, Value> = self
+            .counters
+            .lock()
             .iter()
             .map(|(k, v)| (k.clone(), json!(v)))
             .collect();
@@ -80,7 +78,7 @@ impl Stats {
     }
 
     pub fn bump(&self, key: &str) -> u64 {
-        let mut m = lock(&self.counters);
+        let mut m = self.counters.lock();
         let v = m.entry(key.to_string()).or_insert(0);
         *v += 1;
         *v

@@ -15,8 +15,8 @@ use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -28,13 +28,14 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use super::server::{
     MessageKind, NullSink, Outbound, SUPPORTED_VERSIONS, Session, SessionConfig, Sink, Stats,
-    Transport, classify, lock,
+    Transport, classify,
 };
 
 const MAX_BODY: usize = 16 * 1024 * 1024;
@@ -108,7 +109,7 @@ impl StreamBuf {
     }
 
     fn push(&self, ev: Event) {
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         if st.closed {
             return;
         }
@@ -118,7 +119,7 @@ impl StreamBuf {
     }
 
     fn close(&self, aborted: bool) {
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         if !st.closed {
             st.closed = true;
             st.aborted = aborted;
@@ -153,7 +154,7 @@ struct OnceSink(Mutex<Option<oneshot::Sender<Value>>>);
 impl Sink for OnceSink {
     fn send(&self, out: Outbound) {
         if let Outbound::Message(v) = out
-            && let Some(tx) = lock(&self.0).take()
+            && let Some(tx) = self.0.lock().take()
         {
             let _ = tx.send(v);
         }
@@ -171,12 +172,12 @@ impl HttpSession {
     fn new_stream(&self) -> Arc<StreamBuf> {
         let id = self.next_stream.fetch_add(1, Ordering::SeqCst);
         let buf = Arc::new(StreamBuf::new(id));
-        let mut streams = lock(&self.streams);
+        let mut streams = self.streams.lock();
         // Keep memory bounded: drop finished streams beyond the newest 256.
         if streams.len() > 256 {
             let mut done: Vec<u64> = streams
                 .iter()
-                .filter(|(k, b)| **k != 0 && lock(&b.state).closed)
+                .filter(|(k, b)| **k != 0 && b.state.lock().closed)
                 .map(|(k, _)| *k)
                 .collect();
             done.sort_unstable();
@@ -190,11 +191,11 @@ impl HttpSession {
     }
 
     fn stream(&self, id: u64) -> Option<Arc<StreamBuf>> {
-        lock(&self.streams).get(&id).cloned()
+        self.streams.lock().get(&id).cloned()
     }
 
     fn close_all(&self) {
-        for buf in lock(&self.streams).values() {
+        for buf in self.streams.lock().values() {
             buf.close(false);
         }
     }
@@ -235,10 +236,10 @@ pub async fn serve_http(listener: TcpListener) -> anyhow::Result<()> {
                 tokio::time::sleep(ttl.max(Duration::from_millis(100))).await;
                 let Some(state) = weak.upgrade() else { return };
                 let expired: Vec<Arc<HttpSession>> = {
-                    let mut sessions = lock(&state.sessions);
+                    let mut sessions = state.sessions.lock();
                     let dead: Vec<String> = sessions
                         .iter()
-                        .filter(|(_, s)| s.core.is_expired() || lock(&s.last_used).elapsed() > ttl)
+                        .filter(|(_, s)| s.core.is_expired() || s.last_used.lock().elapsed() > ttl)
                         .map(|(k, _)| k.clone())
                         .collect();
                     dead.iter().filter_map(|k| sessions.remove(k)).collect()
@@ -349,7 +350,7 @@ async fn pump(
         tokio::pin!(notified);
         notified.as_mut().enable();
         let (batch, closed, aborted) = {
-            let st = lock(&buf.state);
+            let st = buf.state.lock();
             let batch: Vec<Event> = st
                 .events
                 .get(pos..)
@@ -372,7 +373,7 @@ async fn pump(
                 return;
             }
             {
-                let mut st = lock(&buf.state);
+                let mut st = buf.state.lock();
                 st.delivered = st.delivered.max(pos);
             }
             if stop {
@@ -431,20 +432,20 @@ impl HttpState {
             ));
         };
         let not_found = || error_response(StatusCode::NOT_FOUND, -32001, "Session not found");
-        let mut sessions = lock(&self.sessions);
+        let mut sessions = self.sessions.lock();
         let Some(sess) = sessions.get(id).cloned() else {
             return Err(not_found());
         };
         let idle_expired = self
             .ttl
-            .is_some_and(|ttl| lock(&sess.last_used).elapsed() > ttl);
+            .is_some_and(|ttl| sess.last_used.lock().elapsed() > ttl);
         if sess.core.is_expired() || idle_expired {
             sessions.remove(id);
             drop(sessions);
             sess.close_all();
             return Err(not_found());
         }
-        *lock(&sess.last_used) = Instant::now();
+        *sess.last_used.lock() = Instant::now();
         Ok(sess)
     }
 
@@ -466,7 +467,7 @@ impl HttpState {
             next_stream: AtomicU64::new(1),
             last_used: Mutex::new(Instant::now()),
         });
-        lock(&self.sessions).insert(id.clone(), sess.clone());
+        self.sessions.lock().insert(id.clone(), sess.clone());
         (id, sess)
     }
 
@@ -566,7 +567,7 @@ impl HttpState {
         let Some(buf) = sess.stream(0) else {
             return empty(StatusCode::METHOD_NOT_ALLOWED);
         };
-        let start = lock(&buf.state).delivered;
+        let start = buf.state.lock().delivered;
         sse_response(buf, start, false)
     }
 
@@ -575,7 +576,7 @@ impl HttpState {
             Ok(s) => s,
             Err(r) => return r,
         };
-        lock(&self.sessions).retain(|_, s| !Arc::ptr_eq(s, &sess));
+        self.sessions.lock().retain(|_, s| !Arc::ptr_eq(s, &sess));
         sess.close_all();
         empty(StatusCode::OK)
     }

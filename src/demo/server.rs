@@ -8,13 +8,13 @@
 //! messages (list-changed notifications, the optional `roots/list` on init).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
-pub(crate) use super::call::lock;
 use super::call::{Answer, CallCtx, Peer, ToolOutcome};
 pub use super::call::{ClientCaps, NullSink, Outbound, Sink, Stats, Transport};
 use super::tools;
@@ -124,10 +124,10 @@ impl Session {
         &self.inner.stats
     }
     pub fn caps(&self) -> ClientCaps {
-        lock(&self.inner.caps).clone()
+        self.inner.caps.lock().clone()
     }
     pub fn protocol_version(&self) -> Option<String> {
-        lock(&self.inner.protocol_version).clone()
+        self.inner.protocol_version.lock().clone()
     }
     pub fn is_initialized(&self) -> bool {
         self.inner.initialized.load(Ordering::SeqCst)
@@ -143,7 +143,7 @@ impl Session {
         &self.inner.standalone
     }
     pub fn in_flight_count(&self) -> usize {
-        lock(&self.inner.in_flight).len()
+        self.inner.in_flight.lock().len()
     }
 
     /// Handles one incoming JSON-RPC message. Output related to a request goes
@@ -200,7 +200,7 @@ impl Session {
                 let Some(req) = params.get("requestId") else {
                     return;
                 };
-                let entry = lock(&self.inner.in_flight).remove(&id_key(req));
+                let entry = self.inner.in_flight.lock().remove(&id_key(req));
                 if let Some(handle) = entry {
                     self.inner.stats.cancelled.fetch_add(1, Ordering::SeqCst);
                     if let Some(h) = handle {
@@ -216,7 +216,7 @@ impl Session {
         let Some(id) = msg.get("id").and_then(Value::as_str) else {
             return;
         };
-        let Some(tx) = lock(&self.inner.pending).remove(id) else {
+        let Some(tx) = self.inner.pending.lock().remove(id) else {
             tracing::debug!("demo: response for unknown request {id}");
             return;
         };
@@ -230,7 +230,7 @@ impl Session {
     fn spawn_call(&self, id: Value, params: Value, sink: Arc<dyn Sink>) {
         self.inner.stats.calls.fetch_add(1, Ordering::SeqCst);
         let key = id_key(&id);
-        lock(&self.inner.in_flight).insert(key.clone(), None);
+        self.inner.in_flight.lock().insert(key.clone(), None);
         let session = self.clone();
         let task_key = key.clone();
         let handle = tokio::spawn(async move {
@@ -252,7 +252,7 @@ impl Session {
             };
             // Removing ourselves from the in-flight table decides the race
             // with a cancellation: if the entry is gone we were cancelled.
-            if lock(&session.inner.in_flight).remove(&task_key).is_none() {
+            if session.inner.in_flight.lock().remove(&task_key).is_none() {
                 return;
             }
             // Mark the session expired before the answer leaves, so that a
@@ -266,7 +266,7 @@ impl Session {
                 ToolOutcome::NoResponse => {}
             }
         });
-        let mut map = lock(&self.inner.in_flight);
+        let mut map = self.inner.in_flight.lock();
         match map.get_mut(&key) {
             Some(slot) => *slot = Some(handle.abort_handle()),
             // Finished already (harmless) or cancelled before we got here.
@@ -353,7 +353,7 @@ impl Session {
                 if level_rank(level).is_none() {
                     return Err(RpcError::invalid_params(format!("Invalid level: {level}")));
                 }
-                *lock(&self.inner.log_level) = Some(level.to_string());
+                *self.inner.log_level.lock() = Some(level.to_string());
                 Ok(json!({}))
             }
             _ => Err(RpcError::new(-32601, format!("Method not found: {method}"))),
@@ -366,10 +366,10 @@ impl Session {
             Some(v) if SUPPORTED_VERSIONS.contains(&v) => v,
             _ => LATEST_VERSION,
         };
-        *lock(&self.inner.protocol_version) = Some(version.to_string());
+        *self.inner.protocol_version.lock() = Some(version.to_string());
         let caps = params.get("capabilities");
         let has = |k: &str| caps.and_then(|c| c.get(k)).is_some_and(|v| !v.is_null());
-        *lock(&self.inner.caps) = ClientCaps {
+        *self.inner.caps.lock() = ClientCaps {
             elicitation: has("elicitation"),
             sampling: has("sampling"),
             roots: has("roots"),
@@ -399,7 +399,7 @@ impl Session {
         let n = self.inner.next_srv_id.fetch_add(1, Ordering::SeqCst);
         let id = format!("srv-{n}");
         let (tx, rx) = oneshot::channel();
-        lock(&self.inner.pending).insert(id.clone(), tx);
+        self.inner.pending.lock().insert(id.clone(), tx);
         let _guard = PendingGuard {
             session: self,
             id: id.clone(),
@@ -415,7 +415,7 @@ impl Session {
 
     /// Whether a log message at `level` should be emitted.
     pub(crate) fn log_enabled(&self, level: &str) -> bool {
-        match lock(&self.inner.log_level).as_deref() {
+        match self.inner.log_level.lock().as_deref() {
             None => true,
             Some(min) => level_rank(level) >= level_rank(min),
         }
@@ -430,7 +430,7 @@ struct PendingGuard<'a> {
 
 impl Drop for PendingGuard<'_> {
     fn drop(&mut self) {
-        lock(&self.session.inner.pending).remove(&self.id);
+        self.session.inner.pending.lock().remove(&self.id);
     }
 }
 

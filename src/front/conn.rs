@@ -18,8 +18,8 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -30,6 +30,7 @@ use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
+use parking_lot::Mutex;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -96,24 +97,18 @@ impl Registry {
             last_active_ms: AtomicU64::new(self.now_ms()),
             close: CancellationToken::new(),
         });
-        self.conns
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(id, state.clone());
+        self.conns.lock().insert(id, state.clone());
         (id, state)
     }
 
     fn remove(&self, id: u64) {
-        self.conns
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&id);
+        self.conns.lock().remove(&id);
     }
 
     /// Ask the connection idle the longest (nothing in flight, not already closing) to
     /// close. `false` when every connection is busy.
     fn close_most_idle(&self) -> bool {
-        let conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
+        let conns = self.conns.lock();
         let victim = conns
             .values()
             .filter(|c| c.in_flight.load(Ordering::Acquire) == 0 && !c.close.is_cancelled())

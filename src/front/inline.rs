@@ -155,14 +155,15 @@ pub async fn run(c: Inline) -> Response<Body> {
 /// Aborts the call when dropped unless disarmed; clones share the state, so the SSE
 /// body can own one while the forwarder disarms another when it holds the call.
 #[derive(Clone)]
-struct CallGuard(Arc<std::sync::Mutex<Option<tokio::task::AbortHandle>>>);
+struct CallGuard(Arc<parking_lot::Mutex<Option<tokio::task::AbortHandle>>>);
 
 impl CallGuard {
     fn new(h: tokio::task::AbortHandle) -> Self {
-        Self(Arc::new(std::sync::Mutex::new(Some(h))))
+        Self(Arc::new(parking_lot::Mutex::new(Some(h))))
     }
     fn disarm(&self) {
-        if let Ok(mut g) = self.0.lock() {
+        {
+            let mut g = self.0.lock();
             *g = None;
         }
     }
@@ -172,7 +173,7 @@ impl Drop for CallGuard {
     fn drop(&mut self) {
         // Only the last clone decides.
         if Arc::strong_count(&self.0) == 1
-            && let Some(h) = self.0.lock().ok().and_then(|mut g| g.take())
+            && let Some(h) = self.0.lock().take()
         {
             h.abort();
         }

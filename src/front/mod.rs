@@ -82,6 +82,7 @@ impl Step for Route {
     fn before(&self, req: &mut Req) -> Result<(), Resp> {
         let gw = &self.0;
         let path = req.uri().path();
+        // Every arm here is in `config::OPERATIONAL_PATHS`, which no upstream may use.
         match path {
             "/healthz" => return Err(reply::json(StatusCode::OK, &json!({"status": "ok"}))),
             "/readyz" => return Err(gw.readyz()),

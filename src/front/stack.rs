@@ -12,12 +12,13 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{Request, Response};
 use hyper::body::Incoming;
+use parking_lot::Mutex;
 use tower::{Layer, Service, ServiceBuilder};
 
 use super::Gateway;
@@ -228,14 +229,11 @@ pub(super) struct ReqLog {
 
 impl LogFields {
     pub(super) fn update(&self, f: impl FnOnce(&mut ReqLog)) {
-        f(&mut self.0.lock().unwrap_or_else(PoisonError::into_inner));
+        f(&mut self.0.lock());
     }
 
     pub(super) fn snapshot(&self) -> ReqLog {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.0.lock().clone()
     }
 }
 

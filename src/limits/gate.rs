@@ -6,8 +6,9 @@
 //! (so it can never fill the queue for everyone).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
 #[derive(Default)]
@@ -137,7 +138,7 @@ pub struct Waiting {
 impl Waiting {
     /// Current 1-based position, `None` once admitted.
     pub fn position(&self) -> Option<usize> {
-        self.gate.inner.lock().ok()?.position(&self.tenant, self.id)
+        self.gate.inner.lock().position(&self.tenant, self.id)
     }
 
     /// Wait for admission (cancel-safe: dropping the future keeps the place).
@@ -157,12 +158,7 @@ impl Drop for Waiting {
         let Some(mut rx) = self.rx.take() else {
             return;
         };
-        let removed = self
-            .gate
-            .inner
-            .lock()
-            .map(|mut i| i.remove(&self.tenant, self.id))
-            .unwrap_or(false);
+        let removed = self.gate.inner.lock().remove(&self.tenant, self.id);
         // Admitted after all (the slot was handed over): pass it on.
         if !removed && rx.try_recv().is_ok() {
             self.gate.release(&self.tenant);
@@ -201,17 +197,13 @@ impl Gate {
     /// Whether a call from `tenant` would be refused right now (checked before any
     /// work starts, so a refused request has no side effect).
     pub fn would_refuse(&self, tenant: &str) -> bool {
-        self.inner
-            .lock()
-            .map(|i| (i.in_flight >= self.max || i.queued > 0) && self.full_for(&i, tenant))
-            .unwrap_or(false)
+        let i = self.inner.lock();
+        (i.in_flight >= self.max || i.queued > 0) && self.full_for(&i, tenant)
     }
 
     /// Run now, queue, or refuse.
     pub fn enter(self: &Arc<Self>, tenant: &str) -> Result<Entry, QueueFull> {
-        let Ok(mut i) = self.inner.lock() else {
-            return Ok(Entry::Run(Permit(self.clone(), tenant.to_string())));
-        };
+        let mut i = self.inner.lock();
         if i.in_flight < self.max && i.queued == 0 {
             i.in_flight += 1;
             i.start(tenant);
@@ -239,9 +231,7 @@ impl Gate {
 
     /// Free a slot of `tenant`: hand it to the next waiter.
     fn release(&self, tenant: &str) {
-        let Ok(mut i) = self.inner.lock() else {
-            return;
-        };
+        let mut i = self.inner.lock();
         if let Some(t) = i.tenants.get_mut(tenant) {
             t.running = t.running.saturating_sub(1);
         }
@@ -264,15 +254,13 @@ impl Gate {
     /// would run at once). Lets a task created before its call starts say "queued"
     /// from its first snapshot on.
     pub fn position_if_entered(&self, tenant: &str) -> Option<usize> {
-        self.inner.lock().ok()?.position_of_next(tenant, self.max)
+        self.inner.lock().position_of_next(tenant, self.max)
     }
 
     /// `(running, queued)`.
     pub fn load(&self) -> (usize, usize) {
-        self.inner
-            .lock()
-            .map(|i| (i.in_flight, i.queued))
-            .unwrap_or((0, 0))
+        let i = self.inner.lock();
+        (i.in_flight, i.queued)
     }
 
     pub fn max_concurrency(&self) -> usize {

@@ -4,8 +4,9 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash, RandomState};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 /// A map that drops entries idle longer than `idle` and never holds more than `cap`.
 ///
@@ -147,9 +148,7 @@ impl PollLimiter {
 
     /// Admit one poll now, or say how long to wait.
     pub fn check(&self, key: &PollKey, now: Instant) -> Result<(), Duration> {
-        let Ok(mut st) = self.state.lock() else {
-            return Ok(());
-        };
+        let mut st = self.state.lock();
         let base = self.base;
         let e = st.entry(key, now, || PollState {
             tat: now,
@@ -167,9 +166,7 @@ impl PollLimiter {
 
     /// Record that `interval_ms` was advertised for this key.
     pub fn advertise(&self, key: &PollKey, interval_ms: u64, now: Instant) {
-        let Ok(mut st) = self.state.lock() else {
-            return;
-        };
+        let mut st = self.state.lock();
         let iv = Duration::from_millis(interval_ms.max(1));
         let recent = self.recent;
         let Some(e) = st.get_mut(key) else {
@@ -198,7 +195,7 @@ impl PollLimiter {
     }
 
     pub fn len(&self) -> usize {
-        self.state.lock().map(|s| s.len()).unwrap_or(0)
+        self.state.lock().len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -221,9 +218,7 @@ impl RequestLimiter {
     }
 
     pub fn check(&self, key: &(String, String), now: Instant) -> Result<(), Duration> {
-        let Ok(mut st) = self.state.lock() else {
-            return Ok(());
-        };
+        let mut st = self.state.lock();
         let rate = self.rate;
         let (tokens, at) = st.entry(key, now, || (rate, now));
         let elapsed = now.saturating_duration_since(*at).as_secs_f64();

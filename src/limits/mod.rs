@@ -18,10 +18,11 @@ pub mod interval;
 pub mod keyed;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use serde_json::json;
 
 use crate::auth::Principal;
@@ -202,9 +203,7 @@ impl Limits {
     }
 
     fn gate(&self, upstream: &str, max_concurrency: usize) -> Arc<Gate> {
-        let Ok(mut g) = self.gates.lock() else {
-            return Gate::new(max_concurrency, self.queue_size);
-        };
+        let mut g = self.gates.lock();
         g.entry(upstream.to_string())
             .or_insert_with(|| Gate::new(max_concurrency, self.queue_size))
             .clone()
@@ -287,7 +286,8 @@ impl Limits {
     /// concurrency, plus the share of polls throttled over the last second.
     pub fn pressure(&self) -> f64 {
         let (mut cap, mut queued) = (0usize, 0usize);
-        if let Ok(g) = self.gates.lock() {
+        {
+            let g = self.gates.lock();
             for gate in g.values() {
                 cap += gate.max_concurrency();
                 queued += gate.load().1;
@@ -299,9 +299,7 @@ impl Limits {
     }
 
     fn throttle_ratio(&self) -> f64 {
-        let Ok(mut w) = self.window.lock() else {
-            return 0.0;
-        };
+        let mut w = self.window.lock();
         if w.0.elapsed() >= Duration::from_secs(1) {
             let ok = self.polls_ok.swap(0, Ordering::Relaxed) as f64;
             let bad = self.polls_throttled.swap(0, Ordering::Relaxed) as f64;
@@ -318,9 +316,7 @@ impl Limits {
 
     /// Note an upstream progress notification for a task (its cadence).
     pub fn progress_seen(&self, task_id: &str) {
-        let Ok(mut c) = self.cadence.lock() else {
-            return;
-        };
+        let mut c = self.cadence.lock();
         let now = Instant::now();
         if c.len() >= MAX_ENTRIES {
             let stale = Duration::from_millis(self.max_ms.saturating_mul(2));
@@ -340,17 +336,19 @@ impl Limits {
 
     /// Forget per-task state (the task reached a terminal state).
     pub fn task_done(&self, task_id: &str) {
-        if let Ok(mut c) = self.cadence.lock() {
+        {
+            let mut c = self.cadence.lock();
             c.remove(task_id);
         }
     }
 
     /// The interval to advertise for a record right now.
     pub fn interval_for(&self, rec: &TaskRecord) -> u64 {
-        let progress = self.cadence.lock().ok().and_then(|c| {
-            let e = c.get(&rec.task_id)?;
-            Some((e.gap_ms?, e.last.elapsed().as_millis() as u64))
-        });
+        let progress = self
+            .cadence
+            .lock()
+            .get(&rec.task_id)
+            .and_then(|e| Some((e.gap_ms?, e.last.elapsed().as_millis() as u64)));
         advertised_interval(IntervalInputs {
             base_ms: self.base_ms,
             max_ms: self.max_ms,
@@ -378,5 +376,41 @@ impl Limits {
             subject: rec.subject.clone(),
         };
         self.adapt(&owner, rec);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CONFIG: &str = "[auth]\nmode = \"none\"\n[[upstream]]\nname = \"demo\"\ncommand = [\"unused\"]\nmax_concurrency = 1\n";
+
+    #[tokio::test]
+    async fn a_panic_while_the_gates_are_locked_keeps_max_concurrency() {
+        let cfg = Config::parse(CONFIG).expect("config");
+        let limits = Limits::from_config(&cfg);
+        let l = limits.clone();
+        let panicked = std::thread::spawn(move || {
+            let _held = l.gates.lock();
+            panic!("a panic while the gates are locked");
+        })
+        .join();
+        assert!(panicked.is_err());
+        let p = Principal {
+            tenant: "acme".into(),
+            subject: "alice".into(),
+        };
+        let first = limits.admit("demo", 1, &p, |_| {}).await.expect("a slot");
+        // With a poisoned lock this used to be a fresh, ungated gate.
+        let second = tokio::time::timeout(
+            Duration::from_millis(100),
+            limits.admit("demo", 1, &p, |_| {}),
+        )
+        .await;
+        assert!(second.is_err(), "admitted past max_concurrency = 1");
+        drop(first);
+        let third =
+            tokio::time::timeout(Duration::from_secs(5), limits.admit("demo", 1, &p, |_| {})).await;
+        assert!(matches!(third, Ok(Ok(_))), "the slot was not freed");
     }
 }

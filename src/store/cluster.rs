@@ -61,6 +61,14 @@ pub struct Relay {
     pub payload: Vec<u8>,
 }
 
+/// A relay taken from the store: its row id (named in the log when it cannot be acted
+/// on, so nothing is lost silently) and the relay.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TakenRelay {
+    pub id: i64,
+    pub relay: Relay,
+}
+
 /// A task the takeover failed: its status before, and the record after.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TakenOver {
@@ -118,7 +126,10 @@ pub trait Cluster: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// Take (and delete) the relays queued for `seat`, oldest first.
-    fn take_relays<'a>(&'a self, seat: &'a Seat) -> BoxFuture<'a, Result<Vec<Relay>, StoreError>>;
+    fn take_relays<'a>(
+        &'a self,
+        seat: &'a Seat,
+    ) -> BoxFuture<'a, Result<Vec<TakenRelay>, StoreError>>;
 
     /// Tell the other replicas that these tasks changed (best effort: a lost
     /// notification only delays a subscriber until the next change or resync).

@@ -4,8 +4,9 @@
 //! "durable" means "until the process ends", so [`TaskStore::flush`] resolves at once.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
+use parking_lot::{Mutex, MutexGuard};
 use rand::RngCore;
 
 use super::{
@@ -66,10 +67,10 @@ impl MemoryStore {
         Arc::new(Self::default())
     }
 
-    /// The state; a panic while it was held cannot leave it half-written (every
-    /// change below is applied after its checks), so a poisoned lock is still usable.
+    /// The state (every change below is applied after its checks, so a panic while
+    /// it is held cannot leave it half-written; ARCHITECTURE.md "Locks").
     fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock()
     }
 
     fn create_now(

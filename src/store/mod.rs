@@ -19,6 +19,8 @@
 pub mod cluster;
 #[cfg(test)]
 mod contract;
+#[cfg(test)]
+pub(crate) mod faulty;
 pub mod memory;
 pub mod postgres;
 pub mod sled;

@@ -128,6 +128,20 @@ fn store_failure(e: impl std::fmt::Display) -> Reply {
     ))))
 }
 
+/// A store failure once the upstream call may have been sent (docs/design.md §16
+/// "Store failures"): no task id, HTTP 200 + `-32603` saying what happened.
+fn store_failed_after_send(upstream: &str, e: impl std::fmt::Display) -> Reply {
+    crate::metrics::fail_closed("store_failed_after_send");
+    tracing::warn!(upstream, error = %e, "storing a promoted task failed after its call was sent; call cancelled");
+    Reply::Failed(Failure::outcome(
+        RpcError::internal(format!(
+            "the task could not be stored durably after the call was sent to upstream \
+             {upstream}; the call was cancelled upstream: {e}"
+        ))
+        .with_data(json!({ "upstream": upstream })),
+    ))
+}
+
 impl Engine {
     fn new_record(&self, c: &ToolCall, tool: &str, fp: String, idem: Option<String>) -> TaskRecord {
         let now = now_ms();
@@ -206,12 +220,20 @@ impl Engine {
     /// The tenant's live-task quota (docs/design.md §8 "Flow control"), checked before
     /// the upstream call starts — after the idempotency lookup, so a duplicate still
     /// gets its task.
+    ///
+    /// A count the store cannot give refuses the call (503 + `Retry-After`: nothing was
+    /// sent): an uncounted quota is no quota (docs/design.md §16 "Fail closed").
     async fn over_quota(&self, c: &ToolCall) -> Option<Reply> {
-        let live = self
-            .store
-            .live_tasks(&c.principal.tenant)
-            .await
-            .unwrap_or(0);
+        let live = match self.store.live_tasks(&c.principal.tenant).await {
+            Ok(n) => n,
+            Err(e) => {
+                crate::metrics::fail_closed("quota_uncounted");
+                tracing::warn!(tenant = %c.principal.tenant, error = %e, "counting the tenant's live tasks failed; call refused");
+                return Some(Reply::Failed(Failure::retry_later(RpcError::internal(
+                    format!("the tenant's live tasks could not be counted: {e}"),
+                ))));
+            }
+        };
         self.limits
             .check_quota(live)
             .err()
@@ -402,11 +424,16 @@ impl Engine {
             key_inputs(&mut rec, &requests)
         };
         let route = self.new_route(&c, &rec.task_id);
-        if let Err(e) = self.create_task(&rec, &route, None).await {
-            return store_failure(e);
-        }
-        if let Err(e) = self.flush().await {
-            return store_failure(e);
+        // The call is under way upstream: a store failure now is the request's outcome
+        // (200), not a retry-safe 503, or a retry could run the call twice. Dropping
+        // `armed` cancels the call upstream; a record that was written after all is
+        // resolved as an orphan by the sweep (docs/design.md §16).
+        let stored = match self.create_task(&rec, &route, None).await {
+            Ok(_) => self.flush().await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = stored {
+            return store_failed_after_send(c.upstream.name(), e);
         }
         armed.disarm();
         self.launch(

@@ -105,8 +105,9 @@ pub fn progress_message(p: &Map<String, Value>) -> String {
 
 impl Engine {
     /// Apply a terminal outcome of the call of `route_id` unless the task is already
-    /// terminal. `false` when the write was fenced: this replica no longer holds the
-    /// call, and whoever does (or the takeover) resolves the task.
+    /// terminal. `false` when the outcome may not be recorded and the route must stay:
+    /// the write was fenced (this replica no longer holds the call; whoever does, or
+    /// the takeover, resolves the task), or the store failed in a way it does not retry.
     ///
     /// A store that is unreachable (an I/O error) is retried until it answers: the
     /// outcome exists only here, and a task left `working` by one failed write would
@@ -162,8 +163,14 @@ impl Engine {
                 tracing::error!(task = task_id, error = %e, "recording a terminal state failed");
                 return false;
             }
+            // Anything else (a corrupt record, a closed store) is not known to have
+            // written the outcome: keep the route, so recovery or the orphan sweep
+            // resolves the task, rather than leave it non-terminal with no route
+            // (docs/design.md §16 "Fail closed").
             Err(e) => {
-                tracing::error!(task = task_id, error = %e, "recording a terminal state failed")
+                crate::metrics::fail_closed("route_kept");
+                tracing::error!(task = task_id, error = %e, "recording a terminal state failed; its route is kept for recovery");
+                return false;
             }
         }
         self.changed(task_id);

@@ -18,9 +18,11 @@ use crate::auth::Principal;
 use crate::config::{Config, OnInput, TaskMode};
 use crate::limits::Limits;
 use crate::protocol::{ClientCaps, RequestMeta, ValidRequest};
+use crate::store::faulty::FaultyStore;
 use crate::store::memory::MemoryStore;
-use crate::store::{TaskStatus, TaskStore};
+use crate::store::{StoreError, TaskStatus, TaskStore};
 use crate::tasks::call::ToolCall;
+use crate::tasks::failure::ErrorClass;
 use crate::upstream::{
     BoxFuture, CallEvent, CallOutcome, CallSpec, InputAnswer, InputRequest, LegacyTransport,
     SessionNotification, TransportState, Upstream, UpstreamError, UpstreamInfo,
@@ -100,6 +102,8 @@ impl LegacyTransport for Scripted {
 struct Rig {
     engine: Arc<Engine>,
     store: Arc<dyn TaskStore>,
+    /// The same store, to fail operations and count calls.
+    faulty: Arc<FaultyStore>,
     upstream: Arc<Upstream>,
     transport: Arc<Scripted>,
     holds: Arc<Holds>,
@@ -123,7 +127,8 @@ fn rig(handler: Handler) -> Rig {
 
 fn rig_with(config: &str, handler: Handler) -> Rig {
     let cfg = Config::parse(config).expect("config");
-    let store: Arc<dyn TaskStore> = MemoryStore::new();
+    let faulty = FaultyStore::new(MemoryStore::new());
+    let store: Arc<dyn TaskStore> = faulty.clone();
     let limits = Limits::from_config(&cfg);
     let transport = Arc::new(Scripted {
         handler,
@@ -141,6 +146,7 @@ fn rig_with(config: &str, handler: Handler) -> Rig {
     Rig {
         engine,
         store,
+        faulty,
         upstream,
         transport,
         holds,
@@ -573,4 +579,102 @@ async fn two_engines_in_one_process_share_no_state() {
     assert_eq!(b.status(&b1).await, TaskStatus::Completed);
     // A stopping keeps its in-flight task for the next start to resolve.
     assert_eq!(a.status(&a1).await, TaskStatus::Working);
+}
+
+fn io_error() -> StoreError {
+    StoreError::Io("the store is down".into())
+}
+
+/// The class and code of a failed reply.
+fn failed(r: &Reply) -> (ErrorClass, i64) {
+    match r {
+        Reply::Failed(f) => (f.class, f.error.code),
+        other => panic!("expected a failure, got {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_quota_the_store_cannot_count_refuses_the_call() {
+    let r = rig(sleep_then(10, "done"));
+    r.faulty.fail("live_tasks", io_error());
+    // Used to count as zero live tasks and run the call past the quota.
+    let reply = r.tools_call(json!({}), 1000).await;
+    assert_eq!(failed(&reply), (ErrorClass::RetryLater(1), -32603));
+    assert_eq!(
+        r.transport.calls.load(Ordering::SeqCst),
+        0,
+        "nothing may be sent"
+    );
+    assert_eq!(r.faulty.calls().get("create"), None, "nothing may be written");
+    r.faulty.heal("live_tasks");
+    let reply = r.tools_call(json!({}), 1000).await;
+    assert!(matches!(reply, Reply::Complete(Ok(_))), "{reply:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_failure_after_the_call_was_sent_is_its_outcome() {
+    for op in ["create", "flush"] {
+        let r = rig(sleep_then(60_000, "late"));
+        r.faulty.fail(op, io_error());
+        // Past the deadline the call is under way: a 503 would invite a retry that
+        // runs it twice.
+        let reply = r.tools_call(json!({}), 1000).await;
+        assert_eq!(failed(&reply), (ErrorClass::Outcome, -32603), "{op}");
+        r.settle().await;
+        assert_eq!(r.transport.calls.load(Ordering::SeqCst), 1, "{op}");
+        assert_eq!(
+            r.transport.dropped.load(Ordering::SeqCst),
+            1,
+            "{op}: the upstream call was not cancelled"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_failure_before_the_call_was_sent_is_retry_safe() {
+    let r = rig(sleep_then(10, "done"));
+    r.faulty.fail("create", io_error());
+    // promote_after_ms = 0: the task is written before the call starts.
+    let reply = r.tools_call(json!({}), 0).await;
+    assert_eq!(failed(&reply), (ErrorClass::RetryLater(1), -32603));
+    assert_eq!(r.transport.calls.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unexpected_settle_error_keeps_the_route() {
+    let r = rig(sleep_then(2_000, "done"));
+    let id = task_id(&r.tools_call(json!({}), 0).await);
+    assert_eq!(r.store.routes().await.expect("routes").len(), 1);
+    let corrupt = StoreError::Corrupt("unreadable record".into());
+    r.faulty.fail("update", corrupt.clone());
+    r.faulty.fail("update_fenced", corrupt);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    r.settle().await;
+    // Used to remove the route of a task that is still `working`: nothing could
+    // ever resolve it then.
+    assert_eq!(r.status(&id).await, TaskStatus::Working);
+    let routes = r.store.routes().await.expect("routes");
+    assert_eq!(
+        routes.len(),
+        1,
+        "the route of a non-terminal task was removed"
+    );
+    assert_eq!(routes[0].task_id.as_deref(), Some(id.as_str()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panic_while_the_live_calls_are_locked_keeps_registering_them() {
+    let r = rig(sleep_then(10, "done"));
+    let engine = r.engine.clone();
+    let panicked = std::thread::spawn(move || {
+        let _held = engine.live.lock();
+        panic!("a panic while the live calls are locked");
+    })
+    .join();
+    assert!(panicked.is_err());
+    let call = tokio::spawn(std::future::pending::<()>());
+    // Used to skip the registration silently: a later cancel could not stop the call.
+    r.engine.register_live("tsk_x", call.abort_handle());
+    assert!(r.engine.abort_live("tsk_x"));
+    assert!(call.await.expect_err("aborted").is_cancelled());
 }

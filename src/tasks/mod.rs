@@ -30,9 +30,10 @@ pub mod snapshot;
 pub mod sweeper;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
 
+use parking_lot::{Mutex, RwLock};
 use serde_json::{Map, Value};
 use tokio::sync::{broadcast, oneshot};
 
@@ -115,19 +116,11 @@ impl Engine {
 
     /// Call `f` on every task status transition from now on.
     pub fn observe(&self, f: Observer) {
-        self.observers
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(f);
+        self.observers.write().push(f);
     }
 
     fn notify(&self, t: Transition<'_>) {
-        for f in self
-            .observers
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-        {
+        for f in self.observers.read().iter() {
             f(&t);
         }
     }
@@ -294,15 +287,15 @@ impl Engine {
     /// Note a terminal write of `task_id` that is about to be made; call
     /// [`Engine::terminal_flushed`] once a flush after it resolved.
     fn terminal_writing(&self, task_id: &str) {
-        if let Ok(mut u) = self.unflushed.lock() {
+        {
+            let mut u = self.unflushed.lock();
             *u.entry(task_id.to_string()).or_default() += 1;
         }
     }
 
     fn terminal_flushed(&self, task_id: &str) {
-        if let Ok(mut u) = self.unflushed.lock()
-            && let Some(n) = u.get_mut(task_id)
-        {
+        let mut u = self.unflushed.lock();
+        if let Some(n) = u.get_mut(task_id) {
             *n -= 1;
             if *n == 0 {
                 u.remove(task_id);
@@ -371,11 +364,7 @@ impl Engine {
     /// Before `rec` (just read) is shown to anyone: if it is terminal and that write
     /// may not be durable yet, flush (a flush started after the read covers it).
     pub async fn durable(&self, rec: &TaskRecord) -> Result<(), crate::store::StoreError> {
-        let pending = rec.status.is_terminal()
-            && self
-                .unflushed
-                .lock()
-                .map_or(true, |u| u.contains_key(&rec.task_id));
+        let pending = rec.status.is_terminal() && self.unflushed.lock().contains_key(&rec.task_id);
         if pending {
             self.store.flush().await?;
         }
@@ -398,7 +387,8 @@ impl Engine {
     }
 
     fn register_live(&self, task_id: &str, abort: tokio::task::AbortHandle) {
-        if let Ok(mut live) = self.live.lock() {
+        {
+            let mut live = self.live.lock();
             live.insert(
                 task_id.to_string(),
                 Live {
@@ -410,25 +400,18 @@ impl Engine {
     }
 
     fn add_responder(&self, task_id: &str, key: String, tx: oneshot::Sender<InputAnswer>) {
-        if let Ok(mut live) = self.live.lock()
-            && let Some(l) = live.get_mut(task_id)
-        {
+        if let Some(l) = self.live.lock().get_mut(task_id) {
             l.responders.insert(key, tx);
         }
     }
 
     fn take_responder(&self, task_id: &str, key: &str) -> Option<oneshot::Sender<InputAnswer>> {
-        self.live
-            .lock()
-            .ok()?
-            .get_mut(task_id)?
-            .responders
-            .remove(key)
+        self.live.lock().get_mut(task_id)?.responders.remove(key)
     }
 
     /// Stop a running call (cancel, expiry); `false` when it is not running here.
     fn abort_live(&self, task_id: &str) -> bool {
-        let live = self.live.lock().ok().and_then(|mut l| l.remove(task_id));
+        let live = self.live.lock().remove(task_id);
         match live {
             Some(l) => {
                 l.abort.abort();
@@ -439,7 +422,8 @@ impl Engine {
     }
 
     fn forget_live(&self, task_id: &str) {
-        if let Ok(mut l) = self.live.lock() {
+        {
+            let mut l = self.live.lock();
             l.remove(task_id);
         }
     }

@@ -11,10 +11,11 @@
 //! whose retry never comes is cancelled after `input_timeout_ms`.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use tokio::sync::{mpsc, oneshot};
@@ -224,7 +225,8 @@ impl Holds {
     fn store_held(self: &Arc<Self>, held: Held) {
         let id = held.claims.h.clone();
         let round = held.claims.r;
-        if let Ok(mut map) = self.held.lock() {
+        {
+            let mut map = self.held.lock();
             map.insert(id.clone(), held);
         }
         // A retry may never come (MCP 2026-07-28 "Multi Round-Trip Requests"): cancel
@@ -233,13 +235,14 @@ impl Holds {
         let timeout = self.input_timeout;
         tokio::spawn(async move {
             tokio::time::sleep(timeout).await;
-            let expired = holds.held.lock().ok().and_then(|mut map| {
+            let expired = {
+                let mut map = holds.held.lock();
                 if map.get(&id).is_some_and(|h| h.claims.r == round) {
                     map.remove(&id)
                 } else {
                     None
                 }
-            });
+            };
             if let Some(h) = expired {
                 tracing::info!(hold = %id, "MRTR retry did not arrive within input_timeout_ms; cancelling the upstream call");
                 h.pending.call.abort();
@@ -268,7 +271,7 @@ impl Holds {
             return Err(invalid_state());
         }
         let mut held = {
-            let mut map = self.held.lock().map_err(|_| invalid_state())?;
+            let mut map = self.held.lock();
             match (map.get(&claims.h), &claims.p) {
                 (Some(h), _) if h.claims.r == claims.r => {}
                 (None, Some(p)) if Some(p) != self.replica_id.as_ref() => {

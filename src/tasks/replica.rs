@@ -20,10 +20,11 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use parking_lot::{Mutex, RwLock};
+use serde_json::{Map, Value, json};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -32,7 +33,7 @@ use super::driver::{conclude, fail};
 use super::{Engine, Transition};
 use crate::protocol::RpcError;
 use crate::store::StoreError;
-use crate::store::cluster::{Cluster, ClusterEvent, Relay, RelayKind, Seat};
+use crate::store::cluster::{Cluster, ClusterEvent, Relay, RelayKind, Seat, TakenRelay};
 use crate::upstream::InputAnswer;
 
 /// How often a replica takes the relays queued for it even when no wake-up came: the
@@ -80,11 +81,12 @@ impl ReplicaState {
     }
 
     fn seat(&self) -> Option<Seat> {
-        self.seat.read().ok().and_then(|s| s.clone())
+        self.seat.read().clone()
     }
 
     fn set_seat(&self, seat: Seat) {
-        if let Ok(mut s) = self.seat.write() {
+        {
+            let mut s = self.seat.write();
             *s = Some(seat);
         }
     }
@@ -239,11 +241,7 @@ impl Engine {
         if self.replica.lease_held.swap(false, Ordering::SeqCst) {
             tracing::error!(reason = why, "replica lease lost: not taking calls");
         }
-        let live: Vec<_> = self
-            .live
-            .lock()
-            .map(|mut l| l.drain().map(|(_, v)| v).collect())
-            .unwrap_or_default();
+        let live: Vec<_> = self.live.lock().drain().map(|(_, v)| v).collect();
         for l in live {
             l.abort.abort();
         }
@@ -351,7 +349,8 @@ impl Engine {
         };
         let corr = correlation_id();
         let (tx, rx) = oneshot::channel();
-        if let Ok(mut w) = self.replica.waiting.lock() {
+        {
+            let mut w = self.replica.waiting.lock();
             w.insert(corr.clone(), tx);
         }
         let relay = Relay {
@@ -373,7 +372,8 @@ impl Engine {
                 None
             }
         };
-        if let Ok(mut w) = self.replica.waiting.lock() {
+        {
+            let mut w = self.replica.waiting.lock();
             w.remove(&corr);
         }
         reply
@@ -402,59 +402,51 @@ impl Engine {
         }
     }
 
-    async fn on_relay(self: &Arc<Self>, cluster: &Arc<dyn Cluster>, r: Relay) {
-        let payload: Value = serde_json::from_slice(&r.payload).unwrap_or(Value::Null);
-        match r.kind {
-            RelayKind::Cancel => {
-                if let Some(t) = &r.task_id {
-                    self.abort_live(t);
-                }
+    async fn on_relay(self: &Arc<Self>, cluster: &Arc<dyn Cluster>, taken: TakenRelay) {
+        let relayed = match read_relay(&taken.relay) {
+            Ok(r) => r,
+            Err(why) => return dead_letter(&taken, why),
+        };
+        match relayed {
+            Relayed::Cancel { task_id } => {
+                self.abort_live(&task_id);
             }
-            RelayKind::Input => {
-                let key = payload.get("key").and_then(Value::as_str);
-                if let (Some(t), Some(key), Some(answer)) = (&r.task_id, key, payload.get("answer"))
-                {
-                    match self.take_responder(t, key) {
-                        Some(tx) => {
-                            let _ = tx.send(InputAnswer::Result(answer.clone()));
-                        }
-                        None => {
-                            tracing::debug!(task = %t, key, "relayed input answer has no waiting request")
-                        }
+            Relayed::Input {
+                task_id,
+                key,
+                answer,
+            } => match self.take_responder(&task_id, &key) {
+                Some(tx) => {
+                    let _ = tx.send(InputAnswer::Result(answer));
+                }
+                // Answered meanwhile, or the call ended: the task says which.
+                None => {
+                    tracing::debug!(task = %task_id, key, "relayed input answer has no waiting request")
+                }
+            },
+            Relayed::Reply { corr, reply } => {
+                let waiter = self.replica.waiting.lock().remove(&corr);
+                match waiter {
+                    Some(tx) => {
+                        let _ = tx.send(reply);
+                    }
+                    // The retry it answers already timed out and was told so.
+                    None => {
+                        tracing::info!(
+                            relay = taken.id,
+                            "an MRTR reply arrived after its retry stopped waiting"
+                        )
                     }
                 }
             }
-            RelayKind::Reply => {
-                let corr = payload
-                    .get("corr")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default();
-                let waiter = self
-                    .replica
-                    .waiting
-                    .lock()
-                    .ok()
-                    .and_then(|mut w| w.remove(corr));
-                if let (Some(tx), Some(reply)) = (waiter, payload.get("reply")) {
-                    let _ = tx.send(reply.clone());
-                }
-            }
-            RelayKind::Mrtr => {
-                let (Some(h), Some(to), Some(corr), Some(req)) = (
-                    self.replica.mrtr.get().cloned(),
-                    payload.get("reply_to").and_then(seat_from),
-                    payload
-                        .get("corr")
-                        .and_then(Value::as_str)
-                        .map(str::to_string),
-                    payload.get("request").cloned(),
-                ) else {
-                    return;
+            Relayed::Mrtr { to, corr, request } => {
+                let Some(h) = self.replica.mrtr.get().cloned() else {
+                    return dead_letter(&taken, "no MRTR handler is installed on this replica");
                 };
                 let cluster = cluster.clone();
                 // The resumed call may run for a while: never hold up other relays.
                 tokio::spawn(async move {
-                    let reply = h(req).await;
+                    let reply = h(request).await;
                     let relay = Relay {
                         kind: RelayKind::Reply,
                         task_id: None,
@@ -468,6 +460,89 @@ impl Engine {
             }
         }
     }
+}
+
+/// What a relay asks for, read from its stored form.
+#[derive(Debug, PartialEq)]
+enum Relayed {
+    Cancel {
+        task_id: String,
+    },
+    Input {
+        task_id: String,
+        key: String,
+        answer: Value,
+    },
+    Reply {
+        corr: String,
+        reply: Value,
+    },
+    Mrtr {
+        to: Seat,
+        corr: String,
+        request: Value,
+    },
+}
+
+/// Read a relay; `Err` says what is missing. Such a relay was already taken from the
+/// store, so the caller logs it whole ([`dead_letter`]) instead of dropping it.
+fn read_relay(r: &Relay) -> Result<Relayed, &'static str> {
+    let task_id = || r.task_id.clone().ok_or("it names no task");
+    let payload = || -> Result<Map<String, Value>, &'static str> {
+        match serde_json::from_slice(&r.payload) {
+            Ok(Value::Object(m)) => Ok(m),
+            _ => Err("its payload is not a JSON object"),
+        }
+    };
+    let text = |m: &mut Map<String, Value>, k: &str| match m.remove(k) {
+        Some(Value::String(s)) => Ok(s),
+        _ => Err("its payload lacks a string field it needs"),
+    };
+    let value = |m: &mut Map<String, Value>, k: &str| {
+        m.remove(k).ok_or("its payload lacks a field it needs")
+    };
+    Ok(match r.kind {
+        RelayKind::Cancel => Relayed::Cancel {
+            task_id: task_id()?,
+        },
+        RelayKind::Input => {
+            let mut m = payload()?;
+            Relayed::Input {
+                task_id: task_id()?,
+                key: text(&mut m, "key")?,
+                answer: value(&mut m, "answer")?,
+            }
+        }
+        RelayKind::Reply => {
+            let mut m = payload()?;
+            Relayed::Reply {
+                corr: text(&mut m, "corr")?,
+                reply: value(&mut m, "reply")?,
+            }
+        }
+        RelayKind::Mrtr => {
+            let mut m = payload()?;
+            Relayed::Mrtr {
+                to: seat_from(&value(&mut m, "reply_to")?).ok_or("its reply_to is not a seat")?,
+                corr: text(&mut m, "corr")?,
+                request: value(&mut m, "request")?,
+            }
+        }
+    })
+}
+
+/// A relay that was taken from the store but cannot be acted on: counted, and logged
+/// whole with its id so an operator can replay it (docs/design.md §16 "Fail closed").
+fn dead_letter(t: &TakenRelay, why: &str) {
+    crate::metrics::fail_closed("relay_undecodable");
+    tracing::error!(
+        relay = t.id,
+        kind = t.relay.kind.as_str(),
+        task = ?t.relay.task_id,
+        reason = why,
+        payload = %String::from_utf8_lossy(&t.relay.payload),
+        "a relay could not be acted on"
+    );
 }
 
 /// Publish changed ids in batches: whatever queued up while the last batch went out
@@ -495,6 +570,84 @@ async fn publish_loop(
         }
         if let Err(e) = cluster.publish(&from, &batch).await {
             tracing::debug!(error = %e, ids = batch.len(), "publishing task changes failed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn relay(kind: RelayKind, task_id: Option<&str>, payload: &[u8]) -> Relay {
+        Relay {
+            kind,
+            task_id: task_id.map(str::to_string),
+            payload: payload.to_vec(),
+        }
+    }
+
+    #[test]
+    fn well_formed_relays_are_read_whole() {
+        let input = relay(
+            RelayKind::Input,
+            Some("tsk_a"),
+            br#"{"key":"k1","answer":{"action":"accept"}}"#,
+        );
+        assert_eq!(
+            read_relay(&input),
+            Ok(Relayed::Input {
+                task_id: "tsk_a".into(),
+                key: "k1".into(),
+                answer: json!({"action": "accept"}),
+            })
+        );
+        let mrtr = relay(
+            RelayKind::Mrtr,
+            None,
+            br#"{"corr":"c1","reply_to":{"replica_id":"r1","epoch":3},"request":{"x":1}}"#,
+        );
+        assert_eq!(
+            read_relay(&mrtr),
+            Ok(Relayed::Mrtr {
+                to: Seat {
+                    replica_id: "r1".into(),
+                    epoch: 3,
+                },
+                corr: "c1".into(),
+                request: json!({"x": 1}),
+            })
+        );
+        assert_eq!(
+            read_relay(&relay(RelayKind::Cancel, Some("tsk_a"), b"null")),
+            Ok(Relayed::Cancel {
+                task_id: "tsk_a".into()
+            })
+        );
+    }
+
+    #[test]
+    fn unreadable_relays_are_refused_not_guessed() {
+        // Each of these used to be dropped without a trace (an unparsable payload read
+        // as `null`); now each is an `Err` that the relay loop logs with the relay's id.
+        let bad = [
+            relay(RelayKind::Input, Some("tsk_a"), b"not json"),
+            relay(RelayKind::Input, Some("tsk_a"), br#"{"answer":{}}"#),
+            relay(RelayKind::Input, Some("tsk_a"), br#"{"key":7,"answer":{}}"#),
+            relay(RelayKind::Input, Some("tsk_a"), br#"{"key":"k"}"#),
+            relay(RelayKind::Input, None, br#"{"key":"k","answer":{}}"#),
+            relay(RelayKind::Cancel, None, b"null"),
+            relay(RelayKind::Reply, None, br#"{"reply":{}}"#),
+            relay(RelayKind::Reply, None, br#"{"corr":"c"}"#),
+            relay(RelayKind::Mrtr, None, br#"{"corr":"c","request":{}}"#),
+            relay(
+                RelayKind::Mrtr,
+                None,
+                br#"{"corr":"c","reply_to":{"replica_id":"r"},"request":{}}"#,
+            ),
+            relay(RelayKind::Mrtr, None, br#"[1,2]"#),
+        ];
+        for r in &bad {
+            assert!(read_relay(r).is_err(), "{r:?} was read");
         }
     }
 }

@@ -9,9 +9,10 @@
 //! a task that was read count as unread.
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use super::Engine;
@@ -38,7 +39,7 @@ pub(super) struct SeenMarks {
 
 impl SeenMarks {
     fn note(&self, task_id: &str) {
-        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pending = self.pending.lock();
         if pending.len() >= MAX_PENDING || !pending.insert(task_id.to_string()) {
             return;
         }
@@ -47,7 +48,7 @@ impl SeenMarks {
     }
 
     fn take(&self) -> Vec<String> {
-        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pending = self.pending.lock();
         std::mem::take(&mut *pending).into_iter().collect()
     }
 }

@@ -4,9 +4,10 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use serde_json::{Map, Value};
 use tokio::sync::mpsc;
 
@@ -98,15 +99,13 @@ impl Upstream {
             loop {
                 match rx.recv().await {
                     Ok(n) if n.method == "notifications/tools/list_changed" => {
-                        if let Ok(mut c) = cache.lock() {
-                            *c = None;
-                        }
+                        let mut c = cache.lock();
+                        *c = None;
                     }
                     Ok(_) => {}
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                        if let Ok(mut c) = cache.lock() {
-                            *c = None;
-                        }
+                        let mut c = cache.lock();
+                        *c = None;
                     }
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
                 }
@@ -157,9 +156,7 @@ impl Upstream {
         if key.is_empty() {
             return (self.boot.clone(), self.boot_tools.clone());
         }
-        let Ok(mut scopes) = self.scopes.lock() else {
-            return (self.boot.clone(), self.boot_tools.clone());
-        };
+        let mut scopes = self.scopes.lock();
         let entry = scopes.entry(key).or_insert_with(|| {
             let transport = Self::start_transport(&self.cfg, &self.pid_dir, &self.identity);
             let tools = Arc::new(Mutex::new(None));
@@ -247,7 +244,7 @@ impl Upstream {
         principal: &Principal,
     ) -> Result<Result<Arc<Value>, RpcError>, UpstreamError> {
         let (transport, cache) = self.scoped(principal);
-        if let Some(v) = cache.lock().ok().and_then(|c| c.clone()) {
+        if let Some(v) = cache.lock().clone() {
             return Ok(Ok(v));
         }
         transport.ensure_ready().await?;
@@ -266,7 +263,8 @@ impl Upstream {
         Ok(match out {
             CallOutcome::Result(v) => {
                 let v = Arc::new(v);
-                if let Ok(mut c) = cache.lock() {
+                {
+                    let mut c = cache.lock();
                     *c = Some(v.clone());
                 }
                 Ok(v)
@@ -291,18 +289,16 @@ impl Upstream {
     /// Drop scoped transports idle for longer than `idle_reap_ms`.
     pub async fn reap_idle(&self) {
         let idle = Duration::from_millis(self.cfg.idle_reap_ms);
-        let stale: Vec<Arc<dyn LegacyTransport>> = match self.scopes.lock() {
-            Ok(mut scopes) => {
-                let keys: Vec<String> = scopes
-                    .iter()
-                    .filter(|(_, s)| s.last_used.elapsed() > idle)
-                    .map(|(k, _)| k.clone())
-                    .collect();
-                keys.into_iter()
-                    .filter_map(|k| scopes.remove(&k).map(|s| s.transport))
-                    .collect()
-            }
-            Err(_) => Vec::new(),
+        let stale: Vec<Arc<dyn LegacyTransport>> = {
+            let mut scopes = self.scopes.lock();
+            let keys: Vec<String> = scopes
+                .iter()
+                .filter(|(_, s)| s.last_used.elapsed() > idle)
+                .map(|(k, _)| k.clone())
+                .collect();
+            keys.into_iter()
+                .filter_map(|k| scopes.remove(&k).map(|s| s.transport))
+                .collect()
         };
         for t in stale {
             t.shutdown().await;
@@ -310,10 +306,12 @@ impl Upstream {
     }
 
     pub async fn shutdown(&self) {
-        let scoped: Vec<Arc<dyn LegacyTransport>> = match self.scopes.lock() {
-            Ok(mut s) => s.drain().map(|(_, v)| v.transport).collect(),
-            Err(_) => Vec::new(),
-        };
+        let scoped: Vec<Arc<dyn LegacyTransport>> = self
+            .scopes
+            .lock()
+            .drain()
+            .map(|(_, v)| v.transport)
+            .collect();
         for t in scoped {
             t.shutdown().await;
         }

@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, NoTls};
 
 use super::{PgError, PgStore, SCHEMA_VERSION, decode, encode, ms};
-use crate::store::cluster::{Cluster, ClusterEvent, Relay, RelayKind, Seat, TakenOver};
+use crate::store::cluster::{Cluster, ClusterEvent, Relay, RelayKind, Seat, TakenOver, TakenRelay};
 use crate::store::{BoxFuture, StoreError, TaskRecord, Update, now_ms};
 
 /// Routes resolved per takeover transaction.
@@ -88,7 +88,8 @@ impl PgStore {
             replica_id: replica_id.to_string(),
             epoch: row.try_get(0)?,
         };
-        if let Ok(mut s) = self.seat.write() {
+        {
+            let mut s = self.seat.write();
             *s = Some(seat.clone());
         }
         Ok(seat)
@@ -260,7 +261,7 @@ impl PgStore {
         Ok(())
     }
 
-    async fn take_relays_now(&self, seat: &Seat) -> Result<Vec<Relay>, PgError> {
+    async fn take_relays_now(&self, seat: &Seat) -> Result<Vec<TakenRelay>, PgError> {
         let c = self.pool.get().await?;
         let stmt = c
             .prepare_cached(
@@ -278,21 +279,26 @@ impl PgStore {
         for row in &rows {
             let id: i64 = row.try_get(0)?;
             let kind: String = row.try_get(1)?;
+            let task_id: Option<String> = row.try_get(2)?;
+            let payload: Vec<u8> = row.try_get(3)?;
             let Some(kind) = RelayKind::parse(&kind) else {
-                tracing::warn!(relay = id, kind = %kind, "dropping a relay of an unknown kind");
+                // From a newer release, perhaps: it was deleted with the others, so
+                // its whole content goes to the log (docs/design.md §16 "Fail closed").
+                crate::metrics::fail_closed("relay_undecodable");
+                tracing::error!(relay = id, kind = %kind, task = ?task_id, payload = %String::from_utf8_lossy(&payload), "a relay of an unknown kind was not acted on");
                 continue;
             };
-            out.push((
+            out.push(TakenRelay {
                 id,
-                Relay {
+                relay: Relay {
                     kind,
-                    task_id: row.try_get(2)?,
-                    payload: row.try_get(3)?,
+                    task_id,
+                    payload,
                 },
-            ));
+            });
         }
-        out.sort_by_key(|(id, _)| *id);
-        Ok(out.into_iter().map(|(_, r)| r).collect())
+        out.sort_by_key(|t| t.id);
+        Ok(out)
     }
 
     /// A connection of its own (not pooled), for `LISTEN` and for publishing.
@@ -438,7 +444,10 @@ impl Cluster for PgStore {
             .boxed()
     }
 
-    fn take_relays<'a>(&'a self, seat: &'a Seat) -> BoxFuture<'a, Result<Vec<Relay>, StoreError>> {
+    fn take_relays<'a>(
+        &'a self,
+        seat: &'a Seat,
+    ) -> BoxFuture<'a, Result<Vec<TakenRelay>, StoreError>> {
         self.run("take_relays", self.take_relays_now(seat)).boxed()
     }
 
@@ -586,7 +595,11 @@ mod tests {
             epoch: 1,
         };
         assert!(a.take_relays(&other).await.expect("take").is_empty());
-        assert_eq!(a.take_relays(&seat1).await.expect("take"), vec![relay]);
+        let taken = a.take_relays(&seat1).await.expect("take");
+        assert_eq!(
+            taken.into_iter().map(|t| t.relay).collect::<Vec<_>>(),
+            vec![relay]
+        );
         assert!(a.take_relays(&seat1).await.expect("take again").is_empty());
         // After a restart (a new epoch) the old epoch's route is this replica's to
         // recover.

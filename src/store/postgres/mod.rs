@@ -178,7 +178,7 @@ pub struct PgStore {
     lease_ms: u64,
     /// This replica's seat once registered ([`super::cluster::Cluster::register`]):
     /// request routes written after that name it.
-    seat: std::sync::RwLock<Option<Seat>>,
+    seat: parking_lot::RwLock<Option<Seat>>,
     /// The connection change notifications are published on (`synchronous_commit =
     /// off`, never a pooled one: see `cluster.rs`).
     publisher: tokio::sync::Mutex<Option<tokio_postgres::Client>>,
@@ -254,7 +254,7 @@ impl PgStore {
             healthy: AtomicBool::new(true),
             pg_config,
             lease_ms: settings.lease_ms,
-            seat: std::sync::RwLock::new(None),
+            seat: parking_lot::RwLock::new(None),
             publisher: tokio::sync::Mutex::new(None),
             me: std::sync::OnceLock::new(),
         });
@@ -273,7 +273,7 @@ impl PgStore {
     /// The `replica_id`/`epoch` columns of a route written now: this replica's seat,
     /// or NULLs before one is registered.
     fn seat_columns(&self) -> (Option<String>, Option<i64>) {
-        match self.seat.read().ok().and_then(|s| s.clone()) {
+        match self.seat.read().clone() {
             Some(s) => (Some(s.replica_id), Some(s.epoch)),
             None => (None, None),
         }

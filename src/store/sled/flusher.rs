@@ -64,10 +64,7 @@ impl SledStore {
     }
 
     pub(super) fn fsync_blobs(&self, dir: &Path) -> io::Result<()> {
-        let mut synced = self
-            .synced_blobs
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut synced = self.synced_blobs.lock();
         let mut seen = HashMap::with_capacity(synced.len());
         let mut any_new = false;
         for entry in std::fs::read_dir(dir)? {

@@ -31,7 +31,7 @@ impl SledStore {
     /// Signed, so the order in which racing increments and decrements land does not
     /// matter: the sum is exact.
     pub(super) fn count_live(&self, tenant: &str, delta: i64) {
-        let mut counts = self.live_counts.lock().unwrap_or_else(|p| p.into_inner());
+        let mut counts = self.live_counts.lock();
         let n = counts.entry(tenant.to_string()).or_insert(0);
         *n += delta;
         if *n == 0 {
@@ -97,7 +97,7 @@ impl SledStore {
     }
 
     pub(crate) fn live_tasks(&self, tenant: &str) -> Result<u64, StoreError> {
-        let counts = self.live_counts.lock().unwrap_or_else(|p| p.into_inner());
+        let counts = self.live_counts.lock();
         Ok(counts
             .get(tenant)
             .map_or(0, |n| u64::try_from(*n).unwrap_or(0)))

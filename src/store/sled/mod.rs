@@ -190,9 +190,9 @@ mod tests;
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{

@@ -2,9 +2,10 @@
 //! check and the read-tracking start, then the flusher and the live index.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
 
+use parking_lot::Mutex;
 use tokio::sync::mpsc;
 
 use super::SledStore;

@@ -2,8 +2,8 @@
 //! answers, progress routed by token, broadcast notifications.
 
 use std::collections::HashMap;
-use std::sync::{MutexGuard, PoisonError};
 
+use parking_lot::MutexGuard;
 use serde_json::{Map, Value};
 use tokio::sync::{mpsc, oneshot};
 
@@ -112,11 +112,7 @@ impl HttpUpstream {
     }
 
     pub(super) fn progress_routes(&self) -> MutexGuard<'_, HashMap<u64, ProgressTarget>> {
-        // Critical sections are single map operations: poisoning cannot leave the map
-        // inconsistent, so it is ignored.
-        self.progress_routes
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.progress_routes.lock()
     }
 
     /// Deliver progress that arrived on a stream other than its call's own POST stream

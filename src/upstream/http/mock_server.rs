@@ -81,7 +81,7 @@ pub(super) enum OnCancel {
 
 impl MockState {
     pub(super) fn records(&self) -> Vec<Recorded> {
-        self.log.lock().unwrap().clone()
+        self.log.lock().clone()
     }
     pub(super) fn count(&self, rpc_method: &str) -> usize {
         self.records()
@@ -171,7 +171,7 @@ pub(super) async fn handle(
 ) -> Result<Response<Body>, Infallible> {
     let path = req.uri().path().to_string();
     if st.redirect && path == "/mcp" {
-        st.log.lock().unwrap().push(Recorded {
+        st.log.lock().push(Recorded {
             method: req.method().to_string(),
             path: path.clone(),
             headers: HashMap::new(),
@@ -197,18 +197,17 @@ pub(super) async fn handle(
         headers: headers.clone(),
         body: body.clone(),
     };
-    st.log.lock().unwrap().push(rec);
+    st.log.lock().push(rec);
     let session_ok = headers
         .get(SESSION_HEADER)
-        .is_some_and(|s| st.valid.lock().unwrap().contains(s));
+        .is_some_and(|s| st.valid.lock().contains(s));
     let reply = |status: u16| Ok(Response::builder().status(status).body(empty()).unwrap());
 
     if method == Method::DELETE {
         return reply(200);
     }
     let sid = headers.get(SESSION_HEADER).cloned().unwrap_or_default();
-    let dead =
-        st.broken.lock().unwrap().contains(&sid) || st.stalled.lock().unwrap().contains(&sid);
+    let dead = st.broken.lock().contains(&sid) || st.stalled.lock().contains(&sid);
     if method == Method::GET {
         if !session_ok {
             return reply(404);
@@ -220,7 +219,7 @@ pub(super) async fn handle(
             if last == "busy-1" {
                 return reply(503);
             }
-            let Some(resp) = st.parked.lock().unwrap().remove(last) else {
+            let Some(resp) = st.parked.lock().remove(last) else {
                 return reply(404);
             };
             let (tx, body) = channel_body();
@@ -233,7 +232,7 @@ pub(super) async fn handle(
             return reply(405);
         }
         let (tx, body) = channel_body();
-        *st.get_tx.lock().unwrap() = Some(tx.clone());
+        *st.get_tx.lock() = Some(tx.clone());
         let st = st.clone();
         tokio::spawn(async move {
             let _ = tx
@@ -263,7 +262,7 @@ pub(super) async fn handle(
     if rpc_method.as_deref() == Some("initialize") {
         let n = st.issued.fetch_add(1, Ordering::SeqCst) + 1;
         let sid = format!("s-{n}");
-        st.valid.lock().unwrap().insert(sid.clone());
+        st.valid.lock().insert(sid.clone());
         let res = result(
             &id.unwrap_or(Value::Null),
             json!({"protocolVersion":"2025-11-25","capabilities":{"tools":{}},
@@ -287,10 +286,10 @@ pub(super) async fn handle(
     if st.forget_sessions.load(Ordering::SeqCst) && rpc_method.as_deref() == Some("tools/call") {
         return reply(404);
     }
-    if st.stalled.lock().unwrap().contains(&sid) {
+    if st.stalled.lock().contains(&sid) {
         return Ok(stalled());
     }
-    if st.broken.lock().unwrap().contains(&sid) {
+    if st.broken.lock().contains(&sid) {
         return Ok(truncated(None));
     }
     match rpc_method.as_deref() {
@@ -298,10 +297,10 @@ pub(super) async fn handle(
             match st.on_cancel {
                 OnCancel::Nothing => {}
                 OnCancel::Break => {
-                    st.broken.lock().unwrap().insert(sid);
+                    st.broken.lock().insert(sid);
                 }
                 OnCancel::Stall => {
-                    st.stalled.lock().unwrap().insert(sid);
+                    st.stalled.lock().insert(sid);
                 }
             }
             return reply(202);
@@ -318,7 +317,7 @@ pub(super) async fn handle(
     if rpc_method.is_none() {
         // A response to one of our server→client requests.
         if let Some(id) = id.as_ref().and_then(Value::as_str)
-            && let Some(tx) = st.pending.lock().unwrap().remove(id)
+            && let Some(tx) = st.pending.lock().remove(id)
         {
             let _ = tx.send(body.clone());
         }
@@ -341,10 +340,7 @@ pub(super) async fn handle(
             let token = body["params"]["_meta"]["progressToken"].clone();
             let (tx, out) = channel_body();
             let (answer_tx, answer_rx) = oneshot::channel();
-            st.pending
-                .lock()
-                .unwrap()
-                .insert("elic-1".into(), answer_tx);
+            st.pending.lock().insert("elic-1".into(), answer_tx);
             tokio::spawn(async move {
                 let progress = json!({"jsonrpc":"2.0","method":"notifications/progress",
                     "params":{"progressToken":token,"progress":1,"total":2,"message":"half"}});
@@ -368,7 +364,7 @@ pub(super) async fn handle(
             Ok(sse_headers(Response::builder()).body(out).unwrap())
         }
         "poll" => {
-            st.parked.lock().unwrap().insert(
+            st.parked.lock().insert(
                 "prime-1".into(),
                 result(&id, json!({"content":[{"type":"text","text":"polled"}]})),
             );
@@ -387,7 +383,7 @@ pub(super) async fn handle(
             // python-sdk 1.9: the call's progress goes out on the GET stream (after
             // a report for a token nobody holds); the answer waits for `release`.
             let token = body["params"]["_meta"]["progressToken"].clone();
-            let get = st.get_tx.lock().unwrap().clone().unwrap();
+            let get = st.get_tx.lock().clone().unwrap();
             for t in [json!("someone-else"), json!(987_654), token] {
                 let p = json!({"jsonrpc":"2.0","method":"notifications/progress",
                     "params":{"progressToken":t,"progress":1,"message":"on GET"}});
@@ -415,7 +411,7 @@ pub(super) async fn handle(
         "truncated" => Ok(truncated(Some(Bytes::from(": working\n\n")))),
         // The connection is reset before any answer.
         "reset" => {
-            if let Some(tx) = abort.lock().unwrap().take() {
+            if let Some(tx) = abort.lock().take() {
                 let _ = tx.send(());
             }
             std::future::pending::<()>().await;

@@ -91,7 +91,7 @@ mod tests;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -100,6 +100,7 @@ use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use parking_lot::{Mutex, MutexGuard};
 use tokio::sync::{Notify, broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
@@ -257,9 +258,7 @@ impl HttpUpstream {
     }
 
     fn inner(&self) -> MutexGuard<'_, Inner> {
-        // A panic while holding the lock cannot leave `Inner` inconsistent (every
-        // critical section is a few plain assignments), so poisoning is ignored.
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+        self.inner.lock()
     }
 
     fn is_shutting_down(&self) -> bool {

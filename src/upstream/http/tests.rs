@@ -199,7 +199,7 @@ async fn expired_session_reinitializes_and_retries_once() {
     let (addr, st) = mock(MockState::default()).await;
     let up = HttpUpstream::start(opts(format!("http://{addr}/mcp")));
     up.ensure_ready().await.unwrap();
-    st.valid.lock().unwrap().clear();
+    st.valid.lock().clear();
     // Concurrent callers share one re-initialisation.
     let (tx, _rx) = mpsc::channel(8);
     let (a, b) = tokio::join!(
@@ -238,7 +238,7 @@ async fn unknown_session_400_is_treated_as_expiry() {
     .await;
     let up = HttpUpstream::start(opts(format!("http://{addr}/mcp")));
     up.ensure_ready().await.unwrap();
-    st.valid.lock().unwrap().clear();
+    st.valid.lock().clear();
     let (tx, _rx) = mpsc::channel(8);
     ok_result(up.call(spec("json", false), tx).await);
     assert_eq!(st.count("initialize"), 2);
@@ -426,7 +426,7 @@ async fn progress_on_get_stream_reaches_the_call_by_token() {
     .await;
     let up = HttpUpstream::start(opts(format!("http://{addr}/mcp")));
     up.ensure_ready().await.unwrap();
-    eventually("GET stream", || st.get_tx.lock().unwrap().is_some()).await;
+    eventually("GET stream", || st.get_tx.lock().is_some()).await;
     let (tx, mut rx) = mpsc::channel(8);
     let caller = up.clone();
     let call = tokio::spawn(async move { caller.call(spec("get_progress", true), tx).await });
@@ -589,7 +589,7 @@ async fn a_cancel_that_breaks_the_session_is_caught_before_the_next_call() {
     .await;
     let up = HttpUpstream::start(opts(format!("http://{addr}/mcp")));
     up.ensure_ready().await.unwrap();
-    eventually("GET stream", || st.get_tx.lock().unwrap().is_some()).await;
+    eventually("GET stream", || st.get_tx.lock().is_some()).await;
     cancel_a_running_call(&up, &st).await;
     let (tx, _rx) = mpsc::channel(8);
     ok_result(up.call(spec("json", false), tx).await);

@@ -82,7 +82,8 @@ impl Shared {
         });
         let (reply_tx, reply_rx) = oneshot::channel();
         let token = CancellationToken::new();
-        if let Ok(mut a) = child.active.lock() {
+        {
+            let mut a = child.active.lock();
             // Routing must be in place before the request is written, or early
             // progress from the child would be treated as unowned.
             *a = Some(Active {

@@ -3,10 +3,11 @@
 
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use serde_json::Value;
 use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::process::{ChildStderr, ChildStdout};
@@ -86,7 +87,7 @@ impl Child {
     }
 
     pub(super) fn take_active(&self) -> Option<Active> {
-        self.active.lock().ok().and_then(|mut a| a.take())
+        self.active.lock().take()
     }
 
     /// Close stdin, then SIGTERM, then SIGKILL the group (MCP 2025-11-25 "Transports", "stdio", shutdown), waiting in between.
@@ -155,7 +156,8 @@ pub(super) async fn spawn_child(shared: &Arc<Shared>) -> Result<Arc<Child>, Stri
         pid_file,
         died_serving: AtomicBool::new(false),
     });
-    if let Ok(mut live) = shared.live.lock() {
+    {
+        let mut live = shared.live.lock();
         live.insert(child.serial, child.clone());
     }
     tokio::spawn(write_loop(stdin, writer_rx));
@@ -188,7 +190,8 @@ pub(super) async fn spawn_child(shared: &Arc<Shared>) -> Result<Arc<Child>, Stri
             if let Some(id) = &shared.opts.identity {
                 id.learned(&info);
             }
-            if let Ok(mut i) = child.info.lock() {
+            {
+                let mut i = child.info.lock();
                 *i = Some(info);
             }
             // Attribution is a security boundary (docs/design.md §14 "Upstream sessions"): servers send unsolicited
@@ -361,7 +364,8 @@ pub(super) async fn run_child(
     if let Some(p) = &child.pid_file {
         let _ = std::fs::remove_file(p);
     }
-    if let Ok(mut live) = shared.live.lock() {
+    {
+        let mut live = shared.live.lock();
         live.remove(&child.serial);
     }
     let _ = child.writer.send(WriterCmd::Close);

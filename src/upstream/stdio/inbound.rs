@@ -78,7 +78,8 @@ pub(super) async fn dispatch(
                 let _ = tx.send(result);
                 return;
             }
-            let active = child.active.lock().ok().and_then(|mut a| {
+            let active = {
+                let mut a = child.active.lock();
                 if a.as_ref()
                     .is_some_and(|x| id.as_u64() == Some(x.request_id))
                 {
@@ -86,7 +87,7 @@ pub(super) async fn dispatch(
                 } else {
                     None
                 }
-            });
+            };
             match active {
                 Some(active) => {
                     active.token.cancel();
@@ -114,7 +115,7 @@ pub(super) async fn dispatch(
 pub(super) fn current_call(
     child: &Child,
 ) -> Option<(mpsc::Sender<CallEvent>, CancellationToken, Option<String>)> {
-    let guard = child.active.lock().ok()?;
+    let guard = child.active.lock();
     let a = guard.as_ref()?;
     if a.token.is_cancelled() {
         return None;

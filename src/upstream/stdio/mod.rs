@@ -47,10 +47,11 @@ mod throttle;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use tokio::sync::{Notify, Semaphore, broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
@@ -205,7 +206,8 @@ impl StdioPool {
             spares,
             throttle: CrashThrottle::default(),
         });
-        if let Ok(mut st) = shared.state.lock() {
+        {
+            let mut st = shared.state.lock();
             shared.activate(&mut st, 0);
             shared.replenish(&mut st);
         }
@@ -214,11 +216,7 @@ impl StdioPool {
 
     /// Pids of the children currently alive (for tests and diagnostics).
     pub fn child_pids(&self) -> Vec<u32> {
-        self.shared
-            .live
-            .lock()
-            .map(|l| l.values().map(|c| c.pid).collect())
-            .unwrap_or_default()
+        self.shared.live.lock().values().map(|c| c.pid).collect()
     }
 }
 
@@ -238,7 +236,7 @@ impl LegacyTransport for StdioPool {
     }
 
     fn info(&self) -> Option<UpstreamInfo> {
-        self.shared.info.lock().ok().and_then(|i| i.clone())
+        self.shared.info.lock().clone()
     }
 
     fn state(&self) -> TransportState {

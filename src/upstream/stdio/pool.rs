@@ -16,10 +16,7 @@ impl Shared {
     }
 
     pub(super) fn live_children(&self) -> Vec<Arc<Child>> {
-        self.live
-            .lock()
-            .map(|l| l.values().cloned().collect())
-            .unwrap_or_default()
+        self.live.lock().values().cloned().collect()
     }
 
     /// Start a supervisor for an inactive slot. Caller holds the state lock.
@@ -80,7 +77,8 @@ impl Shared {
     }
 
     pub(super) fn set_slot(self: &Arc<Self>, idx: usize, state: SlotState) {
-        if let Ok(mut st) = self.state.lock() {
+        {
+            let mut st = self.state.lock();
             if let Some(slot) = st.slots.get_mut(idx) {
                 slot.state = state;
                 slot.idle_since = Instant::now();
@@ -92,7 +90,8 @@ impl Shared {
 
     /// Return a slot reservation (call finished, or its cancelled call was settled).
     pub(super) fn release(self: &Arc<Self>, idx: usize) {
-        if let Ok(mut st) = self.state.lock() {
+        {
+            let mut st = self.state.lock();
             if let Some(slot) = st.slots.get_mut(idx) {
                 slot.busy = false;
                 slot.idle_since = Instant::now();
@@ -105,9 +104,7 @@ impl Shared {
     /// A start failed (or a child quit right after starting): back off further
     /// starts pool-wide. Returns the delay.
     pub(super) fn start_failed(&self) -> Duration {
-        let Ok(mut st) = self.state.lock() else {
-            return BACKOFF_MAX;
-        };
+        let mut st = self.state.lock();
         st.start_failures = st.start_failures.saturating_add(1);
         let doublings = st.start_failures.saturating_sub(1).min(16);
         let delay = (BACKOFF_INITIAL * 2u32.pow(doublings)).min(BACKOFF_MAX);
@@ -116,7 +113,8 @@ impl Shared {
     }
 
     pub(super) fn start_succeeded(&self) {
-        if let Ok(mut st) = self.state.lock() {
+        {
+            let mut st = self.state.lock();
             st.start_failures = 0;
             st.starts_blocked_until = None;
         }
@@ -135,12 +133,14 @@ impl Shared {
         struct Waiting<'a>(&'a Shared);
         impl Drop for Waiting<'_> {
             fn drop(&mut self) {
-                if let Ok(mut st) = self.0.state.lock() {
+                {
+                    let mut st = self.0.state.lock();
                     st.waiting = st.waiting.saturating_sub(1);
                 }
             }
         }
-        if let Ok(mut st) = self.state.lock() {
+        {
+            let mut st = self.state.lock();
             st.waiting += 1;
         }
         let _waiting = Waiting(self);
@@ -148,10 +148,7 @@ impl Shared {
             let mut notified = pin!(self.changed.notified());
             notified.as_mut().enable();
             {
-                let mut st = self
-                    .state
-                    .lock()
-                    .map_err(|_| self.unavailable("pool state poisoned"))?;
+                let mut st = self.state.lock();
                 if self.shutdown.is_cancelled() {
                     return Err(UpstreamError::ShuttingDown);
                 }
@@ -200,15 +197,12 @@ impl Shared {
             let mut notified = pin!(self.changed.notified());
             notified.as_mut().enable();
             {
-                let mut st = self
-                    .state
-                    .lock()
-                    .map_err(|_| self.unavailable("pool state poisoned"))?;
+                let mut st = self.state.lock();
                 if self.shutdown.is_cancelled() {
                     return Err(UpstreamError::ShuttingDown);
                 }
                 let ready = st.slots.iter().find_map(|s| match &s.state {
-                    SlotState::Ready(c) if c.usable() => c.info.lock().ok().and_then(|i| i.clone()),
+                    SlotState::Ready(c) if c.usable() => c.info.lock().clone(),
                     _ => None,
                 });
                 if let Some(info) = ready {
@@ -248,9 +242,7 @@ impl Shared {
         if self.shutdown.is_cancelled() {
             return TransportState::Down("shut down".into());
         }
-        let Ok(st) = self.state.lock() else {
-            return TransportState::Down("pool state poisoned".into());
-        };
+        let st = self.state.lock();
         if st
             .slots
             .iter()

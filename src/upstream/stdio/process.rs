@@ -20,8 +20,9 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 
 /// Pids of children spawned by *this* process that are still alive. `kill_leftovers`
@@ -29,19 +30,21 @@ use serde_json::{Value, json};
 static LIVE_PIDS: Mutex<BTreeSet<u32>> = Mutex::new(BTreeSet::new());
 
 pub(super) fn mark_live(pid: u32) {
-    if let Ok(mut s) = LIVE_PIDS.lock() {
+    {
+        let mut s = LIVE_PIDS.lock();
         s.insert(pid);
     }
 }
 
 pub(super) fn unmark_live(pid: u32) {
-    if let Ok(mut s) = LIVE_PIDS.lock() {
+    {
+        let mut s = LIVE_PIDS.lock();
         s.remove(&pid);
     }
 }
 
 fn is_live(pid: u32) -> bool {
-    LIVE_PIDS.lock().map(|s| s.contains(&pid)).unwrap_or(false)
+    LIVE_PIDS.lock().contains(&pid)
 }
 
 /// Send `sig` to the whole process group led by `pgid`. Refuses the special values

@@ -17,10 +17,8 @@ pub(super) async fn supervise(shared: Arc<Shared>, idx: usize) {
             Ok(child) => {
                 let started = Instant::now();
                 shared.start_succeeded();
-                if let Some(info) = child.info.lock().ok().and_then(|i| i.clone())
-                    && let Ok(mut slot_info) = shared.info.lock()
-                {
-                    *slot_info = Some(info);
+                if let Some(info) = child.info.lock().clone() {
+                    *shared.info.lock() = Some(info);
                 }
                 shared.set_slot(idx, SlotState::Ready(child.clone()));
                 let reaped = watch_child(&shared, idx, &child).await;
@@ -90,9 +88,7 @@ pub(super) async fn watch_child(shared: &Shared, idx: usize, child: &Child) -> b
     let reap_after = Duration::from_millis(shared.opts.idle_reap_ms.max(1));
     loop {
         let next_check = {
-            let Ok(mut st) = shared.state.lock() else {
-                return false;
-            };
+            let mut st = shared.state.lock();
             let Some(slot) = st.slots.get(idx) else {
                 return false;
             };

@@ -16,9 +16,10 @@
 //! are never delayed by it; the pool keeps starting replacements for them.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Crashes within this window that make a caller throttled; also the quiet time that
@@ -94,9 +95,7 @@ impl CallerState {
 impl CrashThrottle {
     /// A child died while serving `caller`'s call at `now`.
     pub(super) fn crashed(&self, caller: &Caller, now: Instant) -> Verdict {
-        let Ok(mut callers) = self.callers.lock() else {
-            return Verdict::Free;
-        };
+        let mut callers = self.callers.lock();
         if callers.len() > PRUNE_ABOVE {
             callers.retain(|_, s| !s.quiet(now) || Arc::strong_count(&s.single) > 1);
         }
@@ -129,7 +128,7 @@ impl CrashThrottle {
     /// If `caller` is throttled: the single-flight semaphore and the instant before
     /// which its next call must not start.
     fn gate(&self, caller: &Caller, now: Instant) -> Option<(Arc<Semaphore>, Instant)> {
-        let mut callers = self.callers.lock().ok()?;
+        let mut callers = self.callers.lock();
         let s = callers.get_mut(caller)?;
         s.refresh(now);
         s.throttled

@@ -1,0 +1,203 @@
+//! A [`TaskStore`] wrapper for engine tests: counts the calls of each operation and
+//! fails the operations a test names, so error branches (docs/design.md §16 "Store
+//! failures", "Fail closed") and the reads a request makes can be checked in process.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::{
+    BoxFuture, Created, Expired, IdempotencyEntry, RequestRoute, StoreError, TaskRecord,
+    TaskStatus, TaskStore, Tombstone, Update, UpstreamIdentity,
+};
+
+/// See the module documentation. Operation names are the trait's method names.
+pub(crate) struct FaultyStore {
+    inner: Arc<dyn TaskStore>,
+    failing: Mutex<HashMap<&'static str, StoreError>>,
+    calls: Mutex<HashMap<&'static str, usize>>,
+}
+
+impl FaultyStore {
+    pub(crate) fn new(inner: Arc<dyn TaskStore>) -> Arc<Self> {
+        Arc::new(Self {
+            inner,
+            failing: Mutex::new(HashMap::new()),
+            calls: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Every later call of `op` fails with `e` (until [`heal`](Self::heal)).
+    pub(crate) fn fail(&self, op: &'static str, e: StoreError) {
+        self.failing.lock().insert(op, e);
+    }
+
+    pub(crate) fn heal(&self, op: &'static str) {
+        self.failing.lock().remove(op);
+    }
+
+    /// Calls of each operation so far (failed ones included).
+    pub(crate) fn calls(&self) -> HashMap<&'static str, usize> {
+        self.calls.lock().clone()
+    }
+
+    fn enter(&self, op: &'static str) -> Result<(), StoreError> {
+        *self.calls.lock().entry(op).or_default() += 1;
+        match self.failing.lock().get(op) {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Count `$op`, fail it if asked, else run `$call` on the inner store.
+macro_rules! pass {
+    ($self:ident, $op:literal, $call:expr) => {
+        Box::pin(async move {
+            $self.enter($op)?;
+            $call.await
+        })
+    };
+}
+
+impl TaskStore for FaultyStore {
+    fn create<'a>(
+        &'a self,
+        task: &'a TaskRecord,
+        route: &'a RequestRoute,
+        idempotency_key: Option<&'a [u8]>,
+    ) -> BoxFuture<'a, Result<Created, StoreError>> {
+        pass!(
+            self,
+            "create",
+            self.inner.create(task, route, idempotency_key)
+        )
+    }
+
+    fn flush(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        pass!(self, "flush", self.inner.flush())
+    }
+
+    fn get<'a>(
+        &'a self,
+        task_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<TaskRecord>, StoreError>> {
+        pass!(self, "get", self.inner.get(task_id))
+    }
+
+    fn update<'a>(
+        &'a self,
+        task_id: &'a str,
+        f: Update<'a>,
+    ) -> BoxFuture<'a, Result<Option<TaskRecord>, StoreError>> {
+        pass!(self, "update", self.inner.update(task_id, f))
+    }
+
+    fn update_fenced<'a>(
+        &'a self,
+        task_id: &'a str,
+        route_id: &'a str,
+        f: Update<'a>,
+    ) -> BoxFuture<'a, Result<Option<TaskRecord>, StoreError>> {
+        pass!(
+            self,
+            "update_fenced",
+            self.inner.update_fenced(task_id, route_id, f)
+        )
+    }
+
+    fn put_route<'a>(&'a self, route: &'a RequestRoute) -> BoxFuture<'a, Result<(), StoreError>> {
+        pass!(self, "put_route", self.inner.put_route(route))
+    }
+
+    fn remove_route<'a>(&'a self, route_id: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        pass!(self, "remove_route", self.inner.remove_route(route_id))
+    }
+
+    fn routes(&self) -> BoxFuture<'_, Result<Vec<RequestRoute>, StoreError>> {
+        pass!(self, "routes", self.inner.routes())
+    }
+
+    fn idempotency_get<'a>(
+        &'a self,
+        key: &'a [u8],
+    ) -> BoxFuture<'a, Result<Option<IdempotencyEntry>, StoreError>> {
+        pass!(self, "idempotency_get", self.inner.idempotency_get(key))
+    }
+
+    fn count_by_status(&self) -> BoxFuture<'_, Result<Vec<(TaskStatus, u64)>, StoreError>> {
+        pass!(self, "count_by_status", self.inner.count_by_status())
+    }
+
+    fn expired(&self, now_ms: u64, limit: usize) -> BoxFuture<'_, Result<Vec<String>, StoreError>> {
+        pass!(self, "expired", self.inner.expired(now_ms, limit))
+    }
+
+    fn expire<'a>(
+        &'a self,
+        task_id: &'a str,
+        now_ms: u64,
+        tombstone_until_ms: u64,
+    ) -> BoxFuture<'a, Result<Option<Expired>, StoreError>> {
+        pass!(
+            self,
+            "expire",
+            self.inner.expire(task_id, now_ms, tombstone_until_ms)
+        )
+    }
+
+    fn mark_seen<'a>(&'a self, task_ids: &'a [String]) -> BoxFuture<'a, Result<(), StoreError>> {
+        pass!(self, "mark_seen", self.inner.mark_seen(task_ids))
+    }
+
+    fn tombstone<'a>(
+        &'a self,
+        task_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Tombstone>, StoreError>> {
+        pass!(self, "tombstone", self.inner.tombstone(task_id))
+    }
+
+    fn sweep_tombstones(&self, now_ms: u64) -> BoxFuture<'_, Result<usize, StoreError>> {
+        pass!(
+            self,
+            "sweep_tombstones",
+            self.inner.sweep_tombstones(now_ms)
+        )
+    }
+
+    fn live_tasks<'a>(&'a self, tenant: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
+        pass!(self, "live_tasks", self.inner.live_tasks(tenant))
+    }
+
+    fn upstream_identity<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<UpstreamIdentity>, StoreError>> {
+        pass!(
+            self,
+            "upstream_identity",
+            self.inner.upstream_identity(name)
+        )
+    }
+
+    fn put_upstream_identity<'a>(
+        &'a self,
+        name: &'a str,
+        identity: &'a UpstreamIdentity,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        pass!(
+            self,
+            "put_upstream_identity",
+            self.inner.put_upstream_identity(name, identity)
+        )
+    }
+
+    fn secret<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<[u8; 32], StoreError>> {
+        pass!(self, "secret", self.inner.secret(name))
+    }
+
+    fn healthy(&self) -> bool {
+        self.inner.healthy()
+    }
+}
