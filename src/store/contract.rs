@@ -14,7 +14,9 @@ use super::memory::MemoryStore;
 use super::postgres::{PgStore, testing as pg};
 use super::sled::SledStore;
 use super::test_records::{route, task};
-use super::{Created, SCHEMA_VERSION, TaskStatus, TaskStore, UpstreamIdentity, now_ms};
+use super::{
+    Created, Owned, SCHEMA_VERSION, TaskStatus, TaskStore, UpstreamIdentity, now_ms, probe,
+};
 use crate::config::StoreConfig;
 
 /// One store under test.
@@ -289,6 +291,65 @@ pub(crate) async fn expiry_and_tombstones(h: Harness) {
     assert_eq!(r, Created::New);
 }
 
+pub(crate) async fn ownership_lookups_cost_the_same(h: Harness) {
+    let s = h.store();
+    let now = now_ms();
+    s.create(
+        &task("tsk_live", "acme", now + HOUR),
+        &route("rt_1", None),
+        None,
+    )
+    .await
+    .unwrap();
+    s.create(
+        &task("tsk_gone", "acme", now - 10),
+        &route("rt_2", None),
+        None,
+    )
+    .await
+    .unwrap();
+    s.expire("tsk_gone", now, now + HOUR)
+        .await
+        .unwrap()
+        .unwrap();
+    let found = s.lookup_owned("tsk_live", "acme", "alice").await.unwrap();
+    assert!(
+        matches!(&found, Owned::Record(r) if r.task_id == "tsk_live"),
+        "{found:?}"
+    );
+    assert_eq!(
+        s.lookup_owned("tsk_gone", "acme", "alice").await.unwrap(),
+        Owned::Expired
+    );
+    for (tenant, subject) in [("acme", "bob"), ("globex", "alice"), ("acme\0alice", "")] {
+        for id in ["tsk_live", "tsk_gone", "tsk_never"] {
+            assert_eq!(
+                s.lookup_owned(id, tenant, subject).await.unwrap(),
+                Owned::Unknown,
+                "{id} as {tenant:?}/{subject:?}"
+            );
+        }
+    }
+    // Counted, not timed: another principal's task, another principal's tombstone and
+    // an id never issued make the same reads and decode nothing.
+    let mut costs = Vec::new();
+    for id in ["tsk_never", "tsk_live", "tsk_gone"] {
+        let before = probe::counts();
+        s.lookup_owned(id, "acme", "bob").await.unwrap();
+        let after = probe::counts();
+        costs.push((
+            id,
+            after.reads - before.reads,
+            after.decodes - before.decodes,
+        ));
+    }
+    let never = (costs[0].1, costs[0].2);
+    assert_eq!(never.1, 0, "{costs:?}");
+    for c in &costs {
+        assert_eq!((c.1, c.2), never, "{costs:?}");
+    }
+}
+
 pub(crate) async fn read_marks(h: Harness) {
     let s = h.store();
     let now = now_ms();
@@ -423,6 +484,10 @@ macro_rules! contract_suite {
             #[tokio::test]
             async fn expiry_and_tombstones() {
                 super::expiry_and_tombstones($factory()).await
+            }
+            #[tokio::test]
+            async fn ownership_lookups_cost_the_same() {
+                super::ownership_lookups_cost_the_same($factory()).await
             }
             #[tokio::test]
             async fn read_marks() {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::{
-    BoxFuture, Created, Expired, IdempotencyEntry, RequestRoute, StoreError, TaskRecord,
+    BoxFuture, Created, Expired, IdempotencyEntry, Owned, RequestRoute, StoreError, TaskRecord,
     TaskStatus, TaskStore, Tombstone, Update, UpstreamIdentity,
 };
 
@@ -156,6 +156,19 @@ impl TaskStore for FaultyStore {
         task_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<Tombstone>, StoreError>> {
         pass!(self, "tombstone", self.inner.tombstone(task_id))
+    }
+
+    fn lookup_owned<'a>(
+        &'a self,
+        task_id: &'a str,
+        tenant: &'a str,
+        subject: &'a str,
+    ) -> BoxFuture<'a, Result<Owned, StoreError>> {
+        pass!(
+            self,
+            "lookup_owned",
+            self.inner.lookup_owned(task_id, tenant, subject)
+        )
     }
 
     fn sweep_tombstones(&self, now_ms: u64) -> BoxFuture<'_, Result<usize, StoreError>> {

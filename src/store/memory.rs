@@ -10,7 +10,7 @@ use parking_lot::{Mutex, MutexGuard};
 use rand::RngCore;
 
 use super::{
-    BoxFuture, Created, Expired, IdempotencyEntry, RequestRoute, SCHEMA_VERSION, StoreError,
+    BoxFuture, Created, Expired, IdempotencyEntry, Owned, RequestRoute, SCHEMA_VERSION, StoreError,
     TaskRecord, TaskStatus, TaskStore, Tombstone, Update, UpstreamIdentity,
 };
 
@@ -314,6 +314,22 @@ impl TaskStore for MemoryStore {
             }
         }
         ready(Ok(()))
+    }
+
+    fn lookup_owned<'a>(
+        &'a self,
+        task_id: &'a str,
+        tenant: &'a str,
+        subject: &'a str,
+    ) -> BoxFuture<'a, Result<Owned, StoreError>> {
+        let s = self.state();
+        let owns = |t: &str, s: &str| t == tenant && s == subject;
+        let found = match (s.tasks.get(task_id), s.tombstones.get(task_id)) {
+            (Some(rec), _) if owns(&rec.tenant, &rec.subject) => Owned::Record(rec.clone()),
+            (None, Some(t)) if owns(&t.tenant, &t.subject) => Owned::Expired,
+            _ => Owned::Unknown,
+        };
+        ready(Ok(found))
     }
 
     fn tombstone<'a>(

@@ -23,6 +23,7 @@ mod contract;
 pub(crate) mod faulty;
 pub mod memory;
 pub mod postgres;
+pub(crate) mod probe;
 pub mod sled;
 #[cfg(test)]
 pub(crate) mod test_records;
@@ -180,6 +181,17 @@ pub enum StoreError {
     Fenced,
 }
 
+/// What a task id is to one principal ([`TaskStore::lookup_owned`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Owned {
+    /// The principal's task.
+    Record(TaskRecord),
+    /// The principal's task expired: only its tombstone is left.
+    Expired,
+    /// Anything else: another principal's task or tombstone, or an id never issued.
+    Unknown,
+}
+
 /// A boxed, `Send` future: what every [`TaskStore`] method returns, so that the trait
 /// stays object-safe (the engine holds an `Arc<dyn TaskStore>`) while a backend may do
 /// real I/O (a network database) behind it.
@@ -281,6 +293,17 @@ pub trait TaskStore: Send + Sync + 'static {
         &'a self,
         task_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<Tombstone>, StoreError>>;
+
+    /// `task_id` as the principal `(tenant, subject)` may see it (docs/design.md §7
+    /// "Ownership"). Whether the id is another principal's task, another principal's
+    /// tombstone or was never issued, this makes the same reads and decodes nothing,
+    /// so its cost says nothing about what exists: only the owner's record is decoded.
+    fn lookup_owned<'a>(
+        &'a self,
+        task_id: &'a str,
+        tenant: &'a str,
+        subject: &'a str,
+    ) -> BoxFuture<'a, Result<Owned, StoreError>>;
 
     /// Delete tombstones past their time, with their idempotency entries.
     fn sweep_tombstones(&self, now_ms: u64) -> BoxFuture<'_, Result<usize, StoreError>>;

@@ -605,7 +605,11 @@ async fn a_quota_the_store_cannot_count_refuses_the_call() {
         0,
         "nothing may be sent"
     );
-    assert_eq!(r.faulty.calls().get("create"), None, "nothing may be written");
+    assert_eq!(
+        r.faulty.calls().get("create"),
+        None,
+        "nothing may be written"
+    );
     r.faulty.heal("live_tasks");
     let reply = r.tools_call(json!({}), 1000).await;
     assert!(matches!(reply, Reply::Complete(Ok(_))), "{reply:?}");
@@ -677,4 +681,35 @@ async fn a_panic_while_the_live_calls_are_locked_keeps_registering_them() {
     r.engine.register_live("tsk_x", call.abort_handle());
     assert!(r.engine.abort_live("tsk_x"));
     assert!(call.await.expect_err("aborted").is_cancelled());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_foreign_id_costs_the_store_calls_of_one_never_issued() {
+    let r = rig(sleep_then(60_000, "late"));
+    let id = task_id(&r.tools_call(json!({}), 0).await);
+    let bob = Principal {
+        tenant: "acme".into(),
+        subject: "bob".into(),
+    };
+    let mut seen = Vec::new();
+    for probe in [id.as_str(), "tsk_AAAAAAAAAAAAAAAAAAAAAA"] {
+        let before = r.faulty.calls();
+        let mut p = Map::new();
+        p.insert("taskId".into(), Value::from(probe));
+        let err = r
+            .engine
+            .get(&bob, "demo", &p, &json!({}))
+            .await
+            .expect_err("not bob's");
+        let after = r.faulty.calls();
+        let made: Vec<_> = after
+            .iter()
+            .filter(|(op, n)| before.get(*op) != Some(n))
+            .map(|(op, n)| (*op, n - before.get(op).copied().unwrap_or(0)))
+            .collect();
+        seen.push((err, made));
+    }
+    // Used to be `get` for the foreign id and `get` + `tombstone` for the other.
+    assert_eq!(seen[0], seen[1]);
+    assert_eq!(seen[0].1, vec![("lookup_owned", 1)]);
 }

@@ -31,7 +31,7 @@ pub use migrate::{LATEST_MIGRATION, Migrated, migrate};
 
 use super::cluster::Seat;
 use super::{
-    BoxFuture, Created, Expired, IdempotencyEntry, RequestRoute, SCHEMA_VERSION, StoreError,
+    BoxFuture, Created, Expired, IdempotencyEntry, Owned, RequestRoute, SCHEMA_VERSION, StoreError,
     TaskRecord, TaskStatus, TaskStore, Tombstone, Update, UpstreamIdentity,
 };
 use crate::config::{StoreConfig, is_pg_schema_name};
@@ -342,6 +342,7 @@ fn ms(v: u64) -> i64 {
 }
 
 fn decode<T: serde::de::DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T, PgError> {
+    crate::store::probe::decode();
     serde_json::from_slice(bytes).map_err(|e| PgError::Corrupt(format!("{what}: {e}")))
 }
 
@@ -868,6 +869,45 @@ impl TaskStore for PgStore {
             "mark_seen",
             async move { self.mark_seen_now(task_ids).await },
         )
+        .boxed()
+    }
+
+    fn lookup_owned<'a>(
+        &'a self,
+        task_id: &'a str,
+        tenant: &'a str,
+        subject: &'a str,
+    ) -> BoxFuture<'a, Result<Owned, StoreError>> {
+        self.run("lookup_owned", async move {
+            // PostgreSQL text holds no NUL, so no row can name such an owner.
+            if tenant.contains('\0') || subject.contains('\0') {
+                return Ok(Owned::Unknown);
+            }
+            let c = self.pool.get().await?;
+            // One statement probes both tables by primary key on every path, and the
+            // owner is matched on the columns beside the record: another principal's
+            // task or tombstone reads like an id never issued, and nothing of it is
+            // decoded (docs/design.md §7 "Ownership").
+            let stmt = c
+                .prepare_cached(
+                    "SELECT r.record, t.task_id IS NOT NULL
+                     FROM (SELECT $1::text AS task_id) k
+                     LEFT JOIN task_routes r
+                       ON r.task_id = k.task_id AND r.tenant = $2 AND r.subject = $3
+                     LEFT JOIN tombstones t
+                       ON t.task_id = k.task_id AND t.tenant = $2 AND t.subject = $3",
+                )
+                .await?;
+            crate::store::probe::read();
+            let row = c.query_one(&stmt, &[&task_id, &tenant, &subject]).await?;
+            let record: Option<Vec<u8>> = row.try_get(0)?;
+            let expired: bool = row.try_get(1)?;
+            Ok(match record {
+                Some(bytes) => Owned::Record(decode(&format!("task_routes/{task_id}"), &bytes)?),
+                None if expired => Owned::Expired,
+                None => Owned::Unknown,
+            })
+        })
         .boxed()
     }
 

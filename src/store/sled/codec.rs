@@ -64,6 +64,7 @@ pub(super) fn decode<T: Record>(
     bytes: &[u8],
     upgrade: fn(&mut Map<String, Value>),
 ) -> Result<T, StoreError> {
+    crate::store::probe::decode();
     if let Ok(rec) = serde_json::from_slice::<T>(bytes)
         && rec.version() == SCHEMA_VERSION
     {
@@ -181,4 +182,91 @@ pub(super) struct IndexProbe {
 pub(super) fn probe(key: &[u8], bytes: &[u8]) -> Result<IndexProbe, StoreError> {
     serde_json::from_slice(bytes)
         .map_err(|e| StoreError::Corrupt(format!("tasks/{}: {e}", key_str(key))))
+}
+
+/// The bytes serde writes at the start of a current-version task or tombstone of one
+/// owner: both structs begin with `v`, `task_id`, `tenant`, `subject`, and serde_json
+/// writes a string one way only. So a stored record's owner is told by a comparison,
+/// not a decode, and another principal's record costs what an absent one costs
+/// (docs/design.md §7 "Ownership"). `tests::owner_prefix_matches_what_serde_writes`
+/// fails if a field moves.
+pub(super) struct OwnerPrefix {
+    owner: Vec<u8>,
+    version: Vec<u8>,
+}
+
+impl OwnerPrefix {
+    pub(super) fn new(task_id: &str, tenant: &str, subject: &str) -> Self {
+        let version = format!("{{\"v\":{SCHEMA_VERSION},").into_bytes();
+        let mut owner = version.clone();
+        // Writing a `&str` into a Vec cannot fail.
+        owner.extend_from_slice(b"\"task_id\":");
+        let _ = serde_json::to_writer(&mut owner, task_id);
+        owner.extend_from_slice(b",\"tenant\":");
+        let _ = serde_json::to_writer(&mut owner, tenant);
+        owner.extend_from_slice(b",\"subject\":");
+        let _ = serde_json::to_writer(&mut owner, subject);
+        owner.push(b',');
+        Self { owner, version }
+    }
+
+    /// `Some(owned)` for a current-version record; `None` for another version, which
+    /// only a decode can tell.
+    pub(super) fn owns(&self, bytes: &[u8]) -> Option<bool> {
+        if bytes.starts_with(&self.owner) {
+            Some(true)
+        } else {
+            bytes.starts_with(&self.version).then_some(false)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::test_records::task;
+
+    #[test]
+    fn owner_prefix_matches_what_serde_writes() {
+        let owners = [
+            ("acme", "alice"),
+            ("a\"b", "c\\d"),
+            ("ten\u{0}ant", "sübject ✓"),
+            ("", ""),
+            ("line\nbreak", "tab\t"),
+        ];
+        for (tenant, subject) in owners {
+            let mut rec = task("tsk_owner", tenant, 1);
+            rec.subject = subject.into();
+            let tomb = Tombstone {
+                v: SCHEMA_VERSION,
+                task_id: "tsk_owner".into(),
+                tenant: tenant.into(),
+                subject: subject.into(),
+                idempotency_index_key: None,
+                expires_at_ms: 1,
+            };
+            let stored = [
+                encode_task(&rec).expect("encode"),
+                encode("tombstones", "tsk_owner", &tomb).expect("encode"),
+            ];
+            for bytes in &stored {
+                let mine = OwnerPrefix::new("tsk_owner", tenant, subject);
+                assert_eq!(mine.owns(bytes), Some(true), "{tenant:?}/{subject:?}");
+                for other in [
+                    OwnerPrefix::new("tsk_owner", tenant, "someone else"),
+                    OwnerPrefix::new("tsk_owner", "other", subject),
+                    OwnerPrefix::new("tsk_other", tenant, subject),
+                ] {
+                    assert_eq!(other.owns(bytes), Some(false), "{tenant:?}/{subject:?}");
+                }
+            }
+        }
+        // Another version is for a decode to tell.
+        let old = br#"{"task_id":"tsk_owner","tenant":"acme","subject":"alice"}"#;
+        assert_eq!(
+            OwnerPrefix::new("tsk_owner", "acme", "alice").owns(old),
+            None
+        );
+    }
 }

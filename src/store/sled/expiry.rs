@@ -1,10 +1,14 @@
 //! Expiry, tombstones and seen marks, and the repairs of cut-short operations that
 //! `expired` and `sweep_tombstones` carry (module docs, "Concurrency contract").
 
-use super::codec::{StoredSeen, decode, decode_idempotency, encode, probe, upgrade_tombstone};
+use super::codec::{
+    OwnerPrefix, StoredSeen, decode, decode_idempotency, encode, probe, upgrade_task,
+    upgrade_tombstone,
+};
 use super::schema::{META_IDEM_OF, expiry_key, meta_key};
 use super::{Cas, SledStore};
-use crate::store::{Expired, SCHEMA_VERSION, StoreError, Tombstone};
+use crate::store::probe;
+use crate::store::{Expired, Owned, SCHEMA_VERSION, StoreError, TaskRecord, Tombstone};
 
 impl SledStore {
     /// Also repairs the index as it goes: an entry whose task is gone, or whose task
@@ -122,6 +126,61 @@ impl SledStore {
                 record: rec,
             }));
         }
+    }
+
+    /// See [`TaskStore::lookup_owned`](crate::store::TaskStore::lookup_owned): both
+    /// trees are read on every path, and a record is decoded only once its owner is
+    /// known to be the caller ([`OwnerPrefix`]).
+    pub(crate) fn lookup_owned(
+        &self,
+        task_id: &str,
+        tenant: &str,
+        subject: &str,
+    ) -> Result<Owned, StoreError> {
+        let key = task_id.as_bytes();
+        let owner = OwnerPrefix::new(task_id, tenant, subject);
+        probe::read();
+        let task = self
+            .tasks
+            .get(key)
+            .map_err(|e| self.read_failed("get task", &e))?;
+        probe::read();
+        let tomb = self
+            .tombstones
+            .get(key)
+            .map_err(|e| self.read_failed("get tombstone", &e))?;
+        let owns =
+            |rec_tenant: &str, rec_subject: &str| rec_tenant == tenant && rec_subject == subject;
+        if let Some(b) = task {
+            return Ok(match owner.owns(&b) {
+                Some(false) => Owned::Unknown,
+                Some(true) => Owned::Record(decode("tasks", key, &b, upgrade_task)?),
+                // A record of an older version: only a decode tells its owner.
+                None => {
+                    let rec: TaskRecord = decode("tasks", key, &b, upgrade_task)?;
+                    if owns(&rec.tenant, &rec.subject) {
+                        Owned::Record(rec)
+                    } else {
+                        Owned::Unknown
+                    }
+                }
+            });
+        }
+        let Some(b) = tomb else {
+            return Ok(Owned::Unknown);
+        };
+        let expired = match owner.owns(&b) {
+            Some(owned) => owned,
+            None => {
+                let t: Tombstone = decode("tombstones", key, &b, upgrade_tombstone)?;
+                owns(&t.tenant, &t.subject)
+            }
+        };
+        Ok(if expired {
+            Owned::Expired
+        } else {
+            Owned::Unknown
+        })
     }
 
     pub(crate) fn tombstone(&self, task_id: &str) -> Result<Option<Tombstone>, StoreError> {

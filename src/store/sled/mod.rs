@@ -196,8 +196,8 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
-    BoxFuture, Created, Expired, IdempotencyEntry, RequestRoute, StoreError, TaskRecord, TaskStore,
-    Tombstone, Update, UpstreamIdentity,
+    BoxFuture, Created, Expired, IdempotencyEntry, Owned, RequestRoute, StoreError, TaskRecord,
+    TaskStore, Tombstone, Update, UpstreamIdentity,
 };
 
 type Waiter = oneshot::Sender<Result<(), StoreError>>;
@@ -364,6 +364,15 @@ impl TaskStore for SledStore {
 
     fn mark_seen<'a>(&'a self, task_ids: &'a [String]) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move { SledStore::mark_seen(self, task_ids) })
+    }
+
+    fn lookup_owned<'a>(
+        &'a self,
+        task_id: &'a str,
+        tenant: &'a str,
+        subject: &'a str,
+    ) -> BoxFuture<'a, Result<Owned, StoreError>> {
+        Box::pin(async move { SledStore::lookup_owned(self, task_id, tenant, subject) })
     }
 
     fn tombstone<'a>(
