@@ -325,7 +325,9 @@ impl TaskStore for MemoryStore {
         let s = self.state();
         let owns = |t: &str, s: &str| t == tenant && s == subject;
         let found = match (s.tasks.get(task_id), s.tombstones.get(task_id)) {
-            (Some(rec), _) if owns(&rec.tenant, &rec.subject) => Owned::Record(rec.clone()),
+            (Some(rec), _) if owns(&rec.tenant, &rec.subject) => {
+                Owned::Record(Box::new(rec.clone()))
+            }
             (None, Some(t)) if owns(&t.tenant, &t.subject) => Owned::Expired,
             _ => Owned::Unknown,
         };

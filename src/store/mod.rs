@@ -185,7 +185,7 @@ pub enum StoreError {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Owned {
     /// The principal's task.
-    Record(TaskRecord),
+    Record(Box<TaskRecord>),
     /// The principal's task expired: only its tombstone is left.
     Expired,
     /// Anything else: another principal's task or tombstone, or an id never issued.

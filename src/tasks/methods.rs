@@ -57,7 +57,7 @@ impl Engine {
                 if rec.expires_at_ms <= now_ms() {
                     Err(expired())
                 } else {
-                    Ok(rec)
+                    Ok(*rec)
                 }
             }
             Owned::Expired => Err(expired()),

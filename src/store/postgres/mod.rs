@@ -903,7 +903,9 @@ impl TaskStore for PgStore {
             let record: Option<Vec<u8>> = row.try_get(0)?;
             let expired: bool = row.try_get(1)?;
             Ok(match record {
-                Some(bytes) => Owned::Record(decode(&format!("task_routes/{task_id}"), &bytes)?),
+                Some(bytes) => {
+                    Owned::Record(Box::new(decode(&format!("task_routes/{task_id}"), &bytes)?))
+                }
                 None if expired => Owned::Expired,
                 None => Owned::Unknown,
             })

@@ -154,12 +154,12 @@ impl SledStore {
         if let Some(b) = task {
             return Ok(match owner.owns(&b) {
                 Some(false) => Owned::Unknown,
-                Some(true) => Owned::Record(decode("tasks", key, &b, upgrade_task)?),
+                Some(true) => Owned::Record(Box::new(decode("tasks", key, &b, upgrade_task)?)),
                 // A record of an older version: only a decode tells its owner.
                 None => {
                     let rec: TaskRecord = decode("tasks", key, &b, upgrade_task)?;
                     if owns(&rec.tenant, &rec.subject) {
-                        Owned::Record(rec)
+                        Owned::Record(Box::new(rec))
                     } else {
                         Owned::Unknown
                     }
