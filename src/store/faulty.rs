@@ -119,6 +119,10 @@ impl TaskStore for FaultyStore {
         pass!(self, "routes", self.inner.routes())
     }
 
+    fn held_routes(&self) -> BoxFuture<'_, Result<Vec<RequestRoute>, StoreError>> {
+        pass!(self, "held_routes", self.inner.held_routes())
+    }
+
     fn idempotency_get<'a>(
         &'a self,
         key: &'a [u8],

@@ -261,6 +261,10 @@ impl TaskStore for MemoryStore {
         ready(Ok(self.state().routes.values().cloned().collect()))
     }
 
+    fn held_routes(&self) -> BoxFuture<'_, Result<Vec<RequestRoute>, StoreError>> {
+        self.routes()
+    }
+
     fn idempotency_get<'a>(
         &'a self,
         key: &'a [u8],

@@ -192,6 +192,11 @@ pub enum Owned {
     Unknown,
 }
 
+/// The longest the gateway waits for one store operation before it abandons it
+/// (PostgreSQL; sled works locally). An abandoned write may still land: the orphan
+/// sweep leaves routes younger than this alone (docs/design.md §16).
+pub const OPERATION_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// A boxed, `Send` future: what every [`TaskStore`] method returns, so that the trait
 /// stays object-safe (the engine holds an `Arc<dyn TaskStore>`) while a backend may do
 /// real I/O (a network database) behind it.
@@ -257,6 +262,10 @@ pub trait TaskStore: Send + Sync + 'static {
     /// start-up): every route for a store with one gateway; on a shared store, those
     /// of this replica's earlier epochs (other replicas' are theirs, or the takeover's).
     fn routes(&self) -> BoxFuture<'_, Result<Vec<RequestRoute>, StoreError>>;
+    /// The request routes this process holds now (for the orphan sweep, docs/design.md
+    /// §16): every route for a store with one gateway; on a shared store, those naming
+    /// this replica's current seat.
+    fn held_routes(&self) -> BoxFuture<'_, Result<Vec<RequestRoute>, StoreError>>;
 
     fn idempotency_get<'a>(
         &'a self,

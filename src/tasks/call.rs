@@ -301,6 +301,7 @@ impl Engine {
             rec.status_message = Some(msg);
         }
         let route = self.new_route(&c, &rec.task_id);
+        let _creating = self.creating(&rec.task_id);
         match self.create_task(&rec, &route, index.as_deref()).await {
             Ok(Created::New) => {}
             Ok(Created::Existing(entry)) => return self.existing(&c, entry, &fp).await,
@@ -424,6 +425,7 @@ impl Engine {
             key_inputs(&mut rec, &requests)
         };
         let route = self.new_route(&c, &rec.task_id);
+        let _creating = self.creating(&rec.task_id);
         // The call is under way upstream: a store failure now is the request's outcome
         // (200), not a retry-safe 503, or a retry could run the call twice. Dropping
         // `armed` cancels the call upstream; a record that was written after all is

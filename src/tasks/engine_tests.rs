@@ -713,3 +713,49 @@ async fn a_foreign_id_costs_the_store_calls_of_one_never_issued() {
     assert_eq!(seen[0], seen[1]);
     assert_eq!(seen[0].1, vec![("lookup_owned", 1)]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_sweep_fails_an_orphaned_task_exactly_once() {
+    use crate::store::test_records::{route, task};
+    let r = rig(sleep_then(60_000, "late"));
+    let now = crate::store::now_ms();
+    // A creation whose write landed after the gateway gave up on it: a route of this
+    // gateway, older than the operation limit, that no call here knows.
+    let mut orphan = route("rt_orphan", Some("tsk_orphan"));
+    orphan.started_at_ms = now - 60_000;
+    let mut rec = task("tsk_orphan", "acme", now + 3_600_000);
+    rec.status = TaskStatus::Working;
+    r.store.create(&rec, &orphan, None).await.expect("create");
+    // A younger one is left alone (its creation may still be under way)...
+    let mut young = route("rt_young", Some("tsk_young"));
+    young.started_at_ms = now;
+    r.store
+        .create(&task("tsk_young", "acme", now + 3_600_000), &young, None)
+        .await
+        .expect("create");
+    // ... and so is a running call, however old its route.
+    let running = task_id(&r.tools_call(json!({}), 0).await);
+    let routes = r.store.routes().await.expect("routes");
+    let mut old_running = routes
+        .into_iter()
+        .find(|rt| rt.task_id.as_deref() == Some(running.as_str()))
+        .expect("route of the running call");
+    old_running.started_at_ms = now - 60_000;
+    r.store.put_route(&old_running).await.expect("put route");
+
+    assert_eq!(r.engine.resolve_orphans().await.expect("sweep"), 1);
+    assert_eq!(r.status("tsk_orphan").await, TaskStatus::Failed);
+    assert_eq!(r.status("tsk_young").await, TaskStatus::Working);
+    assert_eq!(r.status(&running).await, TaskStatus::Working);
+    assert_eq!(r.engine.resolve_orphans().await.expect("sweep"), 0);
+    let left: Vec<_> = r
+        .store
+        .routes()
+        .await
+        .expect("routes")
+        .into_iter()
+        .map(|rt| rt.route_id)
+        .collect();
+    assert_eq!(left.len(), 2, "{left:?}");
+    assert!(!left.contains(&"rt_orphan".to_string()));
+}

@@ -29,7 +29,7 @@ pub mod seen;
 pub mod snapshot;
 pub mod sweeper;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -95,6 +95,22 @@ pub struct Engine {
     /// result a client already read back into "gateway restarted" (README
     /// "Durability").
     unflushed: Mutex<HashMap<String, usize>>,
+    /// Tasks between their write to the store and their launch ([`Creating`]): the
+    /// orphan sweep leaves them alone, so a slow flush never looks like a lost call.
+    creating: Mutex<HashSet<String>>,
+}
+
+/// Marks a task as being created until dropped (after its launch, or when its
+/// creation failed).
+pub(crate) struct Creating<'a> {
+    engine: &'a Engine,
+    task_id: String,
+}
+
+impl Drop for Creating<'_> {
+    fn drop(&mut self) {
+        self.engine.creating.lock().remove(&self.task_id);
+    }
 }
 
 impl Engine {
@@ -111,6 +127,7 @@ impl Engine {
             seen: seen::SeenMarks::default(),
             observers: RwLock::new(Vec::new()),
             unflushed: Mutex::new(HashMap::new()),
+            creating: Mutex::new(HashSet::new()),
         })
     }
 
@@ -419,6 +436,20 @@ impl Engine {
             }
             None => false,
         }
+    }
+
+    /// Mark `task_id` as being created (see [`Creating`]).
+    fn creating(&self, task_id: &str) -> Creating<'_> {
+        self.creating.lock().insert(task_id.to_string());
+        Creating {
+            engine: self,
+            task_id: task_id.to_string(),
+        }
+    }
+
+    /// Whether this process runs (or is about to launch) the call of `task_id`.
+    fn knows_call(&self, task_id: &str) -> bool {
+        self.live.lock().contains_key(task_id) || self.creating.lock().contains(task_id)
     }
 
     fn forget_live(&self, task_id: &str) {

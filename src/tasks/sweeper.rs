@@ -10,7 +10,10 @@ use tokio_util::sync::CancellationToken;
 use super::Engine;
 use super::driver::{conclude, fail};
 use crate::protocol::RpcError;
-use crate::store::{StoreError, TaskRecord, TaskStatus, now_ms};
+use crate::store::{OPERATION_LIMIT, StoreError, TaskRecord, TaskStatus, now_ms};
+
+/// Why the orphan sweep failed a task.
+const ORPHANED: &str = "the call behind this task is no longer running (orphaned route)";
 
 impl Engine {
     /// Resolve request routes left by a previous process: their calls are gone, so
@@ -41,6 +44,70 @@ impl Engine {
         }
         self.flush().await?;
         Ok(failed)
+    }
+
+    /// Fail the tasks of routes this replica holds but runs no call for (docs/design.md
+    /// §16 "Store failures"): a creation the gateway gave up on whose write landed
+    /// after all, or a route kept when an outcome could not be recorded. Only routes
+    /// older than the store's operation limit count, and only the holder sweeps its own
+    /// routes, each write fenced on the route: every orphan is resolved exactly once.
+    pub(super) async fn resolve_orphans(&self) -> Result<usize, StoreError> {
+        if !self.lease_held() || self.shutting_down() {
+            return Ok(0);
+        }
+        let limit = u64::try_from(OPERATION_LIMIT.as_millis()).unwrap_or(u64::MAX);
+        let cutoff = now_ms().saturating_sub(limit);
+        let retention = self.cfg.tasks.result_retention_ms;
+        let mut resolved = 0;
+        let mut done = Vec::new();
+        for route in self.store.held_routes().await? {
+            if route.started_at_ms > cutoff {
+                continue;
+            }
+            if let Some(task_id) = &route.task_id {
+                if self.knows_call(task_id) {
+                    continue;
+                }
+                let err =
+                    RpcError::internal(ORPHANED).with_data(json!({ "upstream": route.upstream }));
+                let mut failed = false;
+                let r = self
+                    .update_task_from(task_id, Some(&route.route_id), &mut |rec| {
+                        failed = !rec.status.is_terminal();
+                        if failed {
+                            fail(rec, &err);
+                            conclude(rec, retention);
+                        }
+                        failed
+                    })
+                    .await;
+                match r {
+                    Ok(_) => {}
+                    // The route is no longer this seat's: its new holder resolves it.
+                    Err(StoreError::Fenced) => continue,
+                    Err(e) => {
+                        tracing::error!(task = %task_id, error = %e, "failing an orphaned task failed; its route stays");
+                        continue;
+                    }
+                }
+                if failed {
+                    crate::metrics::fail_closed("orphan_resolved");
+                    tracing::warn!(task = %task_id, upstream = %route.upstream, "{ORPHANED}: task failed");
+                    self.changed(task_id);
+                    resolved += 1;
+                }
+            }
+            done.push(route.route_id);
+        }
+        // The failures are durable before their routes go, or a crash in between would
+        // leave a `working` task with nothing to resolve it.
+        if resolved > 0 {
+            self.flush().await?;
+        }
+        for route_id in &done {
+            self.store.remove_route(route_id).await?;
+        }
+        Ok(resolved)
     }
 
     /// One sweep: expire tasks past their ttl (stopping their calls, leaving
@@ -74,6 +141,11 @@ impl Engine {
             }
         }
         self.store.sweep_tombstones(now).await?;
+        match self.resolve_orphans().await {
+            Ok(0) => {}
+            Ok(o) => tracing::warn!(tasks = o, "failed the tasks of orphaned routes"),
+            Err(e) => tracing::error!(error = %e, "resolving orphaned routes failed"),
+        }
         // Calls of replicas that lost their lease (docs/design.md §18).
         match self.take_over().await {
             Ok(0) => {}

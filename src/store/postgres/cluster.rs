@@ -582,8 +582,12 @@ mod tests {
         )
         .await
         .expect("create");
-        // The route names the seat; start-up recovery of the same epoch sees nothing.
+        // The route names the seat; start-up recovery of the same epoch sees nothing,
+        // and the orphan sweep of that seat sees it.
         assert!(a.routes().await.expect("routes").is_empty());
+        let held = a.held_routes().await.expect("held routes");
+        assert_eq!(held.len(), 1);
+        assert_eq!(held[0].route_id, "rt_r1");
         let relay = Relay {
             kind: RelayKind::Cancel,
             task_id: Some("tsk_r1".into()),
@@ -608,6 +612,7 @@ mod tests {
         let left = a.routes().await.expect("routes");
         assert_eq!(left.len(), 1);
         assert_eq!(left[0].route_id, "rt_r1");
+        assert!(a.held_routes().await.expect("held routes").is_empty());
         assert_eq!(a.seat_of("a").await.expect("seat_of"), Some(seat2));
         assert_eq!(a.seat_of("nobody").await.expect("seat_of"), None);
     }

@@ -39,7 +39,7 @@ use crate::config::{StoreConfig, is_pg_schema_name};
 /// Longest any one store operation may take (pool wait, connect and query together).
 /// Past it the operation fails, so a database that hangs turns into errors (503s and
 /// `/readyz` 503) instead of requests that never answer.
-const OP_TIMEOUT: Duration = Duration::from_secs(10);
+const OP_TIMEOUT: Duration = super::OPERATION_LIMIT;
 /// Connecting to the database, and waiting for a pooled connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often the health probe runs: it is what turns `/readyz` back to 200 on its own
@@ -788,6 +788,31 @@ impl TaskStore for PgStore {
                     "SELECT route_id, record FROM request_routes
                      WHERE $1::text IS NULL OR replica_id IS NULL
                         OR (replica_id = $1 AND epoch IS DISTINCT FROM $2)
+                     ORDER BY route_id",
+                    &[&replica, &epoch],
+                )
+                .await?;
+            rows.iter()
+                .map(|row| {
+                    let id: String = row.try_get(0)?;
+                    let bytes: Vec<u8> = row.try_get(1)?;
+                    decode(&format!("request_routes/{id}"), &bytes)
+                })
+                .collect()
+        })
+        .boxed()
+    }
+
+    fn held_routes(&self) -> BoxFuture<'_, Result<Vec<RequestRoute>, StoreError>> {
+        self.run("held_routes", async move {
+            let (replica, epoch) = self.seat_columns();
+            let c = self.pool.get().await?;
+            // Without a seat every route is this process's (one gateway on the schema).
+            let rows = c
+                .query(
+                    "SELECT route_id, record FROM request_routes
+                     WHERE ($1::text IS NULL AND replica_id IS NULL)
+                        OR (replica_id = $1 AND epoch = $2)
                      ORDER BY route_id",
                     &[&replica, &epoch],
                 )

@@ -338,6 +338,11 @@ impl TaskStore for SledStore {
         Box::pin(async move { SledStore::routes(self) })
     }
 
+    fn held_routes(&self) -> BoxFuture<'_, Result<Vec<RequestRoute>, StoreError>> {
+        // One gateway per sled store: every route is this process's.
+        Box::pin(async move { SledStore::routes(self) })
+    }
+
     fn idempotency_get<'a>(
         &'a self,
         key: &'a [u8],
