@@ -272,6 +272,29 @@ impl PgStore {
 
     /// The `replica_id`/`epoch` columns of a route written now: this replica's seat,
     /// or NULLs before one is registered.
+    /// The request routes matching `condition`, in which `$1` and `$2` are this
+    /// replica's seat (both NULL before it registered one).
+    async fn routes_of_seat(&self, condition: &str) -> Result<Vec<RequestRoute>, PgError> {
+        let (replica, epoch) = self.seat_columns();
+        let c = self.pool.get().await?;
+        let rows = c
+            .query(
+                &format!(
+                    "SELECT route_id, record FROM request_routes WHERE {condition}
+                     ORDER BY route_id"
+                ),
+                &[&replica, &epoch],
+            )
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let id: String = row.try_get(0)?;
+                let bytes: Vec<u8> = row.try_get(1)?;
+                decode(&format!("request_routes/{id}"), &bytes)
+            })
+            .collect()
+    }
+
     fn seat_columns(&self) -> (Option<String>, Option<i64>) {
         match self.seat.read().clone() {
             Some(s) => (Some(s.replica_id), Some(s.epoch)),
@@ -776,55 +799,28 @@ impl TaskStore for PgStore {
     }
 
     fn routes(&self) -> BoxFuture<'_, Result<Vec<RequestRoute>, StoreError>> {
-        self.run("routes", async move {
-            let (replica, epoch) = self.seat_columns();
-            let c = self.pool.get().await?;
-            // Before any seat is registered (one gateway on the schema, or tests)
-            // every route is this process's; after, only the routes of this
-            // replica's earlier epochs, and those no seat names (written before
-            // replicas held leases).
-            let rows = c
-                .query(
-                    "SELECT route_id, record FROM request_routes
-                     WHERE $1::text IS NULL OR replica_id IS NULL
-                        OR (replica_id = $1 AND epoch IS DISTINCT FROM $2)
-                     ORDER BY route_id",
-                    &[&replica, &epoch],
-                )
-                .await?;
-            rows.iter()
-                .map(|row| {
-                    let id: String = row.try_get(0)?;
-                    let bytes: Vec<u8> = row.try_get(1)?;
-                    decode(&format!("request_routes/{id}"), &bytes)
-                })
-                .collect()
-        })
+        // Before any seat is registered (one gateway on the schema, or tests) every
+        // route is this process's; after, only the routes of this replica's earlier
+        // epochs, and those no seat names (written before replicas held leases).
+        self.run(
+            "routes",
+            self.routes_of_seat(
+                "$1::text IS NULL OR replica_id IS NULL
+                 OR (replica_id = $1 AND epoch IS DISTINCT FROM $2)",
+            ),
+        )
         .boxed()
     }
 
     fn held_routes(&self) -> BoxFuture<'_, Result<Vec<RequestRoute>, StoreError>> {
-        self.run("held_routes", async move {
-            let (replica, epoch) = self.seat_columns();
-            let c = self.pool.get().await?;
-            // Without a seat every route is this process's (one gateway on the schema).
-            let rows = c
-                .query(
-                    "SELECT route_id, record FROM request_routes
-                     WHERE ($1::text IS NULL AND replica_id IS NULL)
-                        OR (replica_id = $1 AND epoch = $2)
-                     ORDER BY route_id",
-                    &[&replica, &epoch],
-                )
-                .await?;
-            rows.iter()
-                .map(|row| {
-                    let id: String = row.try_get(0)?;
-                    let bytes: Vec<u8> = row.try_get(1)?;
-                    decode(&format!("request_routes/{id}"), &bytes)
-                })
-                .collect()
-        })
+        // Without a seat every route is this process's (one gateway on the schema).
+        self.run(
+            "held_routes",
+            self.routes_of_seat(
+                "($1::text IS NULL AND replica_id IS NULL)
+                 OR (replica_id = $1 AND epoch = $2)",
+            ),
+        )
         .boxed()
     }
 
