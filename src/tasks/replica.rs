@@ -58,6 +58,8 @@ pub(super) struct ReplicaState {
     cluster: OnceLock<Arc<dyn Cluster>>,
     seat: RwLock<Option<Seat>>,
     lease_held: AtomicBool,
+    /// When the registration of the first seat was sent: the lease holds from there.
+    joined: OnceLock<Instant>,
     publish: OnceLock<mpsc::UnboundedSender<String>>,
     mrtr: OnceLock<MrtrHandler>,
     /// Rung when another replica queued a relay for this one.
@@ -73,6 +75,7 @@ impl ReplicaState {
             cluster: OnceLock::new(),
             seat: RwLock::new(None),
             lease_held: AtomicBool::new(true),
+            joined: OnceLock::new(),
             publish: OnceLock::new(),
             mrtr: OnceLock::new(),
             wake: tokio::sync::Notify::new(),
@@ -135,7 +138,9 @@ impl Engine {
     /// Take a seat on a shared store: a new epoch and a lease. Call before recovery
     /// (which then resolves this replica's earlier epochs only).
     pub async fn join_cluster(&self, cluster: Arc<dyn Cluster>) -> Result<Seat, StoreError> {
+        let sent = Instant::now();
         let seat = cluster.register(&self.replica.id).await?;
+        let _ = self.replica.joined.set(sent);
         self.replica.set_seat(seat.clone());
         let _ = self.replica.cluster.set(cluster);
         Ok(seat)
@@ -191,44 +196,84 @@ impl Engine {
         }
     }
 
+    /// Renew the lease every `lease_renew_ms`, and count it lost by this replica's own
+    /// monotonic clock (docs/design.md §18 "Replicas and leases"): the database set
+    /// `lease_until` no earlier than the moment a renewal was sent, so the lease surely
+    /// holds until `sent + lease_ms` of the last renewal that succeeded, and not surely
+    /// one instant longer. At that instant the lease is lost, whether or not a renewal
+    /// is still waiting on a stalled connection: a partitioned replica stops before any
+    /// other replica may take its calls over, not when some database operation times
+    /// out. A lease counted lost is never resumed: the replica comes back under a new
+    /// epoch, so the calls it stopped go to the takeover.
     async fn lease_loop(self: Arc<Self>, cluster: Arc<dyn Cluster>, shutdown: CancellationToken) {
         let every = Duration::from_millis(self.cfg.store.lease_renew_ms.max(1));
         let lease = Duration::from_millis(self.cfg.store.lease_ms);
-        let mut renewed_at = Instant::now();
+        let joined = self
+            .replica
+            .joined
+            .get()
+            .copied()
+            .unwrap_or_else(Instant::now);
+        // `Some(until)` while the lease is held: the watchdog's deadline.
+        let mut held_until = Some(joined + lease);
+        let mut last_sent = joined;
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return,
-                () = tokio::time::sleep(every) => {}
+                () = tokio::time::sleep_until(last_sent + every) => {}
+                () = watchdog(held_until) => {
+                    self.lose_lease("not renewed within lease_ms by this replica's clock");
+                    held_until = None;
+                }
             }
             let Some(seat) = self.replica.seat() else {
                 continue;
             };
-            match cluster.renew(&seat).await {
-                Ok(true) => {
-                    renewed_at = Instant::now();
-                    if !self.replica.lease_held.swap(true, Ordering::SeqCst) {
-                        tracing::info!(replica = %seat.replica_id, epoch = seat.epoch, "lease held again");
+            if let Some(until) = held_until {
+                let sent = Instant::now();
+                last_sent = sent;
+                // Bounded by the deadline: past it, no answer can keep the lease.
+                let renewed = tokio::select! {
+                    r = cluster.renew(&seat) => Some(r),
+                    () = tokio::time::sleep_until(until) => None,
+                };
+                match renewed {
+                    Some(Ok(true)) => held_until = Some(sent + lease),
+                    Some(Ok(false)) => {
+                        self.lose_lease("the lease ran out before it was renewed");
+                        held_until = None;
                     }
-                }
-                Ok(false) => {
-                    self.lose_lease("the lease ran out before it was renewed");
-                    match cluster.register(&self.replica.id).await {
-                        Ok(new) => {
-                            tracing::warn!(replica = %new.replica_id, epoch = new.epoch, "registered again with a new epoch");
-                            self.replica.set_seat(new);
-                            renewed_at = Instant::now();
-                            self.replica.lease_held.store(true, Ordering::SeqCst);
-                        }
-                        Err(e) => tracing::error!(error = %e, "registering a new epoch failed"),
-                    }
-                }
-                // Not renewed, not yet known to be lost: the lease is gone once it
-                // may have run out on the database clock.
-                Err(e) => {
-                    if renewed_at.elapsed() + every >= lease {
-                        self.lose_lease(&format!("the lease could not be renewed: {e}"));
-                    } else {
+                    Some(Err(e)) => {
                         tracing::warn!(error = %e, "renewing the lease failed; retrying");
+                        continue;
+                    }
+                    None => {
+                        self.lose_lease(
+                            "no renewal answered within lease_ms by this replica's clock",
+                        );
+                        held_until = None;
+                    }
+                }
+            }
+            if held_until.is_none() {
+                // A new epoch, so every call of the old one is the takeover's. The
+                // store's operation limit bounds the attempt; the next one follows
+                // `lease_renew_ms` later.
+                let sent = Instant::now();
+                last_sent = sent;
+                let registered = tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    r = cluster.register(&self.replica.id) => r,
+                };
+                match registered {
+                    Ok(new) => {
+                        tracing::warn!(replica = %new.replica_id, epoch = new.epoch, "registered again with a new epoch");
+                        self.replica.set_seat(new);
+                        held_until = Some(sent + lease);
+                        self.replica.lease_held.store(true, Ordering::SeqCst);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "registering a new epoch failed; retrying")
                     }
                 }
             }
@@ -543,6 +588,14 @@ fn dead_letter(t: &TakenRelay, why: &str) {
         payload = %String::from_utf8_lossy(&t.relay.payload),
         "a relay could not be acted on"
     );
+}
+
+/// Fires at `until`; never while the lease is already lost (`None`).
+async fn watchdog(until: Option<Instant>) {
+    match until {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Publish changed ids in batches: whatever queued up while the last batch went out
