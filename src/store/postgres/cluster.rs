@@ -410,11 +410,14 @@ async fn listen_loop(
 
 impl Cluster for PgStore {
     fn register<'a>(&'a self, replica_id: &'a str) -> BoxFuture<'a, Result<Seat, StoreError>> {
-        self.run("register", self.register_now(replica_id)).boxed()
+        // The lease's own operations always try the database: they are what tells a
+        // replica whether it may serve (see `PgStore::run`).
+        self.attempt("register", self.register_now(replica_id))
+            .boxed()
     }
 
     fn renew<'a>(&'a self, seat: &'a Seat) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.run("renew", self.renew_now(seat)).boxed()
+        self.attempt("renew", self.renew_now(seat)).boxed()
     }
 
     fn take_over<'a>(

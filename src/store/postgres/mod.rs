@@ -45,6 +45,12 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often the health probe runs: it is what turns `/readyz` back to 200 on its own
 /// once the database is back while no request is coming in.
 const PROBE_INTERVAL: Duration = Duration::from_secs(1);
+/// The server-side `statement_timeout` of pooled connections, below [`OP_TIMEOUT`]: a
+/// statement the database is still running when the gateway is about to give up on it
+/// is cancelled there (rolled back) rather than committing after the client was told it
+/// failed. It narrows that window; a commit whose reply is lost can still happen
+/// (docs/design.md §16).
+const STATEMENT_TIMEOUT: Duration = Duration::from_secs(8);
 
 /// What the backend needs from `[store]`.
 #[derive(Debug, Clone)]
@@ -231,8 +237,15 @@ impl PgStore {
     /// tokio runtime.
     pub fn connect_lazy(settings: &PgSettings) -> Result<Arc<Self>, StoreError> {
         let pg_config = settings.pg_config()?;
+        let mut pooled = pg_config.clone();
+        let mut options = pooled.get_options().unwrap_or_default().to_string();
+        options.push_str(&format!(
+            " -c statement_timeout={}",
+            STATEMENT_TIMEOUT.as_millis()
+        ));
+        pooled.options(&options);
         let mgr = Manager::from_config(
-            pg_config.clone(),
+            pooled,
             NoTls,
             ManagerConfig {
                 // A connection that broke is noticed when used (the error marks the
@@ -302,8 +315,28 @@ impl PgStore {
         }
     }
 
-    /// Run one operation with the time limit, keeping the health flag current.
+    /// Run one operation with the time limit, keeping the health flag current. While
+    /// the store is marked unreachable the operation fails at once instead: one
+    /// request never waits out the operation limit twice (a creation is several
+    /// operations), and requests do not pile up on stalled connections. The health
+    /// probe and the lease's own operations ([`PgStore::attempt`]) still reach the
+    /// database, and their first success lifts this.
     async fn run<T>(
+        &self,
+        what: &str,
+        op: impl Future<Output = Result<T, PgError>>,
+    ) -> Result<T, StoreError> {
+        if !self.healthy.load(Ordering::Relaxed) {
+            return Err(StoreError::Io(format!(
+                "postgres {what}: the database is unreachable (probed every {} s)",
+                PROBE_INTERVAL.as_secs()
+            )));
+        }
+        self.attempt(what, op).await
+    }
+
+    /// [`PgStore::run`] without the shortcut: always tries the database.
+    async fn attempt<T>(
         &self,
         what: &str,
         op: impl Future<Output = Result<T, PgError>>,
@@ -350,7 +383,7 @@ async fn probe(store: Weak<PgStore>) {
         tokio::time::sleep(PROBE_INTERVAL).await;
         let Some(s) = store.upgrade() else { return };
         let _ = s
-            .run("health probe", async {
+            .attempt("health probe", async {
                 let c = s.pool.get().await?;
                 c.simple_query("SELECT 1").await?;
                 Ok(())
