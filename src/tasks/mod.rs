@@ -496,6 +496,8 @@ pub fn fingerprint(args: &Value) -> String {
 
 #[cfg(test)]
 mod engine_tests;
+#[cfg(test)]
+mod lease_tests;
 
 #[cfg(test)]
 mod tests {
