@@ -678,7 +678,7 @@ fn percentile(v: &mut [u64], p: f64) -> u64 {
         return 0;
     }
     v.sort_unstable();
-    v[((v.len() - 1) as f64 * p).round() as usize]
+    v[((v.len() - 1) as f64 * p).floor() as usize]
 }
 
 // ---------------------------------------------------------------------------------
