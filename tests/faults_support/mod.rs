@@ -7,7 +7,7 @@
 
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
@@ -375,8 +375,4 @@ pub fn url_via(url: &str, addr: SocketAddr) -> String {
     let (head, rest) = url.split_once('@').unwrap();
     let db = rest.split_once('/').map(|(_, d)| d).unwrap_or("postgres");
     format!("{head}@{addr}/{db}")
-}
-
-pub fn path_string(p: &Path) -> String {
-    p.display().to_string()
 }
