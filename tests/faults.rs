@@ -747,6 +747,15 @@ async fn invariants(
         if start.elapsed() > SETTLE {
             s.ledger()
                 .violation(format!("{name}: tasks never ended: {live:?}"));
+            // What the replicas said of each, for the failure report.
+            let logs: Vec<String> = replicas.iter().map(Replica::logs).collect();
+            for (id, ..) in &live {
+                for (i, log) in logs.iter().enumerate() {
+                    for line in log.lines().filter(|l| l.contains(id.as_str())) {
+                        eprintln!("  r{i}: {line}");
+                    }
+                }
+            }
             break;
         }
         for (id, tenant, subject, status) in &live {
