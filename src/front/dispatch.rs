@@ -308,7 +308,7 @@ async fn tasks_method(
     };
     match r {
         Ok(v) => reply::json(StatusCode::OK, &protocol::response(&req.id, v)),
-        Err(err) => error_200(req, err),
+        Err(f) => inline::render(&req.id, Reply::Failed(f)),
     }
 }
 

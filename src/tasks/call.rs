@@ -210,10 +210,11 @@ impl Engine {
                 // It may have finished meanwhile: its status shows once durable.
                 match self.durable(&rec).await {
                     Ok(()) => Reply::Task(snapshot::create_result(&rec, &c.server_info)),
-                    Err(e) => Reply::Complete(Err(RpcError::internal(e.to_string()))),
+                    // Nothing was sent for this duplicate: retry-safe.
+                    Err(e) => store_failure(e),
                 }
             }
-            Err(e) => Reply::Complete(Err(e)),
+            Err(f) => Reply::Failed(f),
         }
     }
 

@@ -248,6 +248,7 @@ impl Rig {
         self.engine
             .get(&alice(), "demo", &p, &json!({"name": "scripted"}))
             .await
+            .map_err(|f| f.error)
     }
 
     async fn update(&self, task_id: &str, responses: Value) {
@@ -510,7 +511,7 @@ async fn expiry_leaves_a_tombstone_and_stops_a_running_call() {
         .await
         .unwrap_err();
     assert_eq!(
-        err.message, "task not found",
+        err.error.message, "task not found",
         "only the owner learns of the expiry"
     );
 }
@@ -700,7 +701,8 @@ async fn a_foreign_id_costs_the_store_calls_of_one_never_issued() {
             .engine
             .get(&bob, "demo", &p, &json!({}))
             .await
-            .expect_err("not bob's");
+            .expect_err("not bob's")
+            .error;
         let after = r.faulty.calls();
         let made: Vec<_> = after
             .iter()
@@ -758,4 +760,32 @@ async fn the_sweep_fails_an_orphaned_task_exactly_once() {
         .collect();
     assert_eq!(left.len(), 2, "{left:?}");
     assert!(!left.contains(&"rt_orphan".to_string()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn task_methods_answer_retry_later_while_the_store_is_down() {
+    let r = rig(sleep_then(60_000, "late"));
+    let id = task_id(&r.tools_call(json!({}), 0).await);
+    r.faulty.fail("lookup_owned", io_error());
+    let mut p = Map::new();
+    p.insert("taskId".into(), Value::from(id.as_str()));
+    // Used to be the request's outcome (200 + -32603): a poll is always retry-safe.
+    let get = r.engine.get(&alice(), "demo", &p, &json!({})).await;
+    let cancel = r.engine.cancel(&alice(), "demo", &p, &json!({})).await;
+    for f in [
+        get.expect_err("store down"),
+        cancel.expect_err("store down"),
+    ] {
+        assert_eq!((f.class, f.error.code), (ErrorClass::RetryLater(1), -32603));
+    }
+    r.faulty.heal("lookup_owned");
+    // A refusal of the request as sent stays 200.
+    p.insert("taskId".into(), Value::from("not-a-task-id"));
+    let f = r
+        .engine
+        .get(&alice(), "demo", &p, &json!({}))
+        .await
+        .expect_err("malformed");
+    assert_eq!((f.class, f.error.code), (ErrorClass::Outcome, -32602));
+    assert_eq!(r.status(&id).await, TaskStatus::Working);
 }

@@ -6,11 +6,25 @@
 use serde_json::{Map, Value};
 
 use super::driver::conclude;
+use super::failure::Failure;
 use super::{Engine, ids, snapshot};
 use crate::auth::Principal;
 use crate::protocol::RpcError;
 use crate::protocol::results::add_server_info;
-use crate::store::{Owned, TaskRecord, TaskStatus, now_ms};
+use crate::store::{Owned, StoreError, TaskRecord, TaskStatus, now_ms};
+
+/// The store did not answer a `tasks/*` method: 503 + `Retry-After`, since every one
+/// may be retried (a read changes nothing; a cancel or an answer already applied is
+/// acknowledged again; docs/design.md §16). Refusals of the request as sent stay 200.
+fn unavailable(e: StoreError) -> Failure {
+    Failure::retry_later(RpcError::internal(format!(
+        "the task store did not answer: {e}"
+    )))
+}
+
+fn refused(e: RpcError) -> Failure {
+    Failure::outcome(e)
+}
 
 /// The one reply for foreign, unknown and never-issued ids.
 pub fn not_found() -> RpcError {
@@ -35,33 +49,34 @@ impl Engine {
         principal: &Principal,
         upstream: &str,
         params: &Map<String, Value>,
-    ) -> Result<TaskRecord, RpcError> {
+    ) -> Result<TaskRecord, Failure> {
         let Some(task_id) = params.get("taskId").and_then(Value::as_str) else {
-            return Err(RpcError::invalid_params("params.taskId must be a string"));
+            return Err(refused(RpcError::invalid_params(
+                "params.taskId must be a string",
+            )));
         };
         if !ids::is_well_formed(task_id) {
-            return Err(RpcError::invalid_params("malformed task id"));
+            return Err(refused(RpcError::invalid_params("malformed task id")));
         }
-        let store_err = |e: crate::store::StoreError| RpcError::internal(e.to_string());
         // One lookup under the caller's (tenant, subject): a foreign id and one never
         // issued cost the same reads and no decode (docs/design.md §7 "Ownership").
         let found = self
             .store
             .lookup_owned(task_id, &principal.tenant, &principal.subject)
             .await
-            .map_err(store_err)?;
+            .map_err(unavailable)?;
         match found {
             Owned::Record(rec) if rec.upstream == upstream => {
                 // Never expire early, and never serve past the ttl even if the
                 // sweeper has not run yet (docs/design.md §11 "Expiry").
                 if rec.expires_at_ms <= now_ms() {
-                    Err(expired())
+                    Err(refused(expired()))
                 } else {
                     Ok(*rec)
                 }
             }
-            Owned::Expired => Err(expired()),
-            Owned::Record(_) | Owned::Unknown => Err(not_found()),
+            Owned::Expired => Err(refused(expired())),
+            Owned::Record(_) | Owned::Unknown => Err(refused(not_found())),
         }
     }
 
@@ -71,12 +86,10 @@ impl Engine {
         upstream: &str,
         params: &Map<String, Value>,
         server_info: &Value,
-    ) -> Result<Value, RpcError> {
+    ) -> Result<Value, Failure> {
         let mut rec = self.resolve(principal, upstream, params).await?;
         // A terminal state is shown only once it is durable.
-        self.durable(&rec)
-            .await
-            .map_err(|e| RpcError::internal(e.to_string()))?;
+        self.durable(&rec).await.map_err(unavailable)?;
         // Adaptive pollIntervalMs, remembered as advertised (docs/design.md §8 "Flow
         // control").
         self.limits.adapt(principal, &mut rec);
@@ -94,14 +107,14 @@ impl Engine {
         upstream: &str,
         params: &Map<String, Value>,
         server_info: &Value,
-    ) -> Result<Value, RpcError> {
+    ) -> Result<Value, Failure> {
         let rec = self.resolve(principal, upstream, params).await?;
         let responses = match params.get("inputResponses") {
             Some(Value::Object(r)) => r.clone(),
             _ => {
-                return Err(RpcError::invalid_params(
+                return Err(refused(RpcError::invalid_params(
                     "params.inputResponses must be an object",
-                ));
+                )));
             }
         };
         if rec.status != TaskStatus::InputRequired {
@@ -131,7 +144,7 @@ impl Engine {
                 true
             })
             .await;
-        r.map_err(|e| RpcError::internal(e.to_string()))?;
+        r.map_err(unavailable)?;
         // To the upstream call here, or relayed to the replica holding it.
         for (key, answer) in answered {
             self.deliver_input(&rec.task_id, &key, answer).await;
@@ -149,14 +162,12 @@ impl Engine {
         upstream: &str,
         params: &Map<String, Value>,
         server_info: &Value,
-    ) -> Result<Value, RpcError> {
+    ) -> Result<Value, Failure> {
         let rec = self.resolve(principal, upstream, params).await?;
         if rec.status.is_terminal() {
             // The ack says the task is over: a crash must not bring it back, so the
             // terminal write it saw has to be durable first.
-            self.durable(&rec)
-                .await
-                .map_err(|e| RpcError::internal(e.to_string()))?;
+            self.durable(&rec).await.map_err(unavailable)?;
             return Ok(ack(server_info));
         }
         let retention = self.cfg.tasks.result_retention_ms;
@@ -173,10 +184,8 @@ impl Engine {
                 true
             })
             .await;
-        r.map_err(|e| RpcError::internal(e.to_string()))?;
-        self.flush()
-            .await
-            .map_err(|e| RpcError::internal(e.to_string()))?;
+        r.map_err(unavailable)?;
+        self.flush().await.map_err(unavailable)?;
         self.terminal_flushed(&rec.task_id);
         // Dropping the call sends `notifications/cancelled` upstream (here, or at the
         // replica holding it, by a relay).
