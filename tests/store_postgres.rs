@@ -154,6 +154,14 @@ async fn postgres_outage_issues_no_task_id_and_heals_by_itself() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(unready, "/readyz turns 503 while the store is unreachable");
+    // A poll is retry-safe: a store that does not answer is 503 + Retry-After, not the
+    // request's outcome.
+    let r = c
+        .request("tasks/get", json!({"taskId": before.as_str()}))
+        .await;
+    assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
+    assert!(r.header("retry-after").is_some(), "{:?}", r.headers);
+    assert_eq!(r.json()["error"]["code"], -32603);
 
     relay.up();
     let mut ready = false;
