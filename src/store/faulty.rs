@@ -16,6 +16,8 @@ use super::{
 pub(crate) struct FaultyStore {
     inner: Arc<dyn TaskStore>,
     failing: Mutex<HashMap<&'static str, StoreError>>,
+    /// Operations that wait this long after the inner store answered (a slow reply).
+    slow: Mutex<HashMap<&'static str, std::time::Duration>>,
     calls: Mutex<HashMap<&'static str, usize>>,
 }
 
@@ -24,6 +26,7 @@ impl FaultyStore {
         Arc::new(Self {
             inner,
             failing: Mutex::new(HashMap::new()),
+            slow: Mutex::new(HashMap::new()),
             calls: Mutex::new(HashMap::new()),
         })
     }
@@ -35,6 +38,17 @@ impl FaultyStore {
 
     pub(crate) fn heal(&self, op: &'static str) {
         self.failing.lock().remove(op);
+        self.slow.lock().remove(op);
+    }
+
+    /// Every later call of `op` is done by the inner store at once but answers `d`
+    /// later: what a slow network round trip looks like to the caller.
+    pub(crate) fn answer_late(&self, op: &'static str, d: std::time::Duration) {
+        self.slow.lock().insert(op, d);
+    }
+
+    fn lateness(&self, op: &'static str) -> Option<std::time::Duration> {
+        self.slow.lock().get(op).copied()
     }
 
     /// Calls of each operation so far (failed ones included).
@@ -56,7 +70,11 @@ macro_rules! pass {
     ($self:ident, $op:literal, $call:expr) => {
         Box::pin(async move {
             $self.enter($op)?;
-            $call.await
+            let r = $call.await;
+            if let Some(d) = $self.lateness($op) {
+                tokio::time::sleep(d).await;
+            }
+            r
         })
     };
 }

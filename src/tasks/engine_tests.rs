@@ -789,3 +789,49 @@ async fn task_methods_answer_retry_later_while_the_store_is_down() {
     assert_eq!((f.class, f.error.code), (ErrorClass::Outcome, -32602));
     assert_eq!(r.status(&id).await, TaskStatus::Working);
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_answer_sent_as_soon_as_the_input_request_shows_is_not_lost() {
+    // Promoted first, then asks: the driver records the request, then registers the
+    // channel its answer goes to. The owner answers in between.
+    let ask = handler(|_, events: mpsc::Sender<CallEvent>| async move {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let (tx, rx) = oneshot::channel();
+        let _ = events
+            .send(CallEvent::Input(InputRequest {
+                method: "elicitation/create".into(),
+                params: Some(json!({"message": "now?", "requestedSchema": {"type": "object"}})),
+                respond: tx,
+            }))
+            .await;
+        match rx.await {
+            Ok(InputAnswer::Result(v)) => Ok(CallOutcome::Result(
+                json!({"content": [], "answer": v["content"]["a"]}),
+            )),
+            _ => Ok(text("no answer")),
+        }
+    });
+    let r = rig(ask);
+    let id = task_id(&r.tools_call(json!({}), 0).await);
+    // The write of the input request lands at once; its reply takes a second.
+    r.faulty
+        .answer_late("update_fenced", Duration::from_secs(1));
+    let mut waited = 0;
+    while r.status(&id).await != TaskStatus::InputRequired {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        waited += 1;
+        assert!(waited < 100, "the input request never showed");
+    }
+    r.faulty.heal("update_fenced");
+    r.update(
+        &id,
+        json!({"elicitation-1": {"action": "accept", "content": {"a": 7}}}),
+    )
+    .await;
+    // Used to be dropped (no channel yet): the task read `working` for good.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    r.settle().await;
+    let got = r.get(&id).await.expect("get");
+    assert_eq!(got["status"], "completed", "{got}");
+    assert_eq!(got["result"]["answer"], 7, "{got}");
+}

@@ -69,6 +69,10 @@ struct Live {
     abort: tokio::task::AbortHandle,
     /// Answer channels of outstanding input requests, by input key.
     responders: HashMap<String, oneshot::Sender<InputAnswer>>,
+    /// Answers that arrived before their key's channel was registered: the driver
+    /// records the input request in the store first, so an owner who polls at once
+    /// can answer in between. Handed over by [`Engine::add_responder`].
+    early: HashMap<String, Value>,
 }
 
 /// Shared state of the tasks engine.
@@ -411,6 +415,7 @@ impl Engine {
                 Live {
                     abort,
                     responders: HashMap::new(),
+                    early: HashMap::new(),
                 },
             );
         }
@@ -418,12 +423,34 @@ impl Engine {
 
     fn add_responder(&self, task_id: &str, key: String, tx: oneshot::Sender<InputAnswer>) {
         if let Some(l) = self.live.lock().get_mut(task_id) {
-            l.responders.insert(key, tx);
+            match l.early.remove(&key) {
+                Some(answer) => {
+                    let _ = tx.send(InputAnswer::Result(answer));
+                }
+                None => {
+                    l.responders.insert(key, tx);
+                }
+            }
         }
     }
 
-    fn take_responder(&self, task_id: &str, key: &str) -> Option<oneshot::Sender<InputAnswer>> {
-        self.live.lock().get_mut(task_id)?.responders.remove(key)
+    /// Hand `answer` to the call of `task_id` if it runs here: to its channel for
+    /// `key`, or kept for the channel the driver is about to register (see
+    /// [`Live::early`]). `Err` gives the answer back when the call is not here.
+    fn offer_answer(&self, task_id: &str, key: &str, answer: Value) -> Result<(), Value> {
+        let mut live = self.live.lock();
+        let Some(l) = live.get_mut(task_id) else {
+            return Err(answer);
+        };
+        match l.responders.remove(key) {
+            Some(tx) => {
+                let _ = tx.send(InputAnswer::Result(answer));
+            }
+            None => {
+                l.early.insert(key.to_string(), answer);
+            }
+        }
+        Ok(())
     }
 
     /// Stop a running call (cancel, expiry); `false` when it is not running here.

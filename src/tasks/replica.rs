@@ -34,7 +34,6 @@ use super::{Engine, Transition};
 use crate::protocol::RpcError;
 use crate::store::StoreError;
 use crate::store::cluster::{Cluster, ClusterEvent, Relay, RelayKind, Seat, TakenRelay};
-use crate::upstream::InputAnswer;
 
 /// How often a replica takes the relays queued for it even when no wake-up came: the
 /// bound on a cross-replica cancel or input answer when a notification is lost.
@@ -336,10 +335,9 @@ impl Engine {
 
     /// Hand an input answer to the upstream call of `task_id`, wherever it runs.
     pub(super) async fn deliver_input(&self, task_id: &str, key: &str, answer: Value) {
-        if let Some(tx) = self.take_responder(task_id, key) {
-            let _ = tx.send(InputAnswer::Result(answer));
+        let Err(answer) = self.offer_answer(task_id, key, answer) else {
             return;
-        }
+        };
         self.relay_to_holder(
             task_id,
             RelayKind::Input,
@@ -460,15 +458,12 @@ impl Engine {
                 task_id,
                 key,
                 answer,
-            } => match self.take_responder(&task_id, &key) {
-                Some(tx) => {
-                    let _ = tx.send(InputAnswer::Result(answer));
+            } => {
+                // Not here any more: the call ended, and the task says how.
+                if self.offer_answer(&task_id, &key, answer).is_err() {
+                    tracing::debug!(task = %task_id, key, "relayed input answer has no running call here");
                 }
-                // Answered meanwhile, or the call ended: the task says which.
-                None => {
-                    tracing::debug!(task = %task_id, key, "relayed input answer has no waiting request")
-                }
-            },
+            }
             Relayed::Reply { corr, reply } => {
                 let waiter = self.replica.waiting.lock().remove(&corr);
                 match waiter {
