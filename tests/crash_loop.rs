@@ -409,22 +409,6 @@ async fn worker(s: Arc<Shared>, mut rng: StdRng, round: usize, w: u64) {
     }
 }
 
-/// Poll the async `cond` until it is true or `limit` passes.
-async fn eventually_async<F, Fut>(limit: Duration, mut cond: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if cond().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    cond().await
-}
-
 /// `tasks/update` with the answer to `elicitation-1`, then a read of the task.
 async fn answer(s: &Shared, c: &Client2026, id: &str, round: usize) -> bool {
     let answer = json!({"taskId": id, "inputResponses": {"elicitation-1":

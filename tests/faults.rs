@@ -1368,22 +1368,6 @@ async fn edge_replica_killed() {
     );
 }
 
-/// Poll the async `cond` until it is true or `limit` passes.
-async fn eventually_async<F, Fut>(limit: Duration, mut cond: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if cond().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    cond().await
-}
-
 /// `taskgate edge` over the replicas: its process and port.
 #[cfg(feature = "edge")]
 async fn start_edge(rs: &[Replica]) -> (Proc, u16, tempfile::TempDir) {

@@ -79,6 +79,22 @@ pub async fn eventually<F: FnMut() -> bool>(limit: Duration, mut cond: F) -> boo
     cond()
 }
 
+/// Poll the async `cond` until it is true or `limit` passes.
+pub async fn eventually_async<F, Fut>(limit: Duration, mut cond: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if cond().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    cond().await
+}
+
 /// A running process whose stderr is captured; killed on drop.
 pub struct Proc {
     pub child: Child,
