@@ -1,4 +1,4 @@
-//! Replicas under real faults (issue 24 §4; docs/design.md §16, §18, §21; README
+//! Replicas under real faults (docs/design.md §16, §18, §21; README
 //! "Durability" and "Several replicas"): Jepsen-style scenarios against the real
 //! binaries, each under mixed load from several tenants (creations, polls, foreign
 //! polls, cancels, `tasks/update`):
@@ -705,7 +705,7 @@ async fn live_tasks(url: &str, schema: &str) -> Vec<(String, String, String, Str
         .collect()
 }
 
-/// Check everything issue 24 §4 lists, with the load stopped and every replica up:
+/// Check the invariants listed at the top of this file, with the load stopped and every replica up:
 /// `via` answers for all of them.
 async fn invariants(
     name: &str,

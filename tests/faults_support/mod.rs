@@ -1,4 +1,4 @@
-//! Fault injection for `tests/faults.rs` (issue 24 §4): a TCP proxy that can pass,
+//! Fault injection for `tests/faults.rs`: a TCP proxy that can pass,
 //! black-hole, delay or reset what goes through it, switched at run time; and a
 //! throwaway PostgreSQL cluster of the test's own that it may stop and crash.
 // Included by test crates; `pub` is how they reach the helpers.
