@@ -32,6 +32,20 @@ fn invalid(key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
     }
 }
 
+/// A certificate and its key: both set or neither.
+fn tls_pair(
+    cert_key: &str,
+    cert: &Option<PathBuf>,
+    key_key: &str,
+    key: &Option<PathBuf>,
+) -> Result<(), ConfigError> {
+    match (cert, key) {
+        (Some(_), None) => Err(invalid(key_key, format!("required with {cert_key}"))),
+        (None, Some(_)) => Err(invalid(cert_key, format!("required with {key_key}"))),
+        _ => Ok(()),
+    }
+}
+
 /// The shipped `config/taskgate.toml`, compiled in so the file and the binary's
 /// default cannot drift apart.
 pub const SHIPPED_DEFAULT: &str = include_str!("../config/taskgate.toml");
@@ -153,6 +167,15 @@ pub struct ServerConfig {
     /// This gateway's stable identity across restarts; names its directory under
     /// `store.runtime_dir`. Default: see [`Config::replica_id`].
     pub replica_id: Option<String>,
+    /// TLS on the client listener: certificate chain and key, PEM (README "TLS").
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    /// With `tls_cert`: a client certificate signed by this CA is required at the
+    /// handshake (in addition to the bearer token).
+    pub client_ca_file: Option<PathBuf>,
+    /// TLS on `metrics_listen`, separately from the client listener.
+    pub metrics_tls_cert: Option<PathBuf>,
+    pub metrics_tls_key: Option<PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -172,6 +195,11 @@ impl Default for ServerConfig {
             public_url: None,
             log_format: "text".into(),
             replica_id: None,
+            tls_cert: None,
+            tls_key: None,
+            client_ca_file: None,
+            metrics_tls_cert: None,
+            metrics_tls_key: None,
         }
     }
 }
@@ -364,6 +392,9 @@ pub struct AuthConfig {
     pub public_key_pem: Option<String>,
     pub jwks_file: Option<PathBuf>,
     pub jwks_url: Option<String>,
+    /// Extra CA bundle (PEM) trusted for an `https://` `jwks_url`, besides the system
+    /// roots.
+    pub jwks_ca_file: Option<PathBuf>,
     pub required_scope: Option<String>,
     pub request_state_key_env: Option<String>,
     /// Minimum interval between JWKS refetches triggered by an unknown `kid`.
@@ -387,6 +418,7 @@ impl Default for AuthConfig {
             public_key_pem: None,
             jwks_file: None,
             jwks_url: None,
+            jwks_ca_file: None,
             required_scope: None,
             request_state_key_env: None,
             jwks_refresh_min_ms: 10_000,
@@ -527,6 +559,14 @@ pub struct UpstreamConfig {
     pub max_message_bytes: usize,
     #[serde(default)]
     pub tools: BTreeMap<String, ToolConfig>,
+    /// For an `https://` `url`: an extra CA bundle (PEM) trusted besides the system
+    /// roots, and an optional client certificate and key for mutual TLS.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    #[serde(default)]
+    pub client_cert: Option<PathBuf>,
+    #[serde(default)]
+    pub client_key: Option<PathBuf>,
 }
 
 fn default_path() -> String {
@@ -716,6 +756,26 @@ impl Config {
                 )
             })?;
         }
+        let s = &self.server;
+        tls_pair("server.tls_cert", &s.tls_cert, "server.tls_key", &s.tls_key)?;
+        if s.client_ca_file.is_some() && s.tls_cert.is_none() {
+            return Err(invalid(
+                "server.client_ca_file",
+                "needs server.tls_cert and server.tls_key (client certificates are checked in the TLS handshake)",
+            ));
+        }
+        tls_pair(
+            "server.metrics_tls_cert",
+            &s.metrics_tls_cert,
+            "server.metrics_tls_key",
+            &s.metrics_tls_key,
+        )?;
+        if s.metrics_tls_cert.is_some() && s.metrics_listen.is_none() {
+            return Err(invalid(
+                "server.metrics_tls_cert",
+                "needs server.metrics_listen",
+            ));
+        }
         if self.server.max_body_bytes == 0 {
             return Err(invalid("server.max_body_bytes", "must be > 0"));
         }
@@ -851,13 +911,21 @@ impl Config {
                         "set only one of public_key_pem, jwks_file, jwks_url",
                     ));
                 }
-                if let Some(u) = &self.auth.jwks_url
-                    && !u.starts_with("http://")
-                {
-                    return Err(invalid(
-                        "auth.jwks_url",
-                        "must be an http:// URL (serve the JWKS on a trusted network or use jwks_file)",
-                    ));
+                match &self.auth.jwks_url {
+                    Some(u) if !u.starts_with("http://") && !u.starts_with("https://") => {
+                        return Err(invalid(
+                            "auth.jwks_url",
+                            "must be an http:// or https:// URL",
+                        ));
+                    }
+                    Some(u) if u.starts_with("https://") => {}
+                    _ if self.auth.jwks_ca_file.is_some() => {
+                        return Err(invalid(
+                            "auth.jwks_ca_file",
+                            "only applies to an https:// jwks_url",
+                        ));
+                    }
+                    _ => {}
                 }
                 if self.auth.tenant_claim.is_empty() {
                     return Err(invalid("auth.tenant_claim", "must not be empty"));
@@ -926,13 +994,31 @@ impl Config {
                 (Some(c), None) if c.is_empty() || c[0].is_empty() => {
                     return Err(invalid(key("command"), "must name a program"));
                 }
-                (None, Some(url)) if !url.starts_with("http://") => {
-                    return Err(invalid(
-                        key("url"),
-                        "must be an http:// URL (terminate TLS in front of plain-HTTP upstreams)",
-                    ));
+                (None, Some(url))
+                    if !url.starts_with("http://") && !url.starts_with("https://") =>
+                {
+                    return Err(invalid(key("url"), "must be an http:// or https:// URL"));
                 }
                 _ => {}
+            }
+            let https = u
+                .url
+                .as_deref()
+                .is_some_and(|url| url.starts_with("https://"));
+            for (name, set) in [
+                ("ca_file", u.ca_file.is_some()),
+                ("client_cert", u.client_cert.is_some()),
+                ("client_key", u.client_key.is_some()),
+            ] {
+                if set && !https {
+                    return Err(invalid(key(name), "only applies to an https:// url"));
+                }
+            }
+            if u.client_cert.is_some() != u.client_key.is_some() {
+                return Err(invalid(
+                    key("client_cert"),
+                    "client_cert and client_key go together",
+                ));
             }
             if u.max_concurrency == 0 {
                 return Err(invalid(key("max_concurrency"), "must be > 0"));
@@ -987,6 +1073,11 @@ pub struct EdgeConfig {
     pub max_connections: usize,
     /// `"text"` or `"json"` lines on stderr, as `server.log_format` for a replica.
     pub log_format: String,
+    /// TLS on the edge's listener: certificate chain and key, PEM.
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    /// Extra CA bundle (PEM) trusted for `https://` replicas, besides the system roots.
+    pub replica_ca_file: Option<PathBuf>,
 }
 
 impl Default for EdgeConfig {
@@ -1000,6 +1091,9 @@ impl Default for EdgeConfig {
             upgrade_sock: PathBuf::from("data/edge-upgrade.sock"),
             max_connections: 10_000,
             log_format: "text".into(),
+            tls_cert: None,
+            tls_key: None,
+            replica_ca_file: None,
         }
     }
 }
@@ -1009,18 +1103,22 @@ impl Default for EdgeConfig {
 pub struct ReplicaUrl {
     pub host: String,
     pub port: u16,
+    /// `https://`: the edge speaks TLS to this replica.
+    pub tls: bool,
 }
 
 impl ReplicaUrl {
-    /// `http://host:port` with an optional trailing `/`; no path, query, user info or
-    /// TLS (the edge talks plain HTTP to the replicas).
+    /// `http://host:port` or `https://host:port` with an optional trailing `/`; no
+    /// path, query or user info.
     pub fn parse(s: &str) -> Result<Self, String> {
-        let rest = s
-            .strip_prefix("http://")
-            .ok_or_else(|| format!("{s:?}: must start with http:// (no TLS to replicas)"))?;
+        let (rest, tls) = match (s.strip_prefix("http://"), s.strip_prefix("https://")) {
+            (Some(r), _) => (r, false),
+            (None, Some(r)) => (r, true),
+            (None, None) => return Err(format!("{s:?}: must start with http:// or https://")),
+        };
         let authority = rest.strip_suffix('/').unwrap_or(rest);
         if authority.is_empty() || authority.contains(['/', '?', '#', '@']) {
-            return Err(format!("{s:?}: must be http://host:port with no path"));
+            return Err(format!("{s:?}: must be http(s)://host:port with no path"));
         }
         let (host, port) = authority
             .rsplit_once(':')
@@ -1043,6 +1141,7 @@ impl ReplicaUrl {
         Ok(Self {
             host: host.to_string(),
             port,
+            tls,
         })
     }
 
@@ -1124,13 +1223,31 @@ impl EdgeConfig {
         }
         let urls = self.replica_urls()?;
         for (i, u) in urls.iter().enumerate() {
-            if urls[..i].contains(u) {
+            if u.tls != urls[0].tls {
+                return Err(invalid(
+                    format!("edge.replicas[{i}]"),
+                    "all replicas use the same scheme (http:// or https://)",
+                ));
+            }
+            if urls[..i].iter().any(|o| o.authority() == u.authority()) {
                 return Err(invalid(
                     format!("edge.replicas[{i}]"),
                     format!("{} is listed twice", u.authority()),
                 ));
             }
         }
+        if self.replica_ca_file.is_some() && !urls[0].tls {
+            return Err(invalid(
+                "edge.replica_ca_file",
+                "only applies to https:// replicas",
+            ));
+        }
+        tls_pair(
+            "edge.tls_cert",
+            &self.tls_cert,
+            "edge.tls_key",
+            &self.tls_key,
+        )?;
         if self.health_interval_ms == 0 {
             return Err(invalid("edge.health_interval_ms", "must be > 0"));
         }
@@ -1191,7 +1308,8 @@ command = ["@self", "demo-upstream"]
             urls[1],
             ReplicaUrl {
                 host: "localhost".into(),
-                port: 8082
+                port: 8082,
+                tls: false,
             }
         );
         // Other tables are a replica's business; the edge ignores them.

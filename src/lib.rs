@@ -16,4 +16,5 @@ pub mod metrics;
 pub mod protocol;
 pub mod store;
 pub mod tasks;
+pub mod tls;
 pub mod upstream;

@@ -70,6 +70,15 @@ enum Command {
         /// Serve legacy Streamable HTTP on this address instead of stdio.
         #[arg(long)]
         http: Option<SocketAddr>,
+        /// With --http: serve HTTPS with this certificate chain (PEM)…
+        #[arg(long, requires = "http", requires = "tls_key")]
+        tls_cert: Option<PathBuf>,
+        /// …and this key (PEM).
+        #[arg(long, requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
+        /// With --tls-cert: require a client certificate signed by this CA (mTLS).
+        #[arg(long, requires = "tls_cert")]
+        client_ca: Option<PathBuf>,
     },
 }
 
@@ -90,6 +99,8 @@ fn init_tracing(json: bool) {
 }
 
 fn main() -> Result<()> {
+    // Before any library builds a TLS configuration from the process default.
+    taskgate::tls::install_process_default();
     let r = run();
     // Log lines are written by a background thread; write out the last ones.
     taskgate::logsink::flush();
@@ -128,7 +139,12 @@ fn run() -> Result<()> {
             println!("{token}");
             Ok(())
         }
-        Command::DemoUpstream { http } => {
+        Command::DemoUpstream {
+            http,
+            tls_cert,
+            tls_key,
+            client_ca,
+        } => {
             init_tracing(false);
             // The demo's `crash` tool ends the process with `exit`; log lines still
             // buffered in the background writer go out first.
@@ -140,9 +156,19 @@ fn run() -> Result<()> {
             unsafe {
                 libc::atexit(flush_logs_at_exit);
             }
+            let tls = match tls_cert.zip(tls_key) {
+                Some((cert, key)) => {
+                    let pair = taskgate::tls::server::ReloadingCert::load("demo", &cert, &key)?;
+                    Some(taskgate::tls::server::server_config(
+                        pair,
+                        client_ca.as_deref(),
+                    )?)
+                }
+                None => None,
+            };
             tokio_runtime()?.block_on(async move {
                 match http {
-                    Some(addr) => taskgate::demo::run_http(addr).await,
+                    Some(addr) => taskgate::demo::run_http(addr, tls).await,
                     None => taskgate::demo::run_stdio().await,
                 }
             })
@@ -244,16 +270,39 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
         ),
         None => None,
     };
+    let shutdown = CancellationToken::new();
+    let s = &cfg.server;
+    let listener_tls = tls_for_listener(
+        "listener",
+        s.tls_cert.as_deref().zip(s.tls_key.as_deref()),
+        s.client_ca_file.as_deref(),
+        &shutdown,
+    )
+    .context("server.tls_cert / tls_key / client_ca_file")?;
+    let metrics_tls = tls_for_listener(
+        "metrics_listen",
+        s.metrics_tls_cert
+            .as_deref()
+            .zip(s.metrics_tls_key.as_deref()),
+        None,
+        &shutdown,
+    )
+    .context("server.metrics_tls_cert / metrics_tls_key")?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("binding {listen}"))?;
     let local = listener.local_addr()?;
+    let scheme = if listener_tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     // The bound address, not the configured one: `listen = "…:0"` picks a port.
     let public_url = cfg
         .server
         .public_url
         .clone()
-        .unwrap_or_else(|| format!("http://{local}"));
+        .unwrap_or_else(|| format!("{scheme}://{local}"));
     let auth = Arc::new(Authenticator::new(&cfg.auth, &public_url)?);
     let cfg = Arc::new(cfg);
     let engine = Engine::new(store.clone(), cfg.clone(), limits.clone());
@@ -267,7 +316,9 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
         tracing::info!(replica = %seat.replica_id, epoch = seat.epoch, "replica registered");
     }
     let stored = engine.stored_identities().await;
-    let upstreams = Arc::new(UpstreamSet::start(&cfg.upstreams, pid_dir, &stored));
+    let upstreams = Arc::new(
+        UpstreamSet::start(&cfg.upstreams, pid_dir, &stored).context("starting the upstreams")?,
+    );
     upstreams.spawn_reaper();
     engine.persist_identities(&upstreams);
 
@@ -293,7 +344,6 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
         engine: engine.clone(),
         holds,
     });
-    let shutdown = CancellationToken::new();
     engine.on_relayed_mrtr(front::relayed::handler(Arc::downgrade(&gw)));
     engine.spawn_cluster(shutdown.clone());
     engine.spawn_sweeper(shutdown.clone());
@@ -304,12 +354,22 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
     }
     if let Some(l) = metrics_listener {
         if let Ok(a) = l.local_addr() {
-            tracing::info!(addr = %a, "metrics on http://{a}/metrics");
+            let scheme = if metrics_tls.is_some() {
+                "https"
+            } else {
+                "http"
+            };
+            tracing::info!(addr = %a, "metrics on {scheme}://{a}/metrics");
         }
-        tokio::spawn(front::serve_ops(gw.clone(), l, shutdown.clone()));
+        tokio::spawn(front::serve_ops(
+            gw.clone(),
+            l,
+            metrics_tls,
+            shutdown.clone(),
+        ));
     }
-    tracing::info!(addr = %local, "taskgate listening on http://{local}");
-    front::serve(gw, listener, shutdown).await;
+    tracing::info!(addr = %local, "taskgate listening on {scheme}://{local}");
+    front::serve(gw, listener, listener_tls, shutdown).await;
     // From here a promoted call ended by the upstream shutdown keeps its request
     // route, so the next start resolves its task (docs/design.md §10 "Restart").
     engine.begin_shutdown();
@@ -322,6 +382,29 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
     }
     tracing::info!("taskgate stopped");
     Ok(())
+}
+
+/// TLS for one listener (README "TLS"): the certificate pair read now (an error stops
+/// the start), then watched for changes and SIGHUP until `shutdown`.
+fn tls_for_listener(
+    name: &'static str,
+    pair: Option<(&std::path::Path, &std::path::Path)>,
+    client_ca: Option<&std::path::Path>,
+    shutdown: &CancellationToken,
+) -> Result<Option<front::conn::ListenerTls>> {
+    let Some((cert, key)) = pair else {
+        return Ok(None);
+    };
+    let reloading = taskgate::tls::server::ReloadingCert::load(name, cert, key)?;
+    let config = taskgate::tls::server::server_config(reloading.clone(), client_ca)?;
+    reloading.spawn_watcher(shutdown.clone());
+    if client_ca.is_some() {
+        tracing::info!(
+            listener = name,
+            "client certificates required at the TLS handshake"
+        );
+    }
+    Ok(Some(front::conn::ListenerTls::new(config, name)))
 }
 
 /// The MRTR `requestState` HMAC key: from the environment variable named by

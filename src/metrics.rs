@@ -145,6 +145,14 @@ fn describe() {
         "taskgate_fail_closed_total",
         "error branches that refused or kept state for recovery, by decision (docs/design.md §16)"
     );
+    describe_counter!(
+        "taskgate_tls_handshake_failures_total",
+        "TLS handshakes that failed, by side (outbound, inbound), peer (an upstream's name, jwks, postgres, replica, or the listener) and reason"
+    );
+    describe_counter!(
+        "taskgate_tls_certificate_reloads_total",
+        "listener certificates read again after a change on disk or SIGHUP, by listener and outcome (loaded, refused: the previous one keeps serving)"
+    );
     // Present from the start, so an alert on its increase sees the first one.
     for decision in FAIL_CLOSED {
         counter!("taskgate_fail_closed_total", "decision" => decision).increment(0);
@@ -178,6 +186,14 @@ fn describe_edge() {
     describe_counter!(
         "taskgate_edge_ejections_total",
         "replicas ejected after a connect failure (until the next health check interval)"
+    );
+    describe_counter!(
+        "taskgate_tls_handshake_failures_total",
+        "TLS handshakes that failed, by side (outbound, inbound), peer (an upstream's name, jwks, postgres, replica, or the listener) and reason"
+    );
+    describe_counter!(
+        "taskgate_tls_certificate_reloads_total",
+        "listener certificates read again after a change on disk or SIGHUP, by listener and outcome (loaded, refused: the previous one keeps serving)"
     );
 }
 
@@ -248,6 +264,28 @@ pub fn inline_completion(upstream: &str) {
 /// A fail-closed decision was taken (`decision`: one of [`FAIL_CLOSED`]).
 pub fn fail_closed(decision: &'static str) {
     counter!("taskgate_fail_closed_total", "decision" => decision).increment(1);
+}
+
+/// A TLS handshake failed (`side`: outbound or inbound; `reason`: one of
+/// `tls::FAILURE_REASONS`).
+pub fn tls_handshake_failed(side: &'static str, peer: &str, reason: &'static str) {
+    counter!(
+        "taskgate_tls_handshake_failures_total",
+        "side" => side,
+        "peer" => peer.to_string(),
+        "reason" => reason
+    )
+    .increment(1);
+}
+
+/// A listener's certificate files were read again (`outcome`: loaded or refused).
+pub fn tls_certificate_reload(listener: &'static str, outcome: &'static str) {
+    counter!(
+        "taskgate_tls_certificate_reloads_total",
+        "listener" => listener,
+        "outcome" => outcome
+    )
+    .increment(1);
 }
 
 pub fn throttled(reason: &'static str) {

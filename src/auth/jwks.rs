@@ -167,7 +167,26 @@ pub(crate) fn parse_pem(pem: &[u8]) -> Result<KeySet, &'static str> {
 
 pub(crate) enum JwksSource {
     File(PathBuf),
-    Url(http::Uri),
+    Url {
+        uri: http::Uri,
+        /// One client for the store's life: its pool keeps the TLS session, so a
+        /// refresh after an unknown `kid` resumes instead of a full handshake.
+        client: JwksClient,
+    },
+}
+
+type JwksClient =
+    hyper_util::client::legacy::Client<crate::tls::client::HttpsConnector, Empty<Bytes>>;
+
+impl JwksSource {
+    /// A URL source whose `https://` server is verified by `tls`.
+    pub(crate) fn url(uri: http::Uri, tls: &rustls::ClientConfig) -> Self {
+        let connector = crate::tls::client::https_connector(tls, FETCH_TIMEOUT);
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build(connector);
+        Self::Url { uri, client }
+    }
 }
 
 struct Snapshot {
@@ -230,7 +249,7 @@ impl JwksStore {
         match (&self.source, loaded_at) {
             (_, None) => false,
             (JwksSource::File(_), Some(_)) => true,
-            (JwksSource::Url(_), Some(t)) => t.elapsed() < self.cache_ttl,
+            (JwksSource::Url { .. }, Some(t)) => t.elapsed() < self.cache_ttl,
         }
     }
 
@@ -239,7 +258,7 @@ impl JwksStore {
         match (&self.source, loaded_at) {
             (_, None) => false,
             (JwksSource::File(_), Some(_)) => true,
-            (JwksSource::Url(_), Some(t)) => t.elapsed() < self.cache_ttl.saturating_mul(2),
+            (JwksSource::Url { .. }, Some(t)) => t.elapsed() < self.cache_ttl.saturating_mul(2),
         }
     }
 
@@ -286,7 +305,7 @@ impl JwksStore {
         self.state.write().last_attempt = Some(Instant::now());
         let loaded = match &self.source {
             JwksSource::File(path) => read_file(path).await,
-            JwksSource::Url(uri) => fetch(uri).await,
+            JwksSource::Url { uri, client } => fetch(client, uri).await,
         }
         .and_then(|bytes| parse_jwks(&bytes));
         match loaded {
@@ -334,20 +353,23 @@ async fn read_file(path: &Path) -> Result<Vec<u8>, String> {
         .map_err(|e| format!("JWKS read task failed: {e}"))?
 }
 
-/// GET the JWKS over plain HTTP (hyper-util legacy client), bounded in time and size.
-async fn fetch(uri: &http::Uri) -> Result<Vec<u8>, String> {
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build_http::<Empty<Bytes>>();
+/// GET the JWKS (`https://` verified, see `tls::client`), bounded in time and size.
+async fn fetch(client: &JwksClient, uri: &http::Uri) -> Result<Vec<u8>, String> {
     let req = http::Request::get(uri.clone())
         .header(http::header::ACCEPT, "application/json")
         .header(http::header::USER_AGENT, "taskgate")
         .body(Empty::new())
         .map_err(|e| format!("bad JWKS request: {e}"))?;
     let work = async {
-        let resp = client
-            .request(req)
-            .await
-            .map_err(|e| format!("JWKS fetch failed: {e}"))?;
+        let resp = client.request(req).await.map_err(|e| {
+            if let Some(reason) = crate::tls::failure_reason(&e) {
+                crate::metrics::tls_handshake_failed("outbound", "jwks", reason);
+            }
+            format!(
+                "JWKS fetch from {uri} failed: {}",
+                crate::tls::error_chain(&e)
+            )
+        })?;
         let status = resp.status();
         if !status.is_success() {
             return Err(format!("JWKS fetch answered {status}"));

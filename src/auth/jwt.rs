@@ -171,22 +171,25 @@ impl Verifier {
             return Ok(PublicKeys::Jwks(store));
         }
         if let Some(url) = cfg.jwks_url.as_deref() {
-            if url.starts_with("https://") {
-                return Err(AuthInitError::new(
-                    "auth.jwks_url",
-                    "https is not supported by the built-in fetcher (no TLS stack); serve the JWKS over http on a trusted network or use auth.jwks_file",
-                ));
-            }
             let uri: http::Uri = url
                 .parse()
                 .map_err(|e| AuthInitError::new("auth.jwks_url", format!("{e}")))?;
-            if uri.scheme_str() != Some("http") || uri.host().is_none() {
+            let https = uri.scheme_str() == Some("https");
+            if !(https || uri.scheme_str() == Some("http")) || uri.host().is_none() {
                 return Err(AuthInitError::new(
                     "auth.jwks_url",
-                    "must be an http:// URL with a host",
+                    "must be an http:// or https:// URL with a host",
                 ));
             }
-            let store = JwksStore::new(JwksSource::Url(uri), ttl, min)
+            let tls = if https {
+                crate::tls::client::client_config(cfg.jwks_ca_file.as_deref(), None)
+                    .map(std::sync::Arc::new)
+                    .map_err(|e| AuthInitError::new("auth.jwks_ca_file", e.to_string()))?
+            } else {
+                crate::tls::client::plaintext_only()
+                    .map_err(|e| AuthInitError::new("auth.jwks_url", e.to_string()))?
+            };
+            let store = JwksStore::new(JwksSource::url(uri, &tls), ttl, min)
                 .map_err(|e| AuthInitError::new("auth.jwks_url", e))?;
             return Ok(PublicKeys::Jwks(store));
         }

@@ -18,12 +18,18 @@ pub(crate) struct Metadata {
 impl Metadata {
     pub(crate) fn new(cfg: &AuthConfig, public_url: &str) -> Self {
         let public_url = public_url.trim_end_matches('/').to_owned();
-        let metadata_url = quote_safe(&format!(
-            "{public_url}/.well-known/oauth-protected-resource"
-        ));
+        let resource = cfg.resource.clone().filter(|r| !r.is_empty());
+        // The metadata lives where clients reach the resource: behind a TLS-terminating
+        // edge the listener itself is plain HTTP and cannot tell, so `auth.resource`
+        // (its scheme and authority) decides when it is set (README "TLS").
+        let base = resource
+            .as_deref()
+            .and_then(origin_of)
+            .unwrap_or_else(|| public_url.clone());
+        let metadata_url = quote_safe(&format!("{base}/.well-known/oauth-protected-resource"));
         Metadata {
             public_url,
-            resource: cfg.resource.clone().filter(|r| !r.is_empty()),
+            resource,
             issuer: cfg.issuer.clone().filter(|i| !i.is_empty()),
             required_scope: cfg.required_scope.clone().filter(|s| !s.trim().is_empty()),
             metadata_url,
@@ -108,4 +114,10 @@ fn quote_safe(s: &str) -> String {
             }
         })
         .collect()
+}
+
+/// `scheme://authority` of an absolute URL; `None` for anything else.
+fn origin_of(url: &str) -> Option<String> {
+    let uri: http::Uri = url.parse().ok()?;
+    Some(format!("{}://{}", uri.scheme_str()?, uri.authority()?))
 }

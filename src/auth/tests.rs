@@ -585,7 +585,7 @@ fn init_errors_name_the_key() {
     assert_eq!(e.key, "auth.jwks_file");
     let e = Authenticator::new(
         &AuthConfig {
-            jwks_url: Some("https://idp.example/jwks".into()),
+            jwks_url: Some("ftp://idp.example/jwks".into()),
             ..asym_cfg(&["RS256"])
         },
         PUBLIC_URL,
@@ -593,6 +593,19 @@ fn init_errors_name_the_key() {
     .err()
     .unwrap();
     assert_eq!(e.key, "auth.jwks_url");
+    // An https:// URL is verified against a CA file that must exist and hold a CA.
+    let e = Authenticator::new(
+        &AuthConfig {
+            jwks_url: Some("https://idp.example/jwks".into()),
+            jwks_ca_file: Some("/nonexistent/ca.pem".into()),
+            ..asym_cfg(&["RS256"])
+        },
+        PUBLIC_URL,
+    )
+    .err()
+    .unwrap();
+    assert_eq!(e.key, "auth.jwks_ca_file");
+    assert!(e.to_string().contains("/nonexistent/ca.pem"), "{e}");
     let e = Authenticator::new(&AuthConfig::default(), PUBLIC_URL)
         .err()
         .unwrap();
@@ -944,6 +957,25 @@ fn resource_metadata_documents() {
     assert_eq!(doc["resource"], "https://api.example/mcp");
     assert!(doc.get("authorization_servers").is_none());
     assert!(doc.get("scopes_supported").is_none());
+}
+
+/// Behind a TLS-terminating edge the listener is plain HTTP; the challenge must still
+/// send clients to the https:// metadata `auth.resource` names.
+#[tokio::test]
+async fn the_challenge_follows_auth_resource() {
+    let a = Authenticator::new(
+        &AuthConfig {
+            resource: Some("https://api.example:8443/mcp".into()),
+            ..hs_cfg()
+        },
+        "http://10.0.0.7:8080",
+    )
+    .unwrap();
+    let f = a.authenticate(&HeaderMap::new(), None).await.unwrap_err();
+    assert_eq!(
+        f.www_authenticate,
+        "Bearer resource_metadata=\"https://api.example:8443/.well-known/oauth-protected-resource\""
+    );
 }
 
 #[tokio::test]

@@ -207,17 +207,30 @@ struct HttpState {
     ttl: Option<Duration>,
 }
 
-/// Binds `addr`, prints `listening on http://ADDR/mcp` to stderr and serves
-/// until the process is killed.
-pub async fn run_http(addr: SocketAddr) -> anyhow::Result<()> {
+/// Binds `addr`, prints `listening on http(s)://ADDR/mcp` to stderr and serves
+/// until the process is killed; with `tls`, over TLS (h2 or HTTP/1.1 by ALPN), as a
+/// hosted legacy server would be reached.
+pub async fn run_http(
+    addr: SocketAddr,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) -> anyhow::Result<()> {
     let listener = TcpListener::bind(addr).await?;
-    eprintln!("listening on http://{}/mcp", listener.local_addr()?);
-    serve_http(listener).await
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    eprintln!("listening on {scheme}://{}/mcp", listener.local_addr()?);
+    serve(listener, tls).await
 }
 
 /// Serves the demo's legacy Streamable HTTP endpoint on an already bound
 /// listener. Env `DEMO_SESSION_TTL_MS` expires idle sessions.
 pub async fn serve_http(listener: TcpListener) -> anyhow::Result<()> {
+    serve(listener, None).await
+}
+
+async fn serve(
+    listener: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) -> anyhow::Result<()> {
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let ttl = std::env::var("DEMO_SESSION_TTL_MS")
         .ok()
         .and_then(|v| v.trim().parse::<u64>().ok())
@@ -263,14 +276,41 @@ pub async fn serve_http(listener: TcpListener) -> anyhow::Result<()> {
         // peer's delayed ACK stalls each tools/call by ~40 ms.
         let _ = stream.set_nodelay(true);
         let state = state.clone();
+        let acceptor = acceptor.clone();
         tokio::spawn(async move {
             let svc = service_fn(move |req| {
                 let state = state.clone();
                 async move { Ok::<_, Infallible>(state.route(req).await) }
             });
-            if let Err(e) = http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), svc)
-                .await
+            let Some(acceptor) = acceptor else {
+                if let Err(e) = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await
+                {
+                    tracing::debug!("demo: connection ended: {e}");
+                }
+                return;
+            };
+            let tls = match acceptor.accept(stream).await {
+                Ok(tls) => tls,
+                Err(e) => {
+                    // Tests read this line: the refusal of a client without a certificate.
+                    eprintln!("demo: TLS handshake failed: {e}");
+                    return;
+                }
+            };
+            let alpn = tls
+                .get_ref()
+                .1
+                .alpn_protocol()
+                .map(|p| String::from_utf8_lossy(p).into_owned())
+                .unwrap_or_else(|| "none".into());
+            // Tests read this line to see which protocol ALPN chose.
+            eprintln!("demo: TLS connection, ALPN {alpn}");
+            if let Err(e) =
+                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tls), svc)
+                    .await
             {
                 tracing::debug!("demo: connection ended: {e}");
             }

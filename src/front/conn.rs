@@ -11,6 +11,10 @@
 //! - At `max_connections`, the connection idle the longest is closed so the new client
 //!   is served; only when every connection is busy does the new one wait.
 //!
+//! - With TLS (README "TLS"), the handshake must also finish within
+//!   `header_timeout_ms`; it happens on the connection's own task, so a slow client
+//!   never holds up the accept loop. ALPN picks h2 or HTTP/1.1.
+//!
 //! The same rules serve the main listener and `metrics_listen`.
 
 use std::collections::HashMap;
@@ -68,6 +72,23 @@ struct ConnState {
     last_active_ms: AtomicU64,
     /// Asks the connection to close once its in-flight responses are done.
     close: CancellationToken,
+}
+
+/// TLS on a listener: the acceptor (its certificate reloads underneath, see
+/// `tls::server`) and the listener's name for logs and metrics.
+#[derive(Clone)]
+pub struct ListenerTls {
+    acceptor: tokio_rustls::TlsAcceptor,
+    name: &'static str,
+}
+
+impl ListenerTls {
+    pub fn new(config: Arc<rustls::ServerConfig>, name: &'static str) -> Self {
+        Self {
+            acceptor: tokio_rustls::TlsAcceptor::from(config),
+            name,
+        }
+    }
 }
 
 /// The open connections of one listener.
@@ -252,6 +273,7 @@ impl<S> Handler for S where
 /// `drain_grace`.
 pub async fn serve<H: Handler>(
     listener: TcpListener,
+    tls: Option<ListenerTls>,
     policy: ConnPolicy,
     shutdown: CancellationToken,
     handle: H,
@@ -290,8 +312,9 @@ pub async fn serve<H: Handler>(
         };
         let builder = builder.clone();
         let handle = handle.clone();
+        let tls = tls.clone();
         tracker.spawn(async move {
-            conn.run(stream, peer, &builder, handle).await;
+            conn.run(stream, peer, tls.as_ref(), &builder, handle).await;
             conn.registry.remove(id);
             drop(permit);
         });
@@ -339,12 +362,63 @@ impl Connection {
         &self,
         stream: TcpStream,
         peer: SocketAddr,
+        tls: Option<&ListenerTls>,
         builder: &auto::Builder<TokioExecutor>,
         handle: H,
     ) {
         if !self.first_byte(&stream).await {
             return;
         }
+        match tls {
+            None => self.serve_io(stream, peer, builder, handle).await,
+            Some(tls) => {
+                if let Some(stream) = self.handshake(stream, peer, tls).await {
+                    self.serve_io(stream, peer, builder, handle).await;
+                }
+            }
+        }
+    }
+
+    /// The server side of the TLS handshake, within the header timeout. A failure is
+    /// logged at debug (scanners fail handshakes all day) and counted.
+    async fn handshake(
+        &self,
+        stream: TcpStream,
+        peer: SocketAddr,
+        tls: &ListenerTls,
+    ) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
+        let accept = tokio::time::timeout(self.policy.header_timeout, tls.acceptor.accept(stream));
+        let result = tokio::select! {
+            r = accept => r,
+            () = self.state.close.cancelled() => return None,
+            () = self.shutdown.cancelled() => return None,
+        };
+        match result {
+            Ok(Ok(s)) => Some(s),
+            Ok(Err(e)) => {
+                let reason = crate::tls::failure_reason(&e).unwrap_or("handshake");
+                crate::metrics::tls_handshake_failed("inbound", tls.name, reason);
+                tracing::debug!(%peer, listener = tls.name, error = %e, "TLS handshake failed");
+                None
+            }
+            Err(_) => {
+                crate::metrics::tls_handshake_failed("inbound", tls.name, "timeout");
+                tracing::debug!(%peer, listener = tls.name, "TLS handshake timed out");
+                None
+            }
+        }
+    }
+
+    async fn serve_io<I, H>(
+        &self,
+        io: I,
+        peer: SocketAddr,
+        builder: &auto::Builder<TokioExecutor>,
+        handle: H,
+    ) where
+        I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+        H: Handler,
+    {
         let svc = ServiceBuilder::new()
             .layer_fn(|inner| Track {
                 registry: self.registry.clone(),
@@ -352,8 +426,8 @@ impl Connection {
                 inner,
             })
             .service(handle);
-        let conn = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), TowerToHyperService::new(svc));
+        let conn =
+            builder.serve_connection_with_upgrades(TokioIo::new(io), TowerToHyperService::new(svc));
         tokio::pin!(conn);
         let mut closing = false;
         loop {

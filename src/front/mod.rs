@@ -181,7 +181,12 @@ fn metrics_reply() -> Response<Body> {
 
 /// The optional `server.metrics_listen` listener: `/metrics`, `/healthz` and
 /// `/readyz` only, under the same connection rules as the main listener.
-pub async fn serve_ops(gw: Arc<Gateway>, listener: TcpListener, shutdown: CancellationToken) {
+pub async fn serve_ops(
+    gw: Arc<Gateway>,
+    listener: TcpListener,
+    tls: Option<conn::ListenerTls>,
+    shutdown: CancellationToken,
+) {
     let policy = conn::ConnPolicy::from_config(&gw.cfg.server);
     let ops = tower::service_fn(move |req: Request<Incoming>| {
         let gw = gw.clone();
@@ -195,7 +200,7 @@ pub async fn serve_ops(gw: Arc<Gateway>, listener: TcpListener, shutdown: Cancel
             })
         }
     });
-    conn::serve(listener, policy, shutdown, ops).await;
+    conn::serve(listener, tls, policy, shutdown, ops).await;
 }
 
 fn method_not_allowed(allow: &'static str) -> Response<Body> {
@@ -210,9 +215,14 @@ fn method_not_allowed(allow: &'static str) -> Response<Body> {
 }
 
 /// Accept connections until `shutdown` fires, then drain for `drain_grace_ms`.
-pub async fn serve(gw: Arc<Gateway>, listener: TcpListener, shutdown: CancellationToken) {
+pub async fn serve(
+    gw: Arc<Gateway>,
+    listener: TcpListener,
+    tls: Option<conn::ListenerTls>,
+    shutdown: CancellationToken,
+) {
     let policy = conn::ConnPolicy::from_config(&gw.cfg.server);
-    conn::serve(listener, policy, shutdown, stack::build(gw)).await;
+    conn::serve(listener, tls, policy, shutdown, stack::build(gw)).await;
 }
 
 /// 200 for a probe that passes, 503 for one that does not (`/readyz`, `/livez`).

@@ -21,6 +21,14 @@ use crate::auth::Principal;
 use crate::config::{Isolation, UpstreamConfig, UpstreamTarget};
 use crate::protocol::RpcError;
 
+/// An upstream that cannot be started as configured (its TLS files, so far).
+#[derive(Debug, thiserror::Error)]
+#[error("{key}: {reason}")]
+pub struct StartError {
+    pub key: String,
+    pub reason: String,
+}
+
 /// Scope key for upstream state isolation: "" (shared), tenant, or tenant + subject.
 /// The tenant's length comes first, so no two `(tenant, subject)` pairs share a key
 /// whatever characters (NUL included) their names hold.
@@ -57,6 +65,9 @@ pub struct Upstream {
     pid_dir: PathBuf,
     /// The last `initialize` result of any scope, persisted (the task plane's view).
     identity: Arc<Identity>,
+    /// How an HTTP upstream's server is verified, read once at start-up and shared by
+    /// every scope's session.
+    tls: Arc<rustls::ClientConfig>,
 }
 
 impl Upstream {
@@ -64,6 +75,7 @@ impl Upstream {
         cfg: &UpstreamConfig,
         pid_dir: &std::path::Path,
         identity: &Arc<Identity>,
+        tls: &Arc<rustls::ClientConfig>,
     ) -> Arc<dyn LegacyTransport> {
         match cfg.target() {
             UpstreamTarget::Stdio { program, args } => StdioPool::start(StdioOptions {
@@ -87,8 +99,38 @@ impl Upstream {
                 headers: cfg.resolved_headers().unwrap_or_default(),
                 max_message_bytes: cfg.max_message_bytes,
                 identity: Some(identity.clone()),
+                tls: tls.clone(),
             }),
         }
+    }
+
+    /// The TLS client configuration of an upstream (README "TLS"): for `https://`, the
+    /// system roots plus `ca_file` and the optional client certificate; for anything
+    /// else, one that trusts nothing.
+    fn client_tls(cfg: &UpstreamConfig) -> Result<Arc<rustls::ClientConfig>, StartError> {
+        let failed = |key: &str, e: crate::tls::TlsError| StartError {
+            key: format!("upstream {:?} {key}", cfg.name),
+            reason: e.to_string(),
+        };
+        if !cfg
+            .url
+            .as_deref()
+            .is_some_and(|u| u.starts_with("https://"))
+        {
+            return crate::tls::client::plaintext_only().map_err(|e| failed("url", e));
+        }
+        let identity = match (&cfg.client_cert, &cfg.client_key) {
+            (Some(cert), Some(key)) => Some(crate::tls::client::ClientIdentity { cert, key }),
+            _ => None,
+        };
+        let key = if identity.is_some() {
+            "ca_file/client_cert/client_key"
+        } else {
+            "ca_file"
+        };
+        crate::tls::client::client_config(cfg.ca_file.as_deref(), identity)
+            .map(Arc::new)
+            .map_err(|e| failed(key, e))
     }
 
     /// Watch a transport's session notifications and drop the cached `tools/list`
@@ -114,23 +156,30 @@ impl Upstream {
     }
 
     /// Start the boot transport; `stored` is the identity learned by earlier runs.
-    pub fn start(cfg: UpstreamConfig, pid_dir: PathBuf, stored: Option<UpstreamInfo>) -> Arc<Self> {
+    pub fn start(
+        cfg: UpstreamConfig,
+        pid_dir: PathBuf,
+        stored: Option<UpstreamInfo>,
+    ) -> Result<Arc<Self>, StartError> {
+        let tls = Self::client_tls(&cfg)?;
         let identity = Identity::new(&cfg.name, stored);
-        let boot = Self::start_transport(&cfg, &pid_dir, &identity);
+        let boot = Self::start_transport(&cfg, &pid_dir, &identity, &tls);
         let boot_tools = Arc::new(Mutex::new(None));
         Self::watch_tools(&boot, boot_tools.clone());
-        Arc::new(Self {
+        Ok(Arc::new(Self {
             cfg,
             boot,
             boot_tools,
             scopes: Mutex::new(HashMap::new()),
             pid_dir,
             identity,
-        })
+            tls,
+        }))
     }
 
     /// An upstream served by one given transport (every isolation scope shares it):
     /// for driving the engine against a scripted upstream.
+    #[cfg(test)]
     pub fn from_transport(cfg: UpstreamConfig, transport: Arc<dyn LegacyTransport>) -> Arc<Self> {
         let identity = Identity::new(&cfg.name, None);
         Arc::new(Self {
@@ -143,6 +192,7 @@ impl Upstream {
             scopes: Mutex::new(HashMap::new()),
             pid_dir: PathBuf::new(),
             identity,
+            tls: crate::tls::client::plaintext_only().expect("a TLS configuration"),
         })
     }
 
@@ -158,7 +208,8 @@ impl Upstream {
         }
         let mut scopes = self.scopes.lock();
         let entry = scopes.entry(key).or_insert_with(|| {
-            let transport = Self::start_transport(&self.cfg, &self.pid_dir, &self.identity);
+            let transport =
+                Self::start_transport(&self.cfg, &self.pid_dir, &self.identity, &self.tls);
             let tools = Arc::new(Mutex::new(None));
             Self::watch_tools(&transport, tools.clone());
             Scoped {
@@ -331,12 +382,12 @@ impl UpstreamSet {
         cfgs: &[UpstreamConfig],
         pid_dir: PathBuf,
         stored: &HashMap<String, UpstreamInfo>,
-    ) -> Self {
+    ) -> Result<Self, StartError> {
         let upstreams = cfgs
             .iter()
             .map(|c| Upstream::start(c.clone(), pid_dir.clone(), stored.get(&c.name).cloned()))
-            .collect();
-        Self { upstreams }
+            .collect::<Result<_, _>>()?;
+        Ok(Self { upstreams })
     }
 
     pub fn by_path(&self, path: &str) -> Option<&Arc<Upstream>> {

@@ -18,6 +18,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
 
+pub mod tls;
+
 #[path = "../../benches/support/fixtures.rs"]
 mod fixtures;
 pub(crate) use fixtures::free_port;
@@ -290,12 +292,13 @@ impl Gateway {
             .current_dir(dir.path());
         cmd.env("TASKGATE_LOG", "info,taskgate=debug");
         let proc = Proc::spawn(cmd);
+        // `http://` or, with `server.tls_cert`, `https://` (tests/tls.rs).
         let line = proc
-            .wait_log("taskgate listening on http://", Duration::from_secs(30))
+            .wait_log("taskgate listening on ", Duration::from_secs(30))
             .await
             .unwrap_or_else(|| panic!("gateway did not start:\n{}", proc.log_text()));
         let addr: SocketAddr = line
-            .rsplit("http://")
+            .rsplit("://")
             .next()
             .and_then(|s| s.split_whitespace().next())
             .and_then(|s| s.trim_end_matches('"').parse().ok())

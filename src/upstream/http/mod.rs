@@ -94,11 +94,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use crate::tls::client::{HttpsConnector, https_connector};
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method};
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use parking_lot::{Mutex, MutexGuard};
 use tokio::sync::{Notify, broadcast, mpsc};
@@ -126,6 +126,9 @@ pub struct HttpOptions {
     pub max_message_bytes: usize,
     /// Told about every completed `initialize` (the task plane's identity).
     pub identity: Option<Arc<Identity>>,
+    /// How an `https://` endpoint is verified (`tls::client`); for an `http://` one,
+    /// [`crate::tls::client::plaintext_only`].
+    pub tls: Arc<rustls::ClientConfig>,
 }
 
 const ACCEPT_POST: &str = "application/json, text/event-stream";
@@ -172,7 +175,7 @@ pub struct HttpUpstream {
     headers: Vec<(HeaderName, HeaderValue)>,
     max_message_bytes: usize,
     identity: Option<Arc<Identity>>,
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<HttpsConnector, Full<Bytes>>,
     inner: Mutex<Inner>,
     /// Serialises handshakes (first start, recovery, re-init after 404).
     init_lock: tokio::sync::Mutex<()>,
@@ -215,9 +218,7 @@ impl HttpUpstream {
                 }
             }
         }
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
-        connector.set_nodelay(true);
+        let connector = https_connector(&opts.tls, CONNECT_TIMEOUT);
         let client = Client::builder(TokioExecutor::new()).build(connector);
         let (notifications, _) = broadcast::channel(256);
         let this = Arc::new_cyclic(|me| HttpUpstream {

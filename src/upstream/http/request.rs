@@ -105,6 +105,10 @@ impl HttpUpstream {
             let resp = self.client.request(req).await.map_err(|e| {
                 let reason = format!("{url}: {}", error_chain(&e));
                 if e.is_connect() {
+                    // A failed TLS handshake is a connect failure too: nothing was sent.
+                    if let Some(why) = crate::tls::failure_reason(&e) {
+                        crate::metrics::tls_handshake_failed("outbound", &self.name, why);
+                    }
                     SendError::Unreachable(reason)
                 } else {
                     SendError::Failed(reason)
@@ -122,7 +126,7 @@ impl HttpUpstream {
                 .and_then(|loc| resolve_location(&url, loc))
                 .ok_or_else(|| {
                     SendError::Failed(format!(
-                        "{url}: HTTP {status} without a usable http Location"
+                        "{url}: HTTP {status} without a usable Location (same scheme)"
                     ))
                 })?;
             tracing::debug!(upstream = %self.name, from = %url, to = %next, "following redirect");
@@ -198,23 +202,23 @@ pub(super) fn is_event_stream<B>(resp: &Response<B>) -> bool {
 /// Resolve a `Location` header against the URL it answered. Only `http` targets.
 pub(super) fn resolve_location(base: &str, loc: &str) -> Option<String> {
     let loc = loc.trim();
-    if loc.starts_with("http://") {
-        return Some(loc.to_string());
-    }
-    if loc.contains("://") {
-        return None; // https or anything else: out of scope (no TLS)
-    }
     let uri: http::Uri = base.parse().ok()?;
+    let scheme = uri.scheme_str()?;
+    // Only to the same scheme: a redirect never downgrades https:// to http://, and an
+    // http:// upstream is not moved to a TLS endpoint its configuration never named.
+    if let Some((target, _)) = loc.split_once("://") {
+        return (target.eq_ignore_ascii_case(scheme)).then(|| loc.to_string());
+    }
     let authority = uri.authority()?.as_str();
     if let Some(rest) = loc.strip_prefix("//") {
-        return Some(format!("http://{rest}"));
+        return Some(format!("{scheme}://{rest}"));
     }
     if loc.starts_with('/') {
-        return Some(format!("http://{authority}{loc}"));
+        return Some(format!("{scheme}://{authority}{loc}"));
     }
     let path = uri.path();
     let dir = path.rfind('/').map_or("/", |i| &path[..=i]);
-    Some(format!("http://{authority}{dir}{loc}"))
+    Some(format!("{scheme}://{authority}{dir}{loc}"))
 }
 
 pub(super) enum ReadError {
@@ -265,13 +269,4 @@ pub(super) fn snippet(bytes: &[u8]) -> String {
     }
 }
 
-pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(inner) = src {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        src = inner.source();
-    }
-    s
-}
+pub(super) use crate::tls::error_chain;

@@ -16,6 +16,7 @@ fn opts(url: String) -> HttpOptions {
         headers: vec![("X-Api-Key".into(), "k".into())],
         max_message_bytes: 64 * 1024,
         identity: None,
+        tls: crate::tls::client::plaintext_only().unwrap(),
     }
 }
 
@@ -657,5 +658,16 @@ fn location_resolution() {
         resolve_location(base, "http://o:2/x").as_deref(),
         Some("http://o:2/x")
     );
+    // Never to another scheme: no downgrade, and no TLS endpoint nobody configured.
     assert_eq!(resolve_location(base, "https://o/x"), None);
+    let tls = "https://h:1/a/b";
+    assert_eq!(resolve_location(tls, "http://o/x"), None);
+    assert_eq!(
+        resolve_location(tls, "/mcp").as_deref(),
+        Some("https://h:1/mcp")
+    );
+    assert_eq!(
+        resolve_location(tls, "//o:3/m").as_deref(),
+        Some("https://o:3/m")
+    );
 }

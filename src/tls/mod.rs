@@ -1,0 +1,224 @@
+//! TLS with rustls on the aws-lc-rs provider, verified by default (docs/design.md §26,
+//! README "TLS").
+//!
+//! - [`client`]: what taskgate trusts when it connects out (JWKS over `https://`, HTTPS
+//!   upstreams, PostgreSQL): the system roots plus an optional extra CA bundle per
+//!   use, and an optional client certificate. There is no switch that skips
+//!   verification.
+//! - [`server`]: the certificate a listener presents, reloaded from disk without a
+//!   restart, and the optional client-certificate requirement.
+//!
+//! Every configuration is built on one explicit provider ([`provider`]) with TLS 1.2
+//! and 1.3 only, so nothing depends on which provider another crate installed as the
+//! process default. The module names no other module of the crate but `metrics`.
+
+pub mod client;
+pub mod server;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use rustls::crypto::CryptoProvider;
+use rustls::{RootCertStore, SupportedProtocolVersion};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+/// TLS 1.3 and 1.2; nothing older (rustls implements nothing older either).
+pub const PROTOCOL_VERSIONS: &[&SupportedProtocolVersion] =
+    &[&rustls::version::TLS13, &rustls::version::TLS12];
+
+/// Why a TLS configuration could not be built. Always names the file or setting.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("{path}: {reason}")]
+    File { path: PathBuf, reason: String },
+    #[error("{0}")]
+    Config(String),
+}
+
+impl TlsError {
+    fn file(path: &Path, reason: impl std::fmt::Display) -> Self {
+        Self::File {
+            path: path.to_path_buf(),
+            reason: reason.to_string(),
+        }
+    }
+}
+
+/// The one crypto provider every configuration is built with: aws-lc-rs with its
+/// default cipher suites and key exchange groups.
+pub fn provider() -> Arc<CryptoProvider> {
+    static PROVIDER: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
+    PROVIDER
+        .get_or_init(|| Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
+        .clone()
+}
+
+/// Make [`provider`] the process default too, for libraries that build their own
+/// configurations from it (pingora's listener and connector). Called by `main` before
+/// anything else; a later install by such a library is then a no-op.
+pub fn install_process_default() {
+    let _ = CryptoProvider::install_default(rustls::crypto::aws_lc_rs::default_provider());
+}
+
+/// Every certificate in a PEM file (a chain: leaf first). Refuses an empty file.
+pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(|e| TlsError::file(path, pem_reason(&e)))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| TlsError::file(path, pem_reason(&e)))?;
+    if certs.is_empty() {
+        return Err(TlsError::file(path, "no PEM certificate in the file"));
+    }
+    Ok(certs)
+}
+
+/// The first private key (PKCS#8, PKCS#1 or SEC1) in a PEM file.
+pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    PrivateKeyDer::from_pem_file(path).map_err(|e| TlsError::file(path, pem_reason(&e)))
+}
+
+fn pem_reason(e: &rustls_pki_types::pem::Error) -> String {
+    match e {
+        rustls_pki_types::pem::Error::NoItemsFound => "no PEM private key in the file".into(),
+        rustls_pki_types::pem::Error::Io(io) => format!("cannot read: {io}"),
+        other => format!("not valid PEM: {other:?}"),
+    }
+}
+
+/// The system's trusted roots (`SSL_CERT_FILE`/`SSL_CERT_DIR` honoured), read once per
+/// process. Unreadable entries are skipped: one bad file must not leave taskgate
+/// trusting nothing, and an empty store is refused where it is used.
+fn system_roots() -> &'static [CertificateDer<'static>] {
+    static ROOTS: OnceLock<Vec<CertificateDer<'static>>> = OnceLock::new();
+    ROOTS.get_or_init(|| {
+        let found = rustls_native_certs::load_native_certs();
+        for e in &found.errors {
+            tracing::debug!(error = %e, "skipping an unreadable system root certificate");
+        }
+        found.certs
+    })
+}
+
+/// The roots a connection verifies its server against: the system roots plus every
+/// certificate of `extra_ca_file`.
+pub fn root_store(extra_ca_file: Option<&Path>) -> Result<RootCertStore, TlsError> {
+    let mut roots = RootCertStore::empty();
+    let (_, skipped) = roots.add_parsable_certificates(system_roots().iter().cloned());
+    if skipped > 0 {
+        tracing::debug!(skipped, "system root certificates rustls cannot use");
+    }
+    if let Some(path) = extra_ca_file {
+        for cert in load_certs(path)? {
+            roots
+                .add(cert)
+                .map_err(|e| TlsError::file(path, format!("not a usable CA certificate: {e}")))?;
+        }
+    }
+    if roots.is_empty() {
+        return Err(TlsError::Config(
+            "no trusted root certificates: the system store is empty and no CA file is set".into(),
+        ));
+    }
+    Ok(roots)
+}
+
+/// An error with all its sources, `outer: inner: …`: hyper's own messages ("client
+/// error (Connect)") say nothing of why a handshake failed; rustls's, at the end of the
+/// chain, do.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(inner) = src {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        src = inner.source();
+    }
+    s
+}
+
+/// A short, fixed name for why a TLS handshake failed, for metrics labels; `None` when
+/// no rustls error is in the chain (a plain connection failure).
+pub fn failure_reason(err: &(dyn std::error::Error + 'static)) -> Option<&'static str> {
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = next {
+        if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+            return Some(reason_of(tls));
+        }
+        if let Some(io) = e.downcast_ref::<std::io::Error>()
+            && let Some(inner) = io.get_ref()
+            && let Some(tls) = inner.downcast_ref::<rustls::Error>()
+        {
+            return Some(reason_of(tls));
+        }
+        next = e.source();
+    }
+    None
+}
+
+/// The `reason` label values of `taskgate_tls_handshake_failures_total`.
+pub const FAILURE_REASONS: [&str; 7] = [
+    "unknown_issuer",
+    "expired",
+    "name_mismatch",
+    "bad_certificate",
+    "peer_alert",
+    "handshake",
+    // Inbound only: the client did not finish within `server.header_timeout_ms`.
+    "timeout",
+];
+
+fn reason_of(e: &rustls::Error) -> &'static str {
+    use rustls::CertificateError as C;
+    match e {
+        rustls::Error::InvalidCertificate(c) => match c {
+            C::UnknownIssuer => "unknown_issuer",
+            C::Expired
+            | C::ExpiredContext { .. }
+            | C::NotValidYet
+            | C::NotValidYetContext { .. } => "expired",
+            C::NotValidForName | C::NotValidForNameContext { .. } => "name_mismatch",
+            _ => "bad_certificate",
+        },
+        rustls::Error::NoCertificatesPresented => "bad_certificate",
+        rustls::Error::AlertReceived(_) => "peer_alert",
+        _ => "handshake",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_reason_is_found_through_io_and_hyper_style_chains() {
+        let tls = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
+        let io = std::io::Error::new(std::io::ErrorKind::InvalidData, tls);
+        assert_eq!(failure_reason(&io), Some("unknown_issuer"));
+        let plain = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        assert_eq!(failure_reason(&plain), None);
+        for r in ["unknown_issuer", "expired", "name_mismatch", "peer_alert"] {
+            assert!(FAILURE_REASONS.contains(&r));
+        }
+    }
+
+    #[test]
+    fn files_that_hold_no_certificate_or_key_are_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "").unwrap();
+        let err = load_certs(&empty).unwrap_err().to_string();
+        assert!(
+            err.contains("empty.pem") && err.contains("no PEM certificate"),
+            "{err}"
+        );
+        let err = load_key(&empty).unwrap_err().to_string();
+        assert!(err.contains("no PEM private key"), "{err}");
+        let missing = dir.path().join("missing.pem");
+        let err = load_certs(&missing).unwrap_err().to_string();
+        assert!(
+            err.contains("missing.pem") && err.contains("cannot read"),
+            "{err}"
+        );
+    }
+}
