@@ -394,16 +394,14 @@ pub async fn raw(
     headers: &[(&str, String)],
     body: Bytes,
 ) -> Result<Resp, String> {
-    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let mut b = http::Request::builder().method(method).uri(url);
     for (k, v) in headers {
         b = b.header(*k, v);
     }
     let req = b.body(Full::new(body)).map_err(|e| e.to_string())?;
-    let resp = tokio::time::timeout(Duration::from_secs(60), client.request(req))
+    let resp = tokio::time::timeout(Duration::from_secs(60), send(req))
         .await
-        .map_err(|_| "timeout".to_string())?
-        .map_err(|e| e.to_string())?;
+        .map_err(|_| "timeout".to_string())??;
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
     let body = tokio::time::timeout(Duration::from_secs(60), resp.into_body().collect())
@@ -416,6 +414,25 @@ pub async fn raw(
         headers,
         body,
     })
+}
+
+/// Send one request: `http://` in plain text, `https://` trusting what
+/// [`tls::trust`] was given (tests/tls.rs). The error carries the whole chain.
+pub async fn send(
+    req: http::Request<Full<Bytes>>,
+) -> Result<http::Response<hyper::body::Incoming>, String> {
+    if req.uri().scheme_str() == Some("https") {
+        tls::https_client()
+            .request(req)
+            .await
+            .map_err(|e| tls::chain(&e))
+    } else {
+        Client::builder(TokioExecutor::new())
+            .build_http::<Full<Bytes>>()
+            .request(req)
+            .await
+            .map_err(|e| e.to_string())
+    }
 }
 
 /// `_meta` for a 2026 request with the given client capabilities.

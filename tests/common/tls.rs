@@ -15,6 +15,34 @@ use rcgen::{
 
 use super::Resp;
 
+/// What `https://` requests through `common::send` trust (one test per process under
+/// nextest, so one setting per test).
+static TRUST: std::sync::Mutex<Option<rustls::ClientConfig>> = std::sync::Mutex::new(None);
+
+/// Trust `config` (its roots and client identity) for `https://` requests from now on.
+pub fn trust(config: rustls::ClientConfig) {
+    *TRUST.lock().unwrap() = Some(config);
+}
+
+/// A client for `https://` URLs under [`trust`], offering h2 and HTTP/1.1.
+pub fn https_client() -> Client<
+    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+    Full<Bytes>,
+> {
+    let mut config = TRUST
+        .lock()
+        .unwrap()
+        .clone()
+        .expect("tls::trust was not called before an https:// request");
+    config.alpn_protocols.clear();
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(config)
+        .https_only()
+        .enable_all_versions()
+        .build();
+    Client::builder(TokioExecutor::new()).build(connector)
+}
+
 /// A certificate chain and its key, as PEM files.
 #[derive(Debug, Clone)]
 pub struct CertFiles {

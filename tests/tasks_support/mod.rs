@@ -11,8 +11,6 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
 
 use super::common::*;
@@ -283,13 +281,12 @@ pub struct SseStream {
 
 impl SseStream {
     pub async fn open(url: &str, headers: &[(&str, String)], body: Bytes) -> Self {
-        let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
         let mut b = http::Request::builder().method("POST").uri(url);
         for (k, v) in headers {
             b = b.header(*k, v);
         }
         let req = b.body(Full::new(body)).unwrap();
-        let resp = tokio::time::timeout(Duration::from_secs(30), client.request(req))
+        let resp = tokio::time::timeout(Duration::from_secs(30), send(req))
             .await
             .expect("listen: response headers timed out")
             .expect("listen: request failed");
