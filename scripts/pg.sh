@@ -11,6 +11,14 @@
 # `postgres` OS user when we are root (initdb refuses root), listening on 127.0.0.1 at
 # a free port with its unix socket in that directory. fsync stays on: the tests measure
 # and rely on the same durability as production. Tests isolate themselves by schema.
+#
+# TLS only over TCP (README "TLS", "PostgreSQL"): a throwaway CA and a server
+# certificate for `localhost` and 127.0.0.1 are minted into that directory per run
+# (`openssl`, package `openssl`, installed if absent), `ssl = on`, and pg_hba.conf
+# accepts TCP connections with `hostssl` only (the unix socket stays `local`, for
+# pg_ctl). TASKGATE_TEST_PG_URL says `sslmode=verify-full` with that CA as
+# `sslrootcert`, so every PostgreSQL test runs over verified TLS; TASKGATE_TEST_PG_CA
+# is the CA file.
 
 PG_BIN="${PG_BIN:-/usr/lib/postgresql/15/bin}"
 
@@ -40,12 +48,44 @@ pg__free_port() {
 }
 
 pg_install() {
+    if ! command -v openssl >/dev/null 2>&1; then
+        echo "== installing openssl (Debian package openssl: the test cluster's certificates)"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >/dev/null
+    fi
     if [ -x "$PG_BIN/initdb" ] && [ -x "$PG_BIN/pg_ctl" ]; then
         return 0
     fi
     echo "== installing PostgreSQL 15 (Debian package postgresql)"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+}
+
+# A CA (`$1/ca.pem`) and a server certificate it signed for localhost and 127.0.0.1
+# (`$1/server.pem`, key `$1/server-key.pem`, owned by the cluster's owner, mode 0600:
+# PostgreSQL refuses a key others can read).
+pg__mint_certs() {
+    local d=$1
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
+        -subj "/CN=taskgate test PostgreSQL CA" \
+        -addext "basicConstraints=critical,CA:TRUE" \
+        -addext "keyUsage=critical,keyCertSign,cRLSign" \
+        -keyout "$d/ca-key.pem" -out "$d/ca.pem" >"$d/openssl.log" 2>&1 || return 1
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
+        -subj "/CN=localhost" -keyout "$d/server-key.pem" -out "$d/server.csr" \
+        >>"$d/openssl.log" 2>&1 || return 1
+    printf '%s\n' "basicConstraints=critical,CA:FALSE" \
+        "keyUsage=critical,digitalSignature" "extendedKeyUsage=serverAuth" \
+        "subjectAltName=DNS:localhost,IP:127.0.0.1" >"$d/server.ext"
+    openssl x509 -req -in "$d/server.csr" -CA "$d/ca.pem" -CAkey "$d/ca-key.pem" \
+        -CAcreateserial -days 2 -extfile "$d/server.ext" -out "$d/server.pem" \
+        >>"$d/openssl.log" 2>&1 || return 1
+    rm -f "$d/ca-key.pem" "$d/server.csr" "$d/server.ext" "$d/ca.srl"
+    if [ "$(id -u)" = 0 ]; then
+        chown postgres: "$d/server.pem" "$d/server-key.pem"
+    fi
+    chmod 600 "$d/server-key.pem"
+    chmod 644 "$d/ca.pem" "$d/server.pem"
 }
 
 pg_stop() {
@@ -71,6 +111,17 @@ pg_start() {
         cat "$PG_TEST_DIR/initdb.log" >&2
         return 1
     }
+    pg__mint_certs "$PG_TEST_DIR" || {
+        cat "$PG_TEST_DIR/openssl.log" >&2
+        return 1
+    }
+    # TCP only with TLS; `local` (the unix socket) for pg_ctl's readiness check. The
+    # role `taskgate_scram` (created by tests/pg_tls.rs) logs in with SCRAM, the only
+    # password check there (first matching line wins).
+    printf '%s\n' "local all all trust" \
+        "hostssl all taskgate_scram 127.0.0.1/32 scram-sha-256" \
+        "hostssl all all 127.0.0.1/32 trust" \
+        "hostssl all all ::1/128 trust" >"$PG_TEST_DIR/data/pg_hba.conf"
     # The port can still be taken before the bind: try a few.
     local attempt started=""
     for attempt in 1 2 3 4 5; do
@@ -78,7 +129,9 @@ pg_start() {
         # max_connections: every test opens its own pool (default 16 connections).
         if pg__as_owner "$PG_BIN/pg_ctl" -D "$PG_TEST_DIR/data" -w -t 30 \
             -l "$PG_TEST_DIR/server.log" \
-            -o "-c listen_addresses=127.0.0.1 -p $port -k $PG_TEST_DIR -c max_connections=400" \
+            -o "-c listen_addresses=127.0.0.1 -p $port -k $PG_TEST_DIR -c max_connections=400 \
+                -c ssl=on -c ssl_cert_file=$PG_TEST_DIR/server.pem \
+                -c ssl_key_file=$PG_TEST_DIR/server-key.pem" \
             start >/dev/null; then
             started=1
             break
@@ -89,9 +142,10 @@ pg_start() {
         cat "$PG_TEST_DIR/server.log" >&2
         return 1
     fi
-    export TASKGATE_TEST_PG_URL="postgres://postgres@127.0.0.1:$port/postgres"
+    export TASKGATE_TEST_PG_URL="postgres://postgres@localhost:$port/postgres?sslmode=verify-full&sslrootcert=$PG_TEST_DIR/ca.pem"
     export TASKGATE_TEST_PG_DIR="$PG_TEST_DIR"
-    echo "== PostgreSQL ready at 127.0.0.1:$port in $((($(date +%s%N) - t0) / 1000000)) ms"
+    export TASKGATE_TEST_PG_CA="$PG_TEST_DIR/ca.pem"
+    echo "== PostgreSQL (TLS only) ready at localhost:$port in $((($(date +%s%N) - t0) / 1000000)) ms"
 }
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then

@@ -686,10 +686,10 @@ fn percentile(v: &mut [u64], p: f64) -> u64 {
 
 /// Every non-terminal task in `schema`: id, tenant, subject, status.
 async fn live_tasks(url: &str, schema: &str) -> Vec<(String, String, String, String)> {
-    let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+    // With the URL's sslmode/sslrootcert, as the gateway connects.
+    let c = taskgate::store::postgres::connect_url(url)
         .await
         .expect("connect to the test database");
-    tokio::spawn(conn);
     let rows = c
         .query(
             &format!(

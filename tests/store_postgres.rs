@@ -124,14 +124,15 @@ async fn postgres_outage_issues_no_task_id_and_heals_by_itself() {
         .and_then(|r| r.split('/').next())
         .expect("host:port in the test URL")
         .to_string();
-    let user = url
+    let (user, rest) = url
         .trim_start_matches("postgres://")
-        .split('@')
-        .next()
-        .unwrap_or("postgres")
-        .to_string();
+        .split_once('@')
+        .expect("user@ in the test URL");
+    // The database and the query string (sslmode, sslrootcert) stay: the relay carries
+    // the TLS session, and the test cluster's certificate names 127.0.0.1.
+    let db_and_query = rest.split_once('/').map(|(_, d)| d).unwrap_or("postgres");
     let relay = Relay::start(host_port).await;
-    let relayed = format!("postgres://{user}@127.0.0.1:{}/postgres", relay.port);
+    let relayed = format!("postgres://{user}@127.0.0.1:{}/{db_and_query}", relay.port);
     let gw = start_pg(&relayed, &unique_schema(), &sleep_tools()).await;
     let c = tasks_client(&gw, "alice", "acme");
     let before = task_id(&create_task(&c, "sleep", json!({"ms": 10})).await);

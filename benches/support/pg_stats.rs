@@ -3,10 +3,8 @@
 
 /// `pg_stat_wal.wal_sync`: how often the database has flushed its WAL so far.
 pub(crate) async fn wal_syncs(url: &str) -> i64 {
-    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    // With the URL's sslmode/sslrootcert (scripts/pg.sh's cluster is TLS only).
+    let client = taskgate::store::postgres::connect_url(url).await.unwrap();
     client
         .query_one("SELECT wal_sync FROM pg_stat_wal", &[])
         .await

@@ -170,8 +170,9 @@ pub(crate) enum JwksSource {
     Url {
         uri: http::Uri,
         /// One client for the store's life: its pool keeps the TLS session, so a
-        /// refresh after an unknown `kid` resumes instead of a full handshake.
-        client: JwksClient,
+        /// refresh after an unknown `kid` resumes instead of a full handshake. Boxed:
+        /// the client is about 500 bytes, the file variant one path.
+        client: Box<JwksClient>,
     },
 }
 
@@ -185,7 +186,10 @@ impl JwksSource {
         let client =
             hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
                 .build(connector);
-        Self::Url { uri, client }
+        Self::Url {
+            uri,
+            client: Box::new(client),
+        }
     }
 }
 

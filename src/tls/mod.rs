@@ -4,7 +4,8 @@
 //! - [`client`]: what taskgate trusts when it connects out (JWKS over `https://`, HTTPS
 //!   upstreams, PostgreSQL): the system roots plus an optional extra CA bundle per
 //!   use, and an optional client certificate. There is no switch that skips
-//!   verification.
+//!   verification (but PostgreSQL's libpq-compatible `sslmode=prefer`, whose own
+//!   verifier is in `store::postgres`; README "TLS", "PostgreSQL").
 //! - [`server`]: the certificate a listener presents, reloaded from disk without a
 //!   restart, and the optional client-certificate requirement.
 //!

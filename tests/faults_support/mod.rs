@@ -251,14 +251,23 @@ fn as_owner(program: &str) -> Command {
 
 /// A throwaway PostgreSQL 15 cluster: `initdb --no-sync` into a temp directory, on a
 /// free port with its unix socket there, removed on drop. The tests that stop or crash
-/// the database use this one, never the shared cluster other tests run on.
+/// the database use this one, never the shared cluster other tests run on. It has no
+/// TLS: the tests of `sslmode=prefer` against a plaintext server use that too.
 pub struct PgCluster {
     pub dir: PathBuf,
     pub port: u16,
+    /// The address it listens on (127.0.0.1 unless [`PgCluster::start_on`]).
+    pub ip: std::net::IpAddr,
 }
 
 impl PgCluster {
     pub fn start() -> Self {
+        Self::start_on(std::net::Ipv4Addr::LOCALHOST.into())
+    }
+
+    /// A cluster listening on `ip` only, accepting any client address (trust) over
+    /// TCP: for a server that is not on the loopback.
+    pub fn start_on(ip: std::net::IpAddr) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("taskgate-faults-pg.")
             .tempdir_in("/tmp")
@@ -285,7 +294,13 @@ impl PgCluster {
             "initdb: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let mut c = Self { dir, port: 0 };
+        if !ip.is_loopback() {
+            let hba = dir.join("data").join("pg_hba.conf");
+            let mut text = std::fs::read_to_string(&hba).unwrap();
+            text.push_str("\nhost all all 0.0.0.0/0 trust\n");
+            std::fs::write(&hba, text).unwrap();
+        }
+        let mut c = Self { dir, port: 0, ip };
         for _ in 0..5 {
             c.port = fixed_port();
             if c.try_start() {
@@ -303,7 +318,8 @@ impl PgCluster {
             .arg(self.dir.join("server.log"))
             .arg("-o")
             .arg(format!(
-                "-c listen_addresses=127.0.0.1 -p {} -k {} -c max_connections=200",
+                "-c listen_addresses={} -p {} -k {} -c max_connections=200",
+                self.ip,
                 self.port,
                 self.dir.display()
             ))
@@ -338,11 +354,11 @@ impl PgCluster {
     }
 
     pub fn addr(&self) -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], self.port))
+        SocketAddr::new(self.ip, self.port)
     }
 
     pub fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+        format!("postgres://postgres@{}/postgres", self.addr())
     }
 
     pub fn server_log(&self) -> String {
@@ -363,14 +379,22 @@ impl Drop for PgCluster {
     }
 }
 
-/// The host and port of a `postgres://user@host:port/db` URL.
+/// The IPv4 address and port of a `postgres://user@host:port/db?…` URL (the host
+/// resolved: scripts/pg.sh's URL says `localhost`, the cluster listens on 127.0.0.1).
 pub fn url_addr(url: &str) -> SocketAddr {
+    use std::net::ToSocketAddrs;
     let rest = url.split('@').nth(1).unwrap_or(url);
-    let hostport = rest.split('/').next().unwrap();
-    hostport.parse().unwrap()
+    let hostport = rest.split(['/', '?']).next().unwrap();
+    hostport
+        .to_socket_addrs()
+        .unwrap()
+        .find(SocketAddr::is_ipv4)
+        .unwrap_or_else(|| panic!("no IPv4 address for {hostport}"))
 }
 
-/// `url` with its host and port replaced by `addr` (a proxy in front of it).
+/// `url` with its host and port replaced by `addr` (a proxy in front of it); the
+/// database and the query string (`sslmode`, `sslrootcert`) are kept. The test
+/// cluster's certificate names 127.0.0.1, so `verify-full` holds through the proxy.
 pub fn url_via(url: &str, addr: SocketAddr) -> String {
     let (head, rest) = url.split_once('@').unwrap();
     let db = rest.split_once('/').map(|(_, d)| d).unwrap_or("postgres");

@@ -13,9 +13,9 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
-use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_postgres::AsyncMessage;
 
-use super::{PgError, PgStore, SCHEMA_VERSION, decode, encode, ms};
+use super::{PgError, PgStore, SCHEMA_VERSION, db_message, decode, encode, ms};
 use crate::store::cluster::{Cluster, ClusterEvent, Relay, RelayKind, Seat, TakenOver, TakenRelay};
 use crate::store::{BoxFuture, StoreError, TaskRecord, Update, now_ms};
 
@@ -303,7 +303,7 @@ impl PgStore {
 
     /// A connection of its own (not pooled), for `LISTEN` and for publishing.
     async fn dedicated(&self) -> Result<tokio_postgres::Client, PgError> {
-        let (client, conn) = self.pg_config.connect(NoTls).await?;
+        let (client, conn) = self.pg_config.connect(self.tls.clone()).await?;
         tokio::spawn(async move {
             let _ = conn.await;
         });
@@ -347,12 +347,12 @@ async fn listen_loop(
         }
         let Some(s) = store.upgrade() else { return };
         let chan = channel(&s.schema);
-        let connected = s.pg_config.connect(NoTls).await;
+        let connected = s.pg_config.connect(s.tls.clone()).await;
         drop(s);
         let (client, mut conn) = match connected {
             Ok(c) => c,
             Err(e) => {
-                tracing::warn!(error = %e, "postgres LISTEN connection failed; retrying");
+                tracing::warn!(error = %db_message(&e), "postgres LISTEN connection failed; retrying");
                 tokio::time::sleep(LISTEN_RETRY).await;
                 continue;
             }

@@ -3,8 +3,6 @@
 //! transaction under an advisory lock, so replicas starting together neither race nor
 //! apply a migration twice.
 
-use tokio_postgres::NoTls;
-
 use super::{OP_TIMEOUT, PgError, PgSettings};
 use crate::store::StoreError;
 
@@ -27,6 +25,9 @@ pub struct Migrated {
     /// The schema's version afterwards (may be newer than [`LATEST_MIGRATION`] when a
     /// newer gateway migrated it).
     pub version: i32,
+    /// Whether the migrations' connection is TLS (`pg_stat_ssl`): what `sslmode=prefer`
+    /// settled on, for the start-up log.
+    pub tls: bool,
 }
 
 /// Bring the schema up to date: create it if needed and apply every migration it
@@ -34,11 +35,14 @@ pub struct Migrated {
 /// the schema name (replicas starting at once queue on it; the lock goes with the
 /// transaction, even if the connection dies). Uses its own connection.
 pub async fn migrate(settings: &PgSettings) -> Result<Migrated, StoreError> {
-    let cfg = settings.pg_config()?;
+    let (cfg, tls) = settings.pg_config()?;
     let run = async {
-        let (mut client, conn) = cfg.connect(NoTls).await?;
+        let (mut client, conn) = cfg.connect(tls).await?;
         let conn = tokio::spawn(conn);
-        let out = migrate_on(&mut client, &settings.schema).await;
+        let out = match connection_is_tls(&client).await {
+            Ok(tls) => migrate_on(&mut client, &settings.schema, tls).await,
+            Err(e) => Err(e),
+        };
         drop(client);
         let _ = conn.await;
         out
@@ -49,9 +53,24 @@ pub async fn migrate(settings: &PgSettings) -> Result<Migrated, StoreError> {
     }
 }
 
+/// Whether this connection's session is encrypted, as the server sees it.
+async fn connection_is_tls(client: &tokio_postgres::Client) -> Result<bool, PgError> {
+    let row = client
+        .query_opt(
+            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+            &[],
+        )
+        .await?;
+    Ok(match row {
+        Some(r) => r.try_get(0)?,
+        None => false,
+    })
+}
+
 async fn migrate_on(
     client: &mut tokio_postgres::Client,
     schema: &str,
+    tls: bool,
 ) -> Result<Migrated, PgError> {
     let tx = client.transaction().await?;
     tx.execute(
@@ -93,5 +112,6 @@ async fn migrate_on(
     Ok(Migrated {
         applied,
         version: current.max(LATEST_MIGRATION),
+        tls,
     })
 }

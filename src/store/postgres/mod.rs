@@ -13,6 +13,8 @@
 //! - The schema comes from the versioned files under `migrations/postgres/`, applied at
 //!   start-up in one transaction under an advisory lock, so replicas starting together
 //!   neither race nor apply a migration twice.
+//! - Every connection (pool, migrations, LISTEN, publish) goes through [`PgTls`], with
+//!   the `sslmode`/`sslrootcert` of `store.url` (README "TLS", "PostgreSQL").
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -21,13 +23,14 @@ use std::time::{Duration, Instant};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use futures_util::FutureExt;
 use rand::RngCore;
-use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
 
 mod cluster;
 mod migrate;
+mod tls;
 
 pub use migrate::{LATEST_MIGRATION, Migrated, migrate};
+pub use tls::{PgTls, PgTlsConnect, PgTlsStream, PgUrl, RootCert, SslMode, UrlError, parse_url};
 
 use super::cluster::Seat;
 use super::{
@@ -75,21 +78,28 @@ impl PgSettings {
         })
     }
 
+    /// `store.url` parsed, its TLS settings taken out ([`parse_url`]).
+    fn parsed_url(&self) -> Result<PgUrl, StoreError> {
+        parse_url(&self.url).map_err(|e| StoreError::Io(format!("store.url: {e}")))
+    }
+
     /// The connection settings: the URL plus `search_path` (so every statement names
     /// tables unqualified) and `synchronous_commit = on` (so a commit is flushed
     /// before it is acknowledged, whatever the server's default), both sent in the
-    /// start-up packet: no extra round trip per connection.
-    fn pg_config(&self) -> Result<tokio_postgres::Config, StoreError> {
+    /// start-up packet: no extra round trip per connection. With them, the TLS
+    /// connector of the URL's `sslmode`.
+    fn pg_config(&self) -> Result<(tokio_postgres::Config, PgTls), StoreError> {
         if !is_pg_schema_name(&self.schema) {
             return Err(StoreError::Io(format!(
                 "store.schema {:?} is not a plain lower-case identifier",
                 self.schema
             )));
         }
-        let mut c: tokio_postgres::Config = self
-            .url
-            .parse()
+        let url = self.parsed_url()?;
+        let tls = url
+            .connector()
             .map_err(|e| StoreError::Io(format!("store.url: {e}")))?;
+        let mut c = url.config;
         let mut options = c.get_options().unwrap_or_default().to_string();
         if !options.is_empty() {
             options.push(' ');
@@ -105,8 +115,25 @@ impl PgSettings {
         if c.get_connect_timeout().is_none() {
             c.connect_timeout(CONNECT_TIMEOUT);
         }
-        Ok(c)
+        Ok((c, tls))
     }
+}
+
+/// One connection to `url`, with the TLS its `sslmode`/`sslrootcert` ask for, its
+/// driver on a task of its own: for tools and tests that query the database
+/// themselves (the store opens its own connections).
+pub async fn connect_url(url: &str) -> Result<tokio_postgres::Client, StoreError> {
+    let parsed = parse_url(url).map_err(|e| StoreError::Io(format!("store.url: {e}")))?;
+    let tls = parsed
+        .connector()
+        .map_err(|e| StoreError::Io(format!("store.url: {e}")))?;
+    let (client, conn) = parsed
+        .config
+        .connect(tls)
+        .await
+        .map_err(|e| StoreError::Io(format!("postgres: {}", db_message(&e))))?;
+    tokio::spawn(conn);
+    Ok(client)
 }
 
 /// An error inside this backend, before it becomes a [`StoreError`].
@@ -160,17 +187,25 @@ impl PgError {
                 "postgres {what}: no answer within {} s",
                 OP_TIMEOUT.as_secs()
             )),
-            Self::Pool(e) => StoreError::Io(format!("postgres {what}: {e}")),
+            Self::Pool(e) => StoreError::Io(format!("postgres {what}: {}", pool_message(&e))),
             Self::Db(e) => StoreError::Io(format!("postgres {what}: {}", db_message(&e))),
         }
     }
 }
 
-/// The server's message when there is one (`Error`'s Display says only "db error").
+/// The server's message when there is one (`Error`'s Display says only "db error"),
+/// else the error with its causes (only they say why a TLS handshake failed).
 fn db_message(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{}: {}", db.code().code(), db.message()),
-        None => e.to_string(),
+        None => crate::tls::error_chain(e),
+    }
+}
+
+fn pool_message(e: &deadpool_postgres::PoolError) -> String {
+    match e {
+        deadpool_postgres::PoolError::Backend(db) => format!("connecting: {}", db_message(db)),
+        other => other.to_string(),
     }
 }
 
@@ -181,6 +216,8 @@ pub struct PgStore {
     healthy: AtomicBool,
     /// For the dedicated LISTEN connection (a pooled one would drop notifications).
     pg_config: tokio_postgres::Config,
+    /// The TLS connector of every connection.
+    tls: PgTls,
     lease_ms: u64,
     /// This replica's seat once registered ([`super::cluster::Cluster::register`]):
     /// request routes written after that name it.
@@ -204,7 +241,19 @@ impl PgStore {
     /// Migrate, then open the pool and check that it reaches the database.
     pub async fn open(settings: &PgSettings) -> Result<Arc<Self>, StoreError> {
         let started = Instant::now();
+        let url = settings.parsed_url()?;
+        if let Some(w) = tls::prefer_warning(&url) {
+            tracing::warn!("{w}");
+        }
         let m = migrate(settings).await?;
+        tracing::info!(
+            "PostgreSQL connection: TLS {} (sslmode={})",
+            if m.tls { "on" } else { "off" },
+            url.mode
+        );
+        if let Some(w) = tls::plaintext_warning(&url, m.tls) {
+            tracing::warn!("{w}");
+        }
         if m.version > LATEST_MIGRATION {
             tracing::warn!(
                 schema = %settings.schema,
@@ -236,7 +285,7 @@ impl PgStore {
     /// tests that migrate on their own). Starts the health probe when called inside a
     /// tokio runtime.
     pub fn connect_lazy(settings: &PgSettings) -> Result<Arc<Self>, StoreError> {
-        let pg_config = settings.pg_config()?;
+        let (pg_config, tls) = settings.pg_config()?;
         let mut pooled = pg_config.clone();
         let mut options = pooled.get_options().unwrap_or_default().to_string();
         options.push_str(&format!(
@@ -246,7 +295,7 @@ impl PgStore {
         pooled.options(&options);
         let mgr = Manager::from_config(
             pooled,
-            NoTls,
+            tls.clone(),
             ManagerConfig {
                 // A connection that broke is noticed when used (the error marks the
                 // store unhealthy) and dropped by the pool; no check query per use.
@@ -266,6 +315,7 @@ impl PgStore {
             schema: settings.schema.clone(),
             healthy: AtomicBool::new(true),
             pg_config,
+            tls,
             lease_ms: settings.lease_ms,
             seat: parking_lot::RwLock::new(None),
             publisher: tokio::sync::Mutex::new(None),
@@ -1151,7 +1201,8 @@ mod tests {
             first,
             Migrated {
                 applied: MIGRATIONS.len(),
-                version: LATEST_MIGRATION
+                version: LATEST_MIGRATION,
+                tls: first.tls,
             }
         );
         let again = migrate(&s).await.expect("again");
@@ -1159,7 +1210,8 @@ mod tests {
             again,
             Migrated {
                 applied: 0,
-                version: LATEST_MIGRATION
+                version: LATEST_MIGRATION,
+                tls: first.tls,
             }
         );
         let store = PgStore::open(&s).await.expect("open");
