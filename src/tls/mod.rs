@@ -146,12 +146,7 @@ pub fn failure_reason(err: &(dyn std::error::Error + 'static)) -> Option<&'stati
         if let Some(tls) = e.downcast_ref::<rustls::Error>() {
             return Some(reason_of(tls));
         }
-        // hyper-util keeps a connector's error as a `Box<dyn Error>`, whose `source()`
-        // skips the io::Error that carries rustls's error: look inside both.
-        let io = e.downcast_ref::<std::io::Error>().or_else(|| {
-            e.downcast_ref::<Box<dyn std::error::Error + Send + Sync>>()
-                .and_then(|b| b.downcast_ref::<std::io::Error>())
-        });
+        let io = e.downcast_ref::<std::io::Error>();
         if let Some(io) = io
             && let Some(inner) = io.get_ref()
             && let Some(tls) = inner.downcast_ref::<rustls::Error>()
