@@ -153,6 +153,13 @@ fn resolve(cfg: &EdgeConfig) -> Result<Vec<Replica>> {
 /// graceful upgrade, handing the listener to a new process started with `--upgrade`).
 pub fn run(cfg: EdgeConfig, start: EdgeStart) -> Result<()> {
     let listen = cfg.listen_addr()?;
+    // Parsed and validated, not served yet (README "TLS"): refuse rather than run in
+    // clear while the operator believes TLS is on.
+    if cfg.tls_cert.is_some() || cfg.replica_urls()?.iter().any(|r| r.tls) {
+        anyhow::bail!(
+            "edge.tls_cert and https:// replicas are not supported by this build yet; terminate TLS in front of the edge"
+        );
+    }
     let replicas = Arc::new(resolve(&cfg)?);
     let backends: BTreeSet<Backend> = replicas
         .iter()
