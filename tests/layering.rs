@@ -10,15 +10,20 @@ use std::path::{Path, PathBuf};
 /// Each top-level module and the modules it may name. Bottom up: `protocol` and
 /// `config`; then `store`, `auth`, `upstream`; `limits`; the engine `tasks`; the HTTP
 /// `front`. `metrics` and `logsink` are leaves anyone may call; `demo` (the bundled
-/// legacy server) stands apart and shares only the protocol types.
+/// legacy server) stands apart and shares only the protocol types. `tls` (rustls
+/// configurations) is a leaf beside them that records metrics.
 const ALLOWED: &[(&str, &[&str])] = &[
     ("protocol", &[]),
     ("config", &["protocol"]),
     ("metrics", &[]),
     ("logsink", &[]),
-    ("store", &["protocol", "config", "metrics"]),
-    ("auth", &["protocol", "config", "metrics"]),
-    ("upstream", &["protocol", "config", "metrics", "auth"]),
+    ("tls", &["metrics"]),
+    ("store", &["protocol", "config", "metrics", "tls"]),
+    ("auth", &["protocol", "config", "metrics", "tls"]),
+    (
+        "upstream",
+        &["protocol", "config", "metrics", "auth", "tls"],
+    ),
     (
         "limits",
         &["protocol", "config", "metrics", "auth", "store"],
@@ -32,13 +37,13 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "front",
         &[
-            "protocol", "config", "metrics", "auth", "store", "upstream", "limits", "tasks",
+            "protocol", "config", "metrics", "auth", "store", "upstream", "limits", "tasks", "tls",
         ],
     ),
     ("demo", &["protocol"]),
     // `taskgate edge` (feature `edge`): beside `front`, in front of the replicas; it
     // reads its config, records its metrics and checks task ids, nothing more.
-    ("edge", &["config", "metrics", "tasks"]),
+    ("edge", &["config", "metrics", "tasks", "tls"]),
     // Test-only harnesses over the untrusted-input surfaces: a top layer beside
     // `main`, since they drive `front` from above.
     (
