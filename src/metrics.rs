@@ -145,14 +145,7 @@ fn describe() {
         "taskgate_fail_closed_total",
         "error branches that refused or kept state for recovery, by decision (docs/design.md §16)"
     );
-    describe_counter!(
-        "taskgate_tls_handshake_failures_total",
-        "TLS handshakes that failed, by side (outbound, inbound), peer (an upstream's name, jwks, postgres, replica, or the listener) and reason"
-    );
-    describe_counter!(
-        "taskgate_tls_certificate_reloads_total",
-        "listener certificates read again after a change on disk or SIGHUP, by listener and outcome (loaded, refused: the previous one keeps serving)"
-    );
+    describe_tls();
     // Present from the start, so an alert on its increase sees the first one.
     for decision in FAIL_CLOSED {
         counter!("taskgate_fail_closed_total", "decision" => decision).increment(0);
@@ -163,6 +156,19 @@ fn describe() {
     for status in TASK_STATUSES {
         task_gauge(status, 0.0);
     }
+}
+
+/// The TLS metrics, which the gateway and the edge share (README "TLS").
+fn describe_tls() {
+    use metrics::describe_counter;
+    describe_counter!(
+        "taskgate_tls_handshake_failures_total",
+        "TLS handshakes that failed, by side (outbound, inbound), peer (an upstream's name, jwks, postgres, replica, or the listener) and reason"
+    );
+    describe_counter!(
+        "taskgate_tls_certificate_reloads_total",
+        "listener certificates read again after a change on disk or SIGHUP, by listener and outcome (loaded, refused: the previous one keeps serving)"
+    );
 }
 
 fn describe_edge() {
@@ -187,14 +193,7 @@ fn describe_edge() {
         "taskgate_edge_ejections_total",
         "replicas ejected after a connect failure (until the next health check interval)"
     );
-    describe_counter!(
-        "taskgate_tls_handshake_failures_total",
-        "TLS handshakes that failed, by side (outbound, inbound), peer (an upstream's name, jwks, postgres, replica, or the listener) and reason"
-    );
-    describe_counter!(
-        "taskgate_tls_certificate_reloads_total",
-        "listener certificates read again after a change on disk or SIGHUP, by listener and outcome (loaded, refused: the previous one keeps serving)"
-    );
+    describe_tls();
 }
 
 /// A request at the edge was answered (`route`: task, other, or edge for its own

@@ -243,13 +243,4 @@ pub async fn request(
     ))
 }
 
-pub fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(inner) = src {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        src = inner.source();
-    }
-    s
-}
+pub use taskgate::tls::error_chain as chain;
