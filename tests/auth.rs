@@ -1,6 +1,7 @@
 //! Bearer JWT authentication through the real binary (docs/design.md §13 "Auth"): every
 //! refusal is 401 (or 403 for scope) with an RFC 6750 challenge pointing at the RFC
-//! 9728 metadata; HS256 and RS256 (JWKS file with rotation, JWKS URL); the `token` CLI.
+//! 9728 metadata; HS256 and RS256 (JWKS file with rotation, JWKS URL over HTTP and
+//! HTTPS with a private CA); the `token` CLI.
 
 mod common;
 
@@ -411,8 +412,15 @@ struct JwksServer {
 }
 
 async fn jwks_server(initial: String) -> JwksServer {
+    jwks_server_with(initial, None).await
+}
+
+/// A JWKS endpoint serving `body` over HTTP/1.1, or over HTTPS with `tls`.
+async fn jwks_server_with(initial: String, tls: Option<Arc<rustls::ServerConfig>>) -> JwksServer {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let body = Arc::new(Mutex::new(initial));
     let hits = Arc::new(AtomicUsize::new(0));
     let (b, h) = (body.clone(), hits.clone());
@@ -422,6 +430,7 @@ async fn jwks_server(initial: String) -> JwksServer {
                 return;
             };
             let (b, h) = (b.clone(), h.clone());
+            let acceptor = acceptor.clone();
             tokio::spawn(async move {
                 let svc =
                     hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
@@ -443,14 +452,27 @@ async fn jwks_server(initial: String) -> JwksServer {
                             Ok::<_, Infallible>(resp)
                         }
                     });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
-                    .await;
+                let http = hyper::server::conn::http1::Builder::new();
+                match acceptor {
+                    None => {
+                        let _ = http
+                            .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                            .await;
+                    }
+                    // A refused handshake (the gateway distrusts us) just ends here.
+                    Some(a) => {
+                        if let Ok(tls) = a.accept(stream).await {
+                            let _ = http
+                                .serve_connection(hyper_util::rt::TokioIo::new(tls), svc)
+                                .await;
+                        }
+                    }
+                }
             });
         }
     });
     JwksServer {
-        url: format!("http://{addr}/jwks.json"),
+        url: format!("{scheme}://localhost:{}/jwks.json", addr.port()),
         body,
         hits,
     }
@@ -524,4 +546,94 @@ async fn cli_token_is_accepted_by_the_same_gateway() {
         &discover_with(&gw, Some(&bad)).await,
         "tampered minted",
     );
+}
+
+/// An HTTP/1.1-only server configuration for the JWKS endpoint (the gateway offers h2).
+fn jwks_tls(files: &common::tls::CertFiles) -> Arc<rustls::ServerConfig> {
+    let mut config = (*common::tls::server_config(files, None)).clone();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Arc::new(config)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rs256_jwks_over_https_with_a_private_ca_and_rotation() {
+    use common::tls::TestCa;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new(dir.path(), "idp");
+    let srv = jwks_server_with(jwks(&[(RSA1_KEY, "r1")]), Some(jwks_tls(&ca.server("idp")))).await;
+    let ca_key = format!(
+        "jwks_url = \"{}\"\njwks_ca_file = {}",
+        srv.url,
+        toml_string(&ca.ca_file.display().to_string())
+    );
+    let (gw, _d) = start(&rs_auth(&ca_key)).await;
+    assert_accepted(
+        &discover_with(&gw, Some(&rs256(RSA1_KEY, "r1", &claims("u1")))).await,
+        "r1 over https",
+    );
+    // An unknown kid refreshes the set over the same verified connection settings.
+    *srv.body.lock().unwrap() = jwks(&[(RSA1_KEY, "r1"), (RSA2_KEY, "r2")]);
+    let r2 = rs256(RSA2_KEY, "r2", &claims("u2"));
+    let accepted = eventually_async(Duration::from_secs(15), || async {
+        discover_with(&gw, Some(&r2)).await.status == 200
+    })
+    .await;
+    assert!(
+        accepted,
+        "r2 never accepted over https: {}",
+        gw.proc.log_text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jwks_server_with_a_wrong_ca_or_an_expired_certificate_is_refused() {
+    use common::tls::{TestCa, Usage};
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new(dir.path(), "idp");
+    let other = TestCa::new(dir.path(), "other");
+    let expired = ca.issue("old", &["localhost"], Usage::Server, true);
+    for (name, served, trusted, logged, reason) in [
+        (
+            "wrong CA",
+            ca.server("idp"),
+            &other.ca_file,
+            "UnknownIssuer",
+            "unknown_issuer",
+        ),
+        (
+            "expired",
+            expired.clone(),
+            &ca.ca_file,
+            "certificate expired",
+            "expired",
+        ),
+    ] {
+        let srv = jwks_server_with(jwks(&[(RSA1_KEY, "r1")]), Some(jwks_tls(&served))).await;
+        let keys = format!(
+            "jwks_url = \"{}\"\njwks_ca_file = {}",
+            srv.url,
+            toml_string(&trusted.display().to_string())
+        );
+        let (gw, _d) = start(&rs_auth(&keys)).await;
+        let r = discover_with(&gw, Some(&rs256(RSA1_KEY, "r1", &claims("u1")))).await;
+        assert_eq!(r.status, 401, "{name}: {r:?}");
+        assert_eq!(
+            srv.hits.load(Ordering::SeqCst),
+            0,
+            "{name}: the JWKS was served"
+        );
+        let said = eventually(Duration::from_secs(15), || {
+            gw.proc.log_text().contains(logged)
+        })
+        .await;
+        assert!(said, "{name}: {}", gw.proc.log_text());
+        let m = raw(&gw.url("/metrics"), "GET", &[], Bytes::new())
+            .await
+            .unwrap();
+        let m = String::from_utf8_lossy(&m.body).into_owned();
+        let key = format!(
+            "taskgate_tls_handshake_failures_total{{side=\"outbound\",peer=\"jwks\",reason=\"{reason}\"}}"
+        );
+        assert!(m.lines().any(|l| l.starts_with(&key)), "{name}: {key}\n{m}");
+    }
 }

@@ -146,14 +146,16 @@ pub fn failure_reason(err: &(dyn std::error::Error + 'static)) -> Option<&'stati
         if let Some(tls) = e.downcast_ref::<rustls::Error>() {
             return Some(reason_of(tls));
         }
-        let io = e.downcast_ref::<std::io::Error>();
-        if let Some(io) = io
-            && let Some(inner) = io.get_ref()
-            && let Some(tls) = inner.downcast_ref::<rustls::Error>()
+        // `io::Error::source` skips the error it wraps (it answers that error's own
+        // source), and hyper-rustls wraps tokio-rustls's io::Error in another one: step
+        // into the wrapped error itself.
+        next = match e
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::get_ref)
         {
-            return Some(reason_of(tls));
-        }
-        next = e.source();
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => e.source(),
+        };
     }
     None
 }
@@ -197,6 +199,11 @@ mod tests {
         let tls = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
         let io = std::io::Error::new(std::io::ErrorKind::InvalidData, tls);
         assert_eq!(failure_reason(&io), Some("unknown_issuer"));
+        // hyper-rustls: io::Error(Other, io::Error(InvalidData, rustls::Error)).
+        let tls = rustls::Error::InvalidCertificate(rustls::CertificateError::Expired);
+        let inner = std::io::Error::new(std::io::ErrorKind::InvalidData, tls);
+        let outer = std::io::Error::other(inner);
+        assert_eq!(failure_reason(&outer), Some("expired"));
         let plain = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
         assert_eq!(failure_reason(&plain), None);
         for r in ["unknown_issuer", "expired", "name_mismatch", "peer_alert"] {
