@@ -88,6 +88,8 @@ async fn the_listener_serves_h2_and_http1_over_tls() {
         "{}",
         gw.proc.log_text()
     );
+    gw.wait_ready_at(&https(&gw, "/readyz"), &ca.ca_file, None)
+        .await;
     trust(&ca.ca_file, None);
     let c = tls_client(&gw, "alice", "acme");
     let r = c.call_tool("echo", json!({"text": "over tls"})).await;
@@ -130,9 +132,14 @@ async fn the_listener_serves_h2_and_http1_over_tls() {
     let err = get(&other.ca_file, None, &[], &healthz).await.unwrap_err();
     assert!(err.contains("UnknownIssuer"), "{err}");
     assert!(
-        raw(&gw.url("/healthz"), "GET", &[], Bytes::new())
-            .await
-            .is_err()
+        raw(
+            &format!("http://{}/healthz", gw.addr),
+            "GET",
+            &[],
+            Bytes::new()
+        )
+        .await
+        .is_err()
     );
     // The refusals are counted on the gateway's side too.
     let m = metrics_text(&https(&gw, "/metrics")).await;
@@ -174,6 +181,9 @@ async fn a_client_certificate_is_required_and_never_replaces_the_token() {
     }
     let (r, _) = get(&ca.ca_file, Some(&alice), &[], &healthz).await.unwrap();
     assert_eq!(r.status, 200);
+    // The stdio upstream starts in the background: a call before it is up is a 503.
+    gw.wait_ready_at(&https(&gw, "/readyz"), &ca.ca_file, Some(&alice))
+        .await;
 
     // With the certificate but without a token: still 401.
     trust(&ca.ca_file, Some(&alice));
@@ -218,7 +228,7 @@ async fn a_swapped_certificate_reaches_new_connections_and_open_streams_keep_flo
         ),
     )
     .await;
-    gw.wait_ready_at(&https(&gw, "/readyz"), &old_ca.ca_file)
+    gw.wait_ready_at(&https(&gw, "/readyz"), &old_ca.ca_file, None)
         .await;
 
     // An SSE stream open on the old certificate: a listen stream on a task that ends
@@ -275,13 +285,14 @@ async fn a_swapped_certificate_reaches_new_connections_and_open_streams_keep_flo
     }
     let (r, _) = get(&new_ca.ca_file, None, &[], &healthz).await.unwrap();
     assert_eq!(r.status, 200);
-    assert!(
+    // Counted first, then logged: the line follows.
+    let logged = eventually(Duration::from_secs(10), || {
         gw.proc
             .log_text()
-            .contains("new TLS certificate refused; the previous one keeps serving"),
-        "{}",
-        gw.proc.log_text()
-    );
+            .contains("new TLS certificate refused; the previous one keeps serving")
+    })
+    .await;
+    assert!(logged, "{}", gw.proc.log_text());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -437,12 +448,11 @@ async fn an_untrusted_or_expired_upstream_certificate_is_never_sent_to() {
         ),
     );
     let gw = Gateway::start(&body).await;
-    for (path, reason) in [("/wrong", "unknown_issuer"), ("/expired", "expired")] {
+    for path in ["/wrong", "/expired"] {
         let c = Client2026::new(&gw, path, Some(token("alice", "acme")));
         let r = c.call_tool("echo", json!({"text": "x"})).await;
         assert_eq!(r.status, 503, "{path}: {r:?}");
         assert!(r.headers.contains_key("retry-after"), "{path}: {r:?}");
-        let _ = reason;
     }
     // The background initialize logs rustls's reason for each upstream.
     let logged = eventually(Duration::from_secs(20), || {
@@ -452,6 +462,14 @@ async fn an_untrusted_or_expired_upstream_certificate_is_never_sent_to() {
     })
     .await;
     assert!(logged, "{}", gw.proc.log_text());
+    // … and counts it under the upstream's name.
+    let m = metrics_text(&gw.url("/metrics")).await;
+    for (name, reason) in [("wrongca", "unknown_issuer"), ("expired", "expired")] {
+        let key = format!(
+            "taskgate_tls_handshake_failures_total{{side=\"outbound\",peer=\"{name}\",reason=\"{reason}\"}}"
+        );
+        assert!(sample(&m, &key) >= 1.0, "{key}:\n{m}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -554,10 +572,10 @@ async fn fastmcp_under_uvicorn_over_https() {
 }
 
 impl GatewayTlsExt for Gateway {
-    async fn wait_ready_at(&self, url: &str, ca: &Path) {
+    async fn wait_ready_at(&self, url: &str, ca: &Path, identity: Option<&CertFiles>) {
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(30) {
-            if let Ok((r, _)) = get(ca, None, &[], url).await
+            if let Ok((r, _)) = get(ca, identity, &[], url).await
                 && r.status == 200
             {
                 return;
@@ -569,5 +587,6 @@ impl GatewayTlsExt for Gateway {
 }
 
 trait GatewayTlsExt {
-    async fn wait_ready_at(&self, url: &str, ca: &Path);
+    /// Poll `url` (a `/readyz`) over TLS trusting `ca`, presenting `identity` if given.
+    async fn wait_ready_at(&self, url: &str, ca: &Path, identity: Option<&CertFiles>);
 }

@@ -266,6 +266,9 @@ pub struct Gateway {
     pub addr: SocketAddr,
     pub dir: tempfile::TempDir,
     pub config_path: PathBuf,
+    /// The listener speaks TLS (`server.tls_cert`): [`Gateway::url`] is `https://`, and
+    /// requests need `tls::trust` first.
+    pub https: bool,
 }
 
 impl Gateway {
@@ -308,11 +311,13 @@ impl Gateway {
             addr,
             dir,
             config_path,
+            https: line.contains("listening on https://"),
         }
     }
 
     pub fn url(&self, path: &str) -> String {
-        format!("http://{}{}", self.addr, path)
+        let scheme = if self.https { "https" } else { "http" };
+        format!("{scheme}://{}{}", self.addr, path)
     }
 
     /// Wait until `/readyz` says ready.
