@@ -1076,7 +1076,8 @@ pub struct EdgeConfig {
     /// TLS on the edge's listener: certificate chain and key, PEM.
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
-    /// Extra CA bundle (PEM) trusted for `https://` replicas, besides the system roots.
+    /// The CA bundle (PEM) trusted for `https://` replicas, instead of the system roots
+    /// (the replicas are the operator's own; pingora's connector takes one store).
     pub replica_ca_file: Option<PathBuf>,
 }
 

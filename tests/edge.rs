@@ -30,6 +30,8 @@ struct Edge {
     port: u16,
     config_path: std::path::PathBuf,
     dir: tempfile::TempDir,
+    /// `edge.tls_cert` is set: [`Edge::url`] is `https://localhost:PORT`.
+    https: bool,
 }
 
 impl Edge {
@@ -44,12 +46,23 @@ impl Edge {
 
     /// As [`Edge::start_with`], with `extra` lines appended to the `[edge]` table.
     async fn start_configured(rs: &Replicas, health_ms: u64, grace_s: u64, extra: &str) -> Self {
-        let dir = tempfile::tempdir().unwrap();
+        Self::start_in(tempfile::tempdir().unwrap(), rs, health_ms, grace_s, extra).await
+    }
+
+    /// In `dir`, with `https://` replicas when theirs are TLS listeners and a TLS
+    /// listener when `extra` sets `tls_cert`.
+    async fn start_in(
+        dir: tempfile::TempDir,
+        rs: &Replicas,
+        health_ms: u64,
+        grace_s: u64,
+        extra: &str,
+    ) -> Self {
         let port = free_port();
         let replicas: Vec<String> = rs
             .gws
             .iter()
-            .map(|g| format!("\"http://{}\"", g.addr))
+            .map(|g| format!("\"{}\"", g.url("")))
             .collect();
         let text = format!(
             "[edge]\nlisten = \"127.0.0.1:{port}\"\nreplicas = [{}]\nhealth_interval_ms = {health_ms}\n\
@@ -66,6 +79,7 @@ impl Edge {
             port,
             config_path,
             dir,
+            https: extra.contains("tls_cert"),
         };
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(30) {
@@ -83,7 +97,11 @@ impl Edge {
     /// The edge answers, so its "listening" line (written once the listener accepts)
     /// must follow within a generous bound.
     async fn wait_listening_log(&self) {
-        let want = format!("taskgate edge listening on http://127.0.0.1:{}", self.port);
+        let scheme = if self.https { "https" } else { "http" };
+        let want = format!(
+            "taskgate edge listening on {scheme}://127.0.0.1:{}",
+            self.port
+        );
         let start = Instant::now();
         while !self.proc.log_text().contains(&want) {
             assert!(
@@ -96,7 +114,11 @@ impl Edge {
     }
 
     fn url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.port)
+        if self.https {
+            format!("https://localhost:{}{path}", self.port)
+        } else {
+            format!("http://127.0.0.1:{}{path}", self.port)
+        }
     }
 
     fn client(&self) -> Client2026 {
@@ -498,4 +520,169 @@ async fn the_edge_writes_json_lines_with_log_format_json() {
     for l in text.lines().filter(|l| !l.trim().is_empty()) {
         assert!(serde_json::from_str::<Value>(l).is_ok(), "not JSON: {l}");
     }
+}
+
+// ---------------------------------------------------------------------------------
+// TLS: the edge terminates it and speaks it to its replicas (README "TLS", "The edge").
+
+/// `tls_cert`/`tls_key` lines for `files`.
+fn tls_keys(files: &common::tls::CertFiles) -> String {
+    format!(
+        "tls_cert = {}\ntls_key = {}\n",
+        toml_string(&files.cert.display().to_string()),
+        toml_string(&files.key.display().to_string())
+    )
+}
+
+/// `GET url` trusting only `ca`, offering `alpn`: the status, the HTTP version, or
+/// the error chain.
+async fn tls_get(
+    ca: &std::path::Path,
+    alpn: &[&[u8]],
+    url: &str,
+) -> Result<(Resp, http::Version), String> {
+    let config = common::tls::client_config(ca, None, alpn);
+    common::tls::request(config, url, "GET", &[], Bytes::new()).await
+}
+
+/// curl, as an operator would check the edge: `--cacert` and nothing else.
+fn curl(ca: &std::path::Path, url: &str, http2: bool) -> std::process::Output {
+    Command::new("curl")
+        .args(["-sS", "--fail", "--max-time", "10", "--cacert"])
+        .arg(ca)
+        .arg(if http2 { "--http2" } else { "--http1.1" })
+        .args(["-o", "/dev/null", "-w", "%{http_version}"])
+        .arg(url)
+        .output()
+        .expect("curl")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_edge_terminates_tls_and_verifies_its_https_replicas() {
+    use common::tls::TestCa;
+    let dir = tempfile::tempdir().unwrap();
+    let replicas_ca = TestCa::new(dir.path(), "replicas");
+    let replica_cert = replicas_ca.server("replica");
+    let front_ca = TestCa::new(dir.path(), "front");
+    let stranger = TestCa::new(dir.path(), "stranger");
+    // This test's own requests trust both CAs (the replicas directly, the edge).
+    let both = dir.path().join("both.pem");
+    std::fs::write(
+        &both,
+        [
+            std::fs::read(&replicas_ca.ca_file).unwrap(),
+            std::fs::read(&front_ca.ca_file).unwrap(),
+        ]
+        .concat(),
+    )
+    .unwrap();
+    common::tls::trust(common::tls::client_config(&both, None, &[]));
+    let keys = tls_keys(&replica_cert);
+    let rs = Replicas::start_edited(2, "", move |text| {
+        text.replacen("[server]\n", &format!("[server]\n{keys}"), 1)
+    })
+    .await;
+    assert!(rs.gws.iter().all(|g| g.https), "the replicas listen on TLS");
+
+    // The live certificate files, swapped below the way a deploy does.
+    let live = common::tls::CertFiles {
+        cert: dir.path().join("edge.pem"),
+        key: dir.path().join("edge-key.pem"),
+    };
+    let first = front_ca.server("edge1");
+    std::fs::copy(&first.cert, &live.cert).unwrap();
+    std::fs::copy(&first.key, &live.key).unwrap();
+    let extra = format!(
+        "{}replica_ca_file = {}\n",
+        tls_keys(&live),
+        toml_string(&replicas_ca.ca_file.display().to_string())
+    );
+    let edge = Edge::start_in(tempfile::tempdir().unwrap(), &rs, HEALTH_MS, 0, &extra).await;
+
+    // The /livez probes pass over TLS: both replicas are in the ring.
+    let ring = eventually_async(EJECT_BOUND, || async {
+        edge.healthz().await["replicas"]["healthy"] == 2
+    })
+    .await;
+    assert!(ring, "{}\n{}", edge.healthz().await, edge.proc.log_text());
+    // h2 and HTTP/1.1 by ALPN, with curl too.
+    for (alpn, want) in [
+        (&[b"h2".as_slice(), b"http/1.1"][..], http::Version::HTTP_2),
+        (&[b"http/1.1".as_slice()][..], http::Version::HTTP_11),
+    ] {
+        let (r, v) = tls_get(&front_ca.ca_file, alpn, &edge.url("/healthz"))
+            .await
+            .unwrap();
+        assert_eq!((r.status, v), (200, want));
+    }
+    for (http2, want) in [(true, "2"), (false, "1.1")] {
+        let out = curl(&front_ca.ca_file, &edge.url("/healthz"), http2);
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && said == want,
+            "curl: {said} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let err = tls_get(&stranger.ca_file, &[], &edge.url("/healthz"))
+        .await
+        .unwrap_err();
+    assert!(err.contains("UnknownIssuer"), "{err}");
+
+    // A task through the TLS edge to the TLS replicas: created, polled, its result.
+    let c = edge.client();
+    let id = task_id(&create_task(&c, "sleep", json!({"ms": 1200})).await);
+    let done = poll_until(&c, &id, Duration::from_secs(30), |r| {
+        r["status"] == "completed"
+    })
+    .await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let r = c.request("tools/list", json!({})).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+
+    // A new certificate on disk reaches new connections, counted as a reload.
+    let next_ca = TestCa::new(dir.path(), "next");
+    let second = next_ca.server("edge2");
+    for (from, to) in [(&second.key, &live.key), (&second.cert, &live.cert)] {
+        let tmp = to.with_extension("tmp");
+        std::fs::copy(from, &tmp).unwrap();
+        std::fs::rename(&tmp, to).unwrap();
+    }
+    let swapped = eventually_async(Duration::from_secs(15), || async {
+        tls_get(&next_ca.ca_file, &[], &edge.url("/healthz"))
+            .await
+            .is_ok()
+    })
+    .await;
+    assert!(
+        swapped,
+        "the new certificate was never served:\n{}",
+        edge.proc.log_text()
+    );
+    let m = tls_get(&next_ca.ca_file, &[], &edge.url("/metrics"))
+        .await
+        .unwrap()
+        .0;
+    let text = String::from_utf8_lossy(&m.body);
+    assert!(
+        text.contains(
+            "taskgate_tls_certificate_reloads_total{listener=\"edge\",outcome=\"loaded\"}"
+        ),
+        "{text}"
+    );
+
+    // An edge that does not trust the replicas' CA keeps them out of its ring.
+    drop(edge);
+    let distrust = format!(
+        "replica_ca_file = {}\n",
+        toml_string(&stranger.ca_file.display().to_string())
+    );
+    let blind = Edge::start_in(tempfile::tempdir().unwrap(), &rs, HEALTH_MS, 0, &distrust).await;
+    let out = eventually_async(EJECT_BOUND, || async {
+        blind.healthz().await["replicas"]["healthy"] == 0
+    })
+    .await;
+    assert!(out, "{}\n{}", blind.healthz().await, blind.proc.log_text());
+    let r = blind.client().request("tools/list", json!({})).await;
+    assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
 }

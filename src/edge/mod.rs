@@ -30,7 +30,16 @@ use pingora_load_balancing::selection::consistent::KetamaHashing;
 use pingora_load_balancing::selection::{BackendIter, BackendSelection, RoundRobin};
 use pingora_load_balancing::{Backend, Backends, HealthCheckService, HealthRegistry, LoadBalancer};
 
+use pingora_core::connectors::ConnectorOptions;
+use pingora_core::connectors::http::Connector as HttpConnector;
+use pingora_core::listeners::tls::TlsSettings;
+use pingora_core::server::ShutdownWatch;
+use pingora_core::services::background::BackgroundService;
+use pingora_load_balancing::health_check::HealthCheck;
+use tokio_util::sync::CancellationToken;
+
 use crate::config::EdgeConfig;
+use crate::tls::server::ReloadingCert;
 use proxy::{EdgeProxy, Replica};
 
 /// How long stopping services may take after the grace period (pingora
@@ -77,12 +86,13 @@ impl HealthObserve for HealthLog {
 /// answers: an operator (or a script) waiting for the line can then connect.
 struct ListeningLog {
     listen: std::net::SocketAddr,
+    scheme: &'static str,
     health_interval_ms: u64,
     grace_period_s: u64,
 }
 
 #[async_trait]
-impl pingora_core::services::background::BackgroundService for ListeningLog {
+impl BackgroundService for ListeningLog {
     async fn start(&self, _shutdown: pingora_core::server::ShutdownWatch) {
         let mut probe = self.listen;
         if probe.ip().is_unspecified() {
@@ -100,15 +110,112 @@ impl pingora_core::services::background::BackgroundService for ListeningLog {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let listen = self.listen;
+        let (listen, scheme) = (self.listen, self.scheme);
         tracing::info!(
             target: "taskgate::edge",
             addr = %listen,
             health_interval_ms = self.health_interval_ms,
             grace_period_s = self.grace_period_s,
-            "taskgate edge listening on http://{listen}"
+            "taskgate edge listening on {scheme}://{listen}"
         );
     }
+}
+
+/// Re-reads the listener's certificate on change or SIGHUP (`tls::server`) for as long
+/// as the edge runs: pingora owns the runtimes, so the watcher lives in a service.
+struct CertificateWatch(Arc<ReloadingCert>);
+
+#[async_trait]
+impl BackgroundService for CertificateWatch {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let stop = CancellationToken::new();
+        self.0.spawn_watcher(stop.clone());
+        let _ = shutdown.changed().await;
+        stop.cancel();
+    }
+}
+
+/// One `/livez` probe per replica, each with its own host name: over `https://` the
+/// name is the SNI and the name the replica's certificate must carry, and pingora's
+/// HTTP check holds one name for all backends.
+struct ReplicaHealth {
+    checks: Vec<(std::net::SocketAddr, HttpHealthCheck)>,
+    consecutive_failure: usize,
+}
+
+#[async_trait]
+impl HealthCheck for ReplicaHealth {
+    async fn check(&self, target: &Backend) -> pingora_core::Result<()> {
+        let addr = target.addr.as_inet().copied();
+        match self.checks.iter().find(|(a, _)| Some(*a) == addr) {
+            Some((_, check)) => check.check(target).await,
+            None => pingora_core::Error::e_explain(
+                pingora_core::ErrorType::InternalError,
+                "health check of an unknown replica",
+            ),
+        }
+    }
+
+    async fn health_status_change(&self, target: &Backend, healthy: bool) {
+        let addr = target.addr.as_inet().copied();
+        if let Some((_, check)) = self.checks.iter().find(|(a, _)| Some(*a) == addr) {
+            check.health_status_change(target, healthy).await;
+        }
+    }
+
+    fn health_threshold(&self, success: bool) -> usize {
+        if success { 1 } else { self.consecutive_failure }
+    }
+}
+
+/// The `/livez` probe of one replica: a new connection (and TLS handshake) per probe,
+/// so a replica that stopped accepting is noticed.
+fn health_check(
+    r: &Replica,
+    interval: Duration,
+    consecutive_failure: usize,
+    options: Option<&ConnectorOptions>,
+    replicas: &Arc<Vec<Replica>>,
+) -> Result<HttpHealthCheck> {
+    let mut check = HttpHealthCheck::new(&r.host, r.tls);
+    if let Some(o) = options {
+        check.set_connector(HttpConnector::new(Some(o.clone())));
+    }
+    check.req = RequestHeader::build("GET", b"/livez", None)
+        .map_err(|e| anyhow::anyhow!("health check request: {e}"))?;
+    // The SNI names the replica; the `Host` stays loopback, which a replica's DNS
+    // rebinding check always admits (the probe is the edge's, not a client's).
+    check
+        .req
+        .append_header("host", "localhost")
+        .map_err(|e| anyhow::anyhow!("health check request: {e}"))?;
+    check.consecutive_failure = consecutive_failure;
+    // A probe slower than the interval counts as a failure.
+    let probe_timeout = interval.clamp(Duration::from_millis(100), Duration::from_secs(1));
+    check.peer_template.options.connection_timeout = Some(probe_timeout);
+    check.peer_template.options.read_timeout = Some(probe_timeout);
+    check.health_changed_callback = Some(Box::new(HealthLog {
+        replicas: replicas.clone(),
+    }));
+    Ok(check)
+}
+
+/// `edge.replica_ca_file`, checked the way pingora's connector will load it (pingora
+/// panics on a file it cannot use; here it is a start-up error naming the file).
+fn replica_ca(cfg: &EdgeConfig) -> Result<Option<String>> {
+    let Some(path) = &cfg.replica_ca_file else {
+        return Ok(None);
+    };
+    let mut store = rustls::RootCertStore::empty();
+    pingora_core::tls::load_ca_file_into_store(path, &mut store)
+        .map_err(|e| anyhow::anyhow!("edge.replica_ca_file {}: {e}", path.display()))?;
+    if store.is_empty() {
+        anyhow::bail!(
+            "edge.replica_ca_file {}: holds no certificate",
+            path.display()
+        );
+    }
+    Ok(Some(path.display().to_string()))
 }
 
 fn selector<S>(
@@ -143,8 +250,9 @@ fn resolve(cfg: &EdgeConfig) -> Result<Vec<Replica>> {
         if out.iter().any(|r| r.addr == addr) {
             anyhow::bail!("edge.replicas[{i}]: {addr} is already listed");
         }
-        let name = format!("http://{}", u.authority());
-        out.push(Replica::new(addr, name));
+        let scheme = if u.tls { "https" } else { "http" };
+        let name = format!("{scheme}://{}", u.authority());
+        out.push(Replica::new(addr, name, u.host.clone(), u.tls));
     }
     Ok(out)
 }
@@ -153,14 +261,15 @@ fn resolve(cfg: &EdgeConfig) -> Result<Vec<Replica>> {
 /// graceful upgrade, handing the listener to a new process started with `--upgrade`).
 pub fn run(cfg: EdgeConfig, start: EdgeStart) -> Result<()> {
     let listen = cfg.listen_addr()?;
-    // Parsed and validated, not served yet (README "TLS"): refuse rather than run in
-    // clear while the operator believes TLS is on.
-    if cfg.tls_cert.is_some() || cfg.replica_urls()?.iter().any(|r| r.tls) {
-        anyhow::bail!(
-            "edge.tls_cert and https:// replicas are not supported by this build yet; terminate TLS in front of the edge"
-        );
-    }
     let replicas = Arc::new(resolve(&cfg)?);
+    // Before pingora builds anything: its loaders panic where this says why.
+    let listener_cert = match cfg.tls_cert.as_deref().zip(cfg.tls_key.as_deref()) {
+        Some((cert, key)) => {
+            Some(ReloadingCert::load("edge", cert, key).context("edge.tls_cert / edge.tls_key")?)
+        }
+        None => None,
+    };
+    let replica_ca = replica_ca(&cfg)?;
     let backends: BTreeSet<Backend> = replicas
         .iter()
         .map(|r| Backend::new(&r.addr.to_string()))
@@ -181,8 +290,15 @@ pub fn run(cfg: EdgeConfig, start: EdgeStart) -> Result<()> {
         threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
         // Retries happen only on connect failures (`fail_to_connect`), once per replica.
         max_retries: replicas.len(),
+        // The proxy's connector trusts exactly this bundle for https:// replicas (the
+        // system roots when it is unset); the health checks get the same below.
+        ca_file: replica_ca.clone(),
         ..ServerConf::default()
     };
+    let probe_options = replica_ca.map(|ca| ConnectorOptions {
+        ca_file: Some(ca),
+        ..ConnectorOptions::new(0)
+    });
     let opt = Opt {
         upgrade: start.upgrade,
         daemon: start.daemon,
@@ -193,25 +309,27 @@ pub fn run(cfg: EdgeConfig, start: EdgeStart) -> Result<()> {
 
     let interval = Duration::from_millis(cfg.health_interval_ms);
     let registry = Arc::new(HealthRegistry::new());
-    let mut check = HttpHealthCheck::new("localhost", false);
-    check.req = RequestHeader::build("GET", b"/livez", None)
-        .map_err(|e| anyhow::anyhow!("health check request: {e}"))?;
-    check
-        .req
-        .append_header("host", "localhost")
-        .map_err(|e| anyhow::anyhow!("health check request: {e}"))?;
     // Two failed probes in a row take a replica out, so one slow answer on a busy
     // host does not move its tasks; a dead replica also fails its first connect,
     // which ejects it at once (the passive path in `proxy.rs`).
-    check.consecutive_failure = 2;
-    // A probe slower than the interval counts as a failure.
-    let probe_timeout = interval.clamp(Duration::from_millis(100), Duration::from_secs(1));
-    check.peer_template.options.connection_timeout = Some(probe_timeout);
-    check.peer_template.options.read_timeout = Some(probe_timeout);
-    check.health_changed_callback = Some(Box::new(HealthLog {
-        replicas: replicas.clone(),
+    let consecutive_failure = 2;
+    let checks = replicas
+        .iter()
+        .map(|r| {
+            let check = health_check(
+                r,
+                interval,
+                consecutive_failure,
+                probe_options.as_ref(),
+                &replicas,
+            )?;
+            Ok((r.addr, check))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    registry.set_health_check(Box::new(ReplicaHealth {
+        checks,
+        consecutive_failure,
     }));
-    registry.set_health_check(Box::new(check));
 
     let ketama = Arc::new(selector::<KetamaHashing>(&backends, &registry)?);
     let round_robin = Arc::new(selector::<RoundRobin>(&backends, &registry)?);
@@ -231,13 +349,32 @@ pub fn run(cfg: EdgeConfig, start: EdgeStart) -> Result<()> {
     };
     let mut service =
         pingora_proxy::http_proxy_service_with_name(&server.configuration, proxy, "taskgate edge");
-    service.add_tcp(&listen.to_string());
+    let scheme = match &listener_cert {
+        Some(cert) => {
+            // The paths are unused: the resolver serves the (reloading) certificate.
+            let mut tls = TlsSettings::intermediate("", "")
+                .map_err(|e| anyhow::anyhow!("edge TLS settings: {e}"))?;
+            tls.set_cert_resolver(cert.clone());
+            tls.enable_h2();
+            service.add_tls_with_settings(&listen.to_string(), None, tls);
+            server.add_service(background_service(
+                "certificate reload",
+                CertificateWatch(cert.clone()),
+            ));
+            "https"
+        }
+        None => {
+            service.add_tcp(&listen.to_string());
+            "http"
+        }
+    };
     server.add_service(health);
     server.add_service(service);
     server.add_service(background_service(
         "listening log",
         ListeningLog {
             listen,
+            scheme,
             health_interval_ms: cfg.health_interval_ms,
             grace_period_s: cfg.grace_period_s,
         },

@@ -37,17 +37,24 @@ const MAX_ITERATIONS: usize = 256;
 /// One configured replica.
 pub(crate) struct Replica {
     pub(crate) addr: SocketAddr,
-    /// `http://host:port` as configured: the metric label and log field.
+    /// `http(s)://host:port` as configured: the metric label and log field.
     pub(crate) name: String,
+    /// The host as configured: the `Host` of health probes and, over TLS, the SNI and
+    /// the name the replica's certificate is verified for.
+    pub(crate) host: String,
+    /// `https://`: TLS to this replica.
+    pub(crate) tls: bool,
     /// Ejected until this many ms after the edge started (0: not ejected).
     ejected_until_ms: AtomicU64,
 }
 
 impl Replica {
-    pub(crate) fn new(addr: SocketAddr, name: String) -> Self {
+    pub(crate) fn new(addr: SocketAddr, name: String, host: String, tls: bool) -> Self {
         Self {
             addr,
             name,
+            host,
+            tls,
             ejected_until_ms: AtomicU64::new(0),
         }
     }
@@ -246,7 +253,12 @@ impl ProxyHttp for EdgeProxy {
             ));
         };
         ctx.tried.push(addr);
-        let mut peer = HttpPeer::new(addr, false, String::new());
+        // Over TLS the SNI is the configured host, and pingora verifies the replica's
+        // certificate for it (an empty SNI would turn verification off: never here).
+        let mut peer = match self.replica(addr) {
+            Some(r) if r.tls => HttpPeer::new(addr, true, r.host.clone()),
+            _ => HttpPeer::new(addr, false, String::new()),
+        };
         peer.options.connection_timeout = Some(CONNECT_TIMEOUT);
         peer.options.read_timeout = Some(UPSTREAM_READ_IDLE);
         peer.options.idle_timeout = Some(POOL_IDLE);
