@@ -42,6 +42,9 @@ fn require_peers() {
 enum Up {
     /// The bundled demo legacy server over stdio.
     Demo,
+    /// The same, with the gateway's listener on TLS under a private CA the SDK trusts
+    /// through `NODE_EXTRA_CA_CERTS`.
+    DemoOverTls,
     /// server-everything over Streamable HTTP.
     Everything,
 }
@@ -56,14 +59,14 @@ struct Flow {
 impl Up {
     fn fast(self) -> (Flow, &'static str) {
         match self {
-            Up::Demo => (flow("echo", json!({"text": "hi ts"})), "hi ts"),
+            Up::Demo | Up::DemoOverTls => (flow("echo", json!({"text": "hi ts"})), "hi ts"),
             Up::Everything => (flow("echo", json!({"message": "hi ts"})), "Echo: hi ts"),
         }
     }
 
     fn slow(self) -> (Flow, &'static str) {
         match self {
-            Up::Demo => (flow("sleep", json!({"ms": 1500})), "slept 1500 ms"),
+            Up::Demo | Up::DemoOverTls => (flow("sleep", json!({"ms": 1500})), "slept 1500 ms"),
             Up::Everything => (
                 flow(
                     "trigger-long-running-operation",
@@ -76,7 +79,7 @@ impl Up {
 
     fn long(self) -> Flow {
         match self {
-            Up::Demo => flow("sleep", json!({"ms": 30000})),
+            Up::Demo | Up::DemoOverTls => flow("sleep", json!({"ms": 30000})),
             Up::Everything => flow(
                 "trigger-long-running-operation",
                 json!({"duration": 30, "steps": 30}),
@@ -87,7 +90,7 @@ impl Up {
     /// The elicitation flow, the question's message, and a text the result holds.
     fn elicit(self) -> (Flow, &'static str, &'static str) {
         match self {
-            Up::Demo => (
+            Up::Demo | Up::DemoOverTls => (
                 Flow {
                     tool: "elicit",
                     args: json!({"message": "Favourite colour?"}),
@@ -110,7 +113,7 @@ impl Up {
 
     fn server_name(self) -> Option<&'static str> {
         match self {
-            Up::Demo => Some("taskgate-demo"),
+            Up::Demo | Up::DemoOverTls => Some("taskgate-demo"),
             Up::Everything => None,
         }
     }
@@ -128,6 +131,10 @@ fn flow(tool: &'static str, args: Value) -> Flow {
 struct Setup {
     _everything: Option<Proc>,
     gw: Gateway,
+    /// `/mcp` as the SDK reaches it.
+    url: String,
+    /// With [`Up::DemoOverTls`]: the CA file for `NODE_EXTRA_CA_CERTS`, and its home.
+    tls: Option<(std::path::PathBuf, tempfile::TempDir)>,
 }
 
 impl Setup {
@@ -138,7 +145,7 @@ impl Setup {
         let tasks =
             "[tasks]\npromote_after_ms = 500\npoll_interval_ms = 100\n[limits]\npoll_burst = 10\n";
         let (everything, upstream) = match up {
-            Up::Demo => (None, demo_stdio_upstream("")),
+            Up::Demo | Up::DemoOverTls => (None, demo_stdio_upstream("")),
             Up::Everything => {
                 let (p, port) = start_everything_http().await;
                 (
@@ -152,11 +159,47 @@ impl Setup {
                 )
             }
         };
-        let gw = Gateway::start(&format!("{}{tasks}{upstream}", jwt_auth())).await;
-        gw.wait_ready().await;
+        let body = format!("{}{tasks}{upstream}", jwt_auth());
+        if !matches!(up, Up::DemoOverTls) {
+            let gw = Gateway::start(&body).await;
+            gw.wait_ready().await;
+            let url = gw.url("/mcp");
+            return Self {
+                _everything: everything,
+                gw,
+                url,
+                tls: None,
+            };
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let ca = common::tls::TestCa::new(dir.path(), "front");
+        let cert = ca.server("gw");
+        let keys = format!(
+            "tls_cert = {}\ntls_key = {}\n",
+            toml_string(&cert.cert.display().to_string()),
+            toml_string(&cert.key.display().to_string())
+        );
+        let gw = Gateway::start_with_server(&keys, &body).await;
+        let base = format!("https://localhost:{}", gw.addr.port());
+        let ready = eventually_async(Duration::from_secs(30), || async {
+            let config = common::tls::client_config(&ca.ca_file, None, &[]);
+            common::tls::request(
+                config,
+                &format!("{base}/readyz"),
+                "GET",
+                &[],
+                Default::default(),
+            )
+            .await
+            .is_ok_and(|(r, _)| r.status == 200)
+        })
+        .await;
+        assert!(ready, "gateway not ready over TLS:\n{}", gw.proc.log_text());
         Self {
             _everything: everything,
             gw,
+            url: format!("{base}/mcp"),
+            tls: Some((ca.ca_file.clone(), dir)),
         }
     }
 
@@ -202,16 +245,19 @@ impl Setup {
                 .join("tests/peers/ts_client.mjs")
                 .into_os_string(),
             node_modules().into_os_string(),
-            self.gw.url("/mcp").into(),
+            self.url.clone().into(),
             token("ts-user", "acme").into(),
             scenario.into(),
             spec.into(),
         ];
+        let extra_ca = self.tls.as_ref().map(|(ca, _)| ca.clone());
         let out = tokio::task::spawn_blocking(move || {
-            Command::new(node())
-                .args(args)
-                .output()
-                .expect("run the TypeScript driver")
+            let mut cmd = Command::new(node());
+            if let Some(ca) = extra_ca {
+                // Node's own trust store plus the test CA, as an operator would set it.
+                cmd.env("NODE_EXTRA_CA_CERTS", ca);
+            }
+            cmd.args(args).output().expect("run the TypeScript driver")
         })
         .await
         .unwrap();
@@ -436,6 +482,16 @@ async fn ts_sdk_demo_input_answered_via_tasks_update() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ts_sdk_demo_cancel_task() {
     cancel_task(Up::Demo).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ts_sdk_over_tls_fast_call_answered_inline() {
+    fast_call_answered_inline(Up::DemoOverTls).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ts_sdk_over_tls_slow_call_polled_to_completed_result() {
+    slow_call_polled_to_completed_result(Up::DemoOverTls).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
