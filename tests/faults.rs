@@ -756,6 +756,22 @@ async fn invariants(
                     }
                 }
             }
+            // And what each replica said of its seat and its upstream meanwhile.
+            for (i, log) in logs.iter().enumerate() {
+                for line in log
+                    .lines()
+                    .filter(|l| {
+                        l.contains(" WARN ") || l.contains(" ERROR ") || l.contains("epoch")
+                    })
+                    .take(40)
+                {
+                    eprintln!("  r{i}: {line}");
+                }
+                let lines: Vec<&str> = log.lines().collect();
+                for line in &lines[lines.len().saturating_sub(60)..] {
+                    eprintln!("  r{i} (last): {line}");
+                }
+            }
             break;
         }
         for (id, tenant, subject, status) in &live {
@@ -1290,12 +1306,27 @@ async fn edge_replica_killed() {
         let v = round % 3;
         let victim = format!("r{v}");
         // Calls spread round-robin (with the load's): until the victim holds some.
+        let mut elsewhere = Vec::new();
         for _ in 0..12 {
             let id = held_task(&s, edge_addr, edge_addr, 20_000, None).await;
             let on = s.ledger().handles.get(&id).map(|h| h.created_on.clone());
             if on.as_deref() == Some(victim.as_str()) {
                 break;
             }
+            elsewhere.push(id);
+        }
+        // Those that landed on the other replicas only occupy their stdio children (two
+        // each, one call at a time) for 20 s, and everything queues behind them: under
+        // a loaded CI host the queue outlasted the settle bound. Cancel them.
+        for id in &elsewhere {
+            let a = rpc(
+                &client(edge_addr, 0),
+                "tasks/cancel",
+                json!({"taskId": id}),
+                None,
+            )
+            .await;
+            s.ledger().n.cancels += u64::from(a.is_some());
         }
         // What the victim holds now.
         let held: Vec<String> = {
