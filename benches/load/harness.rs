@@ -4,10 +4,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use http::StatusCode;
 use http_body_util::BodyExt;
+use http_body_util::Full;
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::{Connect, HttpConnector};
 use hyper_util::rt::TokioExecutor;
 
 use super::processes::Proc;
@@ -119,14 +121,17 @@ pub(super) fn median_run<X>(mut point: impl FnMut() -> (Stats, X)) -> (Stats, X)
     runs.swap_remove(RUNS / 2)
 }
 
-pub(super) async fn run_load(
-    client: &HttpClient,
+pub(super) async fn run_load<C>(
+    client: &Client<C, Full<Bytes>>,
     conc: usize,
     warmup: Duration,
     dur: Duration,
     make: MakeReq,
     check: Check,
-) -> Stats {
+) -> Stats
+where
+    C: Connect + Clone + Send + Sync + 'static,
+{
     let seq = Arc::new(AtomicU64::new(1));
     let start = Instant::now();
     let measure_from = start + warmup;

@@ -5,7 +5,7 @@
 //!
 //! `cargo build --release && cargo bench --bench load -- [--quick] [--out FILE]
 //!  [--duration-ms N] [--scale 100000,1000000] [--mcp-proxy PATH]
-//!  [--only inline,get,create,scale,native,pool,stores,replicas,edge]`
+//!  [--only inline,get,create,tls,scale,native,pool,stores,replicas,edge]`
 //!
 //! Every load point is bounded in time (`--duration-ms`, default 3000, after a 500 ms
 //! warm-up) and in count (`MAX_REQUESTS`), and all traffic goes to 127.0.0.1.
@@ -25,6 +25,7 @@ mod requests;
 mod scenarios;
 mod stdio_pool;
 mod stores;
+mod tls;
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -188,6 +189,9 @@ fn main() {
         durable_create(&rt, &o, &mut rep, &c, &gw, &demo);
     }
     drop(gw);
+    if want("tls") {
+        tls::tls(&rt, &o, &mut rep, up, work.path());
+    }
     if want("scale") {
         scale(&rt, &o, &mut rep, &c, up, work.path(), baseline_get_p99);
     }

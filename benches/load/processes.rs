@@ -206,11 +206,12 @@ pub(super) fn start_gateway_with(dir: &Path, config: &str) -> Gateway {
     cmd.env("TASKGATE_LOG", "warn,taskgate=info");
     let t0 = Instant::now();
     let mut proc = Proc::spawn(cmd);
+    // `http://` or, with `server.tls_cert` (the `tls` scenario), `https://`.
     let line = proc
-        .wait_log("taskgate listening on http://", Duration::from_secs(120))
+        .wait_log("taskgate listening on ", Duration::from_secs(120))
         .unwrap_or_else(|| panic!("gateway did not start:\n{}", proc.log_text()));
     let startup = t0.elapsed();
-    let addr = addr_after(&line, "http://");
+    let addr = addr_after(&line, "://");
     Gateway {
         proc,
         addr,
