@@ -222,33 +222,10 @@ pub(super) fn tls(
     let conc = 8;
     let fresh = unpooled();
     let (full, resumed) = (tls_client(&ca, false, false), tls_client(&ca, true, false));
-    let p = point(
-        rt,
-        o,
-        &fresh,
-        &plain,
-        conc,
-        &healthz(plain.addr),
-        check_hello,
-    );
-    let f = point(
-        rt,
-        o,
-        &full,
-        &secure,
-        conc,
-        &over_tls(healthz(secure.addr), port),
-        check_hello,
-    );
-    let r = point(
-        rt,
-        o,
-        &resumed,
-        &secure,
-        conc,
-        &over_tls(healthz(secure.addr), port),
-        check_hello,
-    );
+    let (plain_healthz, tls_healthz) = (healthz(plain.addr), over_tls(healthz(secure.addr), port));
+    let p = point(rt, o, &fresh, &plain, conc, &plain_healthz, check_hello);
+    let f = point(rt, o, &full, &secure, conc, &tls_healthz, check_hello);
+    let r = point(rt, o, &resumed, &secure, conc, &tls_healthz, check_hello);
     for (front, (s, cpu)) in [
         ("new TCP connection", &p),
         ("full TLS handshake", &f),
