@@ -2,7 +2,8 @@
 # The whole test suite, from a clean clone: installs the test peers (Node 22, the MCP
 # conformance suite, server-everything, the TypeScript SDK client, pinned Python SDKs)
 # into .peers/, builds once in release mode, checks formatting and lints, starts a
-# throwaway PostgreSQL (scripts/pg.sh), then runs every test against the real binary.
+# throwaway PostgreSQL (scripts/pg.sh), then runs every test against the real binary;
+# the hot paths' instruction counts are checked against their baseline on the way.
 # Everything builds with the `edge` feature (`taskgate edge`, pingora): the same feature
 # set in every cargo call below, so nothing is built twice.
 set -euo pipefail
@@ -14,6 +15,12 @@ if ! command -v cmake >/dev/null 2>&1; then
     echo "== installing cmake (pingora's libz-ng-sys builds with it)"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake >/dev/null
+fi
+# valgrind counts the hot paths' instructions (benches/hotpath/run.sh, below).
+if ! command -v valgrind >/dev/null 2>&1; then
+    echo "== installing valgrind (the hot-path instruction counts)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null
 fi
 FEATURES=(--features edge)
 
@@ -38,6 +45,12 @@ cargo clippy --release --lib --features fuzzing --locked -- -D warnings 2>&1 | t
 # Rustdoc: broken intra-doc links and other doc warnings fail the run (pipefail keeps
 # cargo's exit status through `tail`).
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --locked "${FEATURES[@]}" 2>&1 | tail -n 3
+
+echo "== hot-path instruction counts against benches/hotpath/baseline.txt"
+# Deterministic counts under callgrind, not timings (about 40 s); run while the machine
+# is otherwise idle. A rise past the tolerance fails the run after the tests.
+hot_rc=0
+bash benches/hotpath/run.sh || hot_rc=$?
 
 echo "== PostgreSQL for the store tests (scripts/pg.sh; stopped on exit)"
 # shellcheck source=scripts/pg.sh
@@ -66,4 +79,9 @@ run_tests || main_rc=$?
 if [ "$pg_rc" != 0 ]; then
     echo "FAILED: the tasks_lifecycle pass on PostgreSQL (exit $pg_rc, above)"
 fi
-exit $((main_rc != 0 ? main_rc : pg_rc))
+if [ "$hot_rc" != 0 ]; then
+    echo "FAILED: a hot path got more expensive (benches/hotpath/run.sh, above)"
+fi
+if [ "$main_rc" != 0 ]; then exit "$main_rc"; fi
+if [ "$pg_rc" != 0 ]; then exit "$pg_rc"; fi
+exit "$hot_rc"

@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# Instructions per request on the three hot paths, counted by callgrind: deterministic,
+# so CI can guard them where it must never time anything (benches/RESULTS.md "Hot-path
+# instruction counts").
+#
+#   bash benches/hotpath/run.sh            # count, compare with baseline.txt, fail on a rise
+#   bash benches/hotpath/run.sh --write    # count and write baseline.txt (a deliberate commit)
+#   bash benches/hotpath/run.sh --profile  # also keep callgrind's files for callgrind_annotate
+#
+# Paths: `get` = a `tasks/get` of a completed task; `echo` = an inline `tools/call echo`
+# (demo upstream over HTTP); `task` = a promoted task from creation to terminal (the
+# creation request, the background call and driver, one poll once completed).
+#
+# What is counted: only the request path. The gateway runs under callgrind with
+# collection off, switched on inside the futures that carry a request — the front's
+# connection tasks, the spawned upstream call, the task driver and the upstream HTTP
+# connection — so start-up, timers, the sweeper, the log writer thread and sled's own
+# flusher threads are not counted. Each count is Ir over the run / requests.
+set -euo pipefail
+# A failure inside `$(count …)` must stop the run too.
+shopt -s inherit_errexit
+cd "$(dirname "$0")/../.."
+MODE="${1:-check}"
+# Another build (an older commit, for a bisect) with TASKGATE_HOTPATH_BIN.
+BIN="${TASKGATE_HOTPATH_BIN:-$PWD/target/release/taskgate}"
+BASELINE="benches/hotpath/baseline.txt"
+# A rise above this fails, per path: about three times the spread of repeated counts
+# of one build (benches/RESULTS.md: ±0.3 % get, ±1.1 % echo, whose upstream connection
+# pool depends on timing, ±0.1 % task), and never below 2 %.
+declare -A TOLERANCE_PCT=([get]=2 [echo]=3 [task]=2)
+declare -A REQUESTS=([get]=2000 [echo]=1000 [task]=300)
+# TASKGATE_HOTPATH_SCALE=K multiplies every request count (a difference of two scales
+# cancels start-up in TASKGATE_HOTPATH_COUNT=process).
+for p in "${!REQUESTS[@]}"; do REQUESTS[$p]=$((REQUESTS[$p] * ${TASKGATE_HOTPATH_SCALE:-1})); done
+PATHS=(get echo task)
+
+command -v valgrind >/dev/null || { echo "valgrind is not installed" >&2; exit 2; }
+[ -x "$BIN" ] || { echo "$BIN is missing: cargo build --release first" >&2; exit 2; }
+
+WORK=$(mktemp -d /tmp/taskgate-hotpath.XXXXXX)
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    if [ "$MODE" != "--profile" ]; then rm -rf "$WORK"; fi
+}
+trap cleanup EXIT
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# The futures that carry a request (none runs inside another: collection toggles on
+# each entry and exit). TASKGATE_HOTPATH_COUNT=tasks counts every task the runtime's
+# workers run instead (background loops included): the only choice that reads the same
+# across builds whose futures have other names, for comparing an older commit.
+# TASKGATE_HOTPATH_COUNT=process counts the whole process, start-up and every thread
+# included (for a difference of two request counts).
+COLLECT=(--collect-atstart=no)
+if [ "${TASKGATE_HOTPATH_COUNT:-request}" = tasks ]; then
+    TOGGLES=("--toggle-collect=tokio::runtime::scheduler::multi_thread::worker::Context::run_task")
+elif [ "${TASKGATE_HOTPATH_COUNT:-request}" = process ]; then
+    TOGGLES=()
+    COLLECT=(--collect-atstart=yes)
+else
+TOGGLES=(
+    "--toggle-collect=<tokio_util::task::task_tracker::TrackedFuture<F> as core::future::future::Future>::poll"
+    "--toggle-collect=taskgate::tasks::call::start_call::{{closure}}"
+    "--toggle-collect=taskgate::tasks::driver::<impl taskgate::tasks::Engine>::drive::{{closure}}"
+    "--toggle-collect=<hyper::client::conn::http1::upgrades::UpgradeableConnection<I,B> as core::future::future::Future>::poll"
+)
+fi
+
+# count PATH: prints the instructions per request of PATH.
+count() {
+    local path=$1 n=${REQUESTS[$1]} dir="$WORK/$1"
+    mkdir -p "$dir"
+    local dport gport
+    dport=$(free_port)
+    "$BIN" demo-upstream --http "127.0.0.1:$dport" 2>"$dir/demo.log" &
+    local demo=$!
+    PIDS+=("$demo")
+    gport=$(free_port)
+    cat >"$dir/taskgate.toml" <<EOF
+[server]
+listen = "127.0.0.1:$gport"
+[store]
+path = "$dir/data"
+[auth]
+mode = "jwt"
+algorithms = ["HS256"]
+hs256_secret = "hotpath-secret-0123456789abcdef0123456789abcdef"
+issuer = "https://issuer.hotpath"
+audience = "taskgate-hotpath"
+[tasks]
+poll_interval_ms = 1
+max_poll_interval_ms = 1
+[limits]
+poll_burst = 1000000
+[[upstream]]
+name = "demo"
+path = "/mcp"
+url = "http://127.0.0.1:$dport/mcp"
+[upstream.tools.sleep]
+promote_after_ms = 0
+EOF
+    local token
+    token=$("$BIN" token --sub alice --tenant acme --config "$dir/taskgate.toml")
+    TASKGATE_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$dir/callgrind.out" \
+        "${COLLECT[@]}" "${TOGGLES[@]}" \
+        "$BIN" --config "$dir/taskgate.toml" 2>"$dir/gateway.log" &
+    local gw=$!
+    PIDS+=("$gw")
+    # Ready: the upstream answered its initialize (the first call must not wait).
+    local ready=0
+    for _ in $(seq 1 240); do
+        if python3 -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:$gport/readyz', timeout=2)" 2>/dev/null; then
+            ready=1
+            break
+        fi
+        sleep 0.5
+    done
+    if [ "$ready" != 1 ]; then
+        echo "the gateway under valgrind never got ready:" >&2
+        tail -20 "$dir/gateway.log" >&2
+        exit 1
+    fi
+    python3 benches/hotpath/drive.py "$gport" "$token" "$path" "$n"
+    kill -TERM "$gw"
+    wait "$gw" || true
+    kill "$demo" 2>/dev/null || true
+    local total
+    total=$(callgrind_annotate "$dir/callgrind.out" 2>/dev/null | awk '/PROGRAM TOTALS/ && !seen {gsub(",", "", $1); print $1; seen = 1}')
+    if [ -z "$total" ]; then
+        echo "no callgrind totals for $path" >&2
+        exit 1
+    fi
+    echo $((total / n))
+}
+
+declare -A NOW
+for p in "${PATHS[@]}"; do
+    NOW[$p]=$(count "$p")
+    echo "== $p: ${NOW[$p]} instructions per request (${REQUESTS[$p]} requests)"
+done
+
+if [ "$MODE" = "--write" ]; then
+    {
+        echo "# Instructions per request on the hot paths (benches/hotpath/run.sh --write)."
+        echo "# Lower it deliberately, in its own commit, after a measured improvement."
+        for p in "${PATHS[@]}"; do echo "$p ${NOW[$p]}"; done
+    } >"$BASELINE"
+    echo "== wrote $BASELINE"
+    exit 0
+fi
+if [ "$MODE" = "--profile" ]; then
+    echo "== callgrind files under $WORK (callgrind_annotate FILE)"
+fi
+
+rc=0
+for p in "${PATHS[@]}"; do
+    base=$(awk -v p="$p" '$1 == p {print $2}' "$BASELINE")
+    if [ -z "$base" ]; then
+        echo "FAILED: $BASELINE has no count for $p"
+        rc=1
+        continue
+    fi
+    change=$(python3 -c "print(f'{(${NOW[$p]} - $base) * 100 / $base:+.2f}')")
+    tol=${TOLERANCE_PCT[$p]}
+    if python3 -c "import sys; sys.exit(0 if ${NOW[$p]} > $base * (1 + $tol / 100) else 1)"; then
+        echo "FAILED: hot path $p costs ${NOW[$p]} instructions per request, $change % against the baseline $base (tolerance $tol %)"
+        rc=1
+    else
+        echo "== $p: $change % against the baseline $base (tolerance +$tol %)"
+    fi
+done
+exit $rc
