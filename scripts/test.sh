@@ -47,7 +47,7 @@ cargo clippy --release --lib --features fuzzing --locked -- -D warnings 2>&1 | t
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --locked "${FEATURES[@]}" 2>&1 | tail -n 3
 
 echo "== hot-path instruction counts against benches/hotpath/baseline.txt"
-# Deterministic counts under callgrind, not timings (about 40 s); run while the machine
+# Deterministic counts under callgrind, not timings (about 70 s); run while the machine
 # is otherwise idle. A rise past the tolerance fails the run after the tests.
 hot_rc=0
 bash benches/hotpath/run.sh || hot_rc=$?

@@ -6,6 +6,8 @@ import sys
 import time
 
 port, token, path, n = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+# `seed` and `spread` share a file of task ids and their owners' tokens.
+IDS_FILE = sys.argv[5] if len(sys.argv) > 5 else None
 META = {
     "io.modelcontextprotocol/protocolVersion": "2026-07-28",
     "io.modelcontextprotocol/clientCapabilities": {
@@ -15,7 +17,20 @@ META = {
 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
 
 
-def rpc(i, method, params, name):
+def hs256(sub, tenant):
+    """A token as `taskgate token` mints it, for one of many principals."""
+    import base64, hashlib, hmac
+    secret = token  # `seed` gets the secret where the other paths get a token
+    b64 = lambda b: base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+    now = int(time.time())
+    head = b64(json.dumps({"typ": "JWT", "alg": "HS256"}).encode())
+    body = b64(json.dumps({"sub": sub, "tenant": tenant, "iat": now, "exp": now + 3600,
+                           "iss": "https://issuer.hotpath", "aud": "taskgate-hotpath"}).encode())
+    sig = hmac.new(secret.encode(), f"{head}.{body}".encode(), hashlib.sha256).digest()
+    return f"{head}.{body}.{b64(sig)}"
+
+
+def rpc(i, method, params, name, bearer=None):
     body = json.dumps(
         {"jsonrpc": "2.0", "id": i, "method": method, "params": dict(params, _meta=META)}
     )
@@ -26,7 +41,7 @@ def rpc(i, method, params, name):
         {
             "content-type": "application/json",
             "accept": "application/json, text/event-stream",
-            "authorization": "Bearer " + token,
+            "authorization": "Bearer " + (bearer or token),
             "mcp-protocol-version": "2026-07-28",
             "mcp-method": method,
             "mcp-name": name,
@@ -39,8 +54,8 @@ def rpc(i, method, params, name):
     return json.loads(raw)["result"]
 
 
-def create(i):
-    res = rpc(i, "tools/call", {"name": "sleep", "arguments": {"ms": 0}}, "sleep")
+def create(i, bearer=None):
+    res = rpc(i, "tools/call", {"name": "sleep", "arguments": {"ms": 0}}, "sleep", bearer)
     if res.get("resultType") != "task":
         sys.exit(f"not promoted: {res}")
     return res["taskId"]
@@ -80,5 +95,24 @@ elif path == "task":
     ids = [create(i + 1) for i in range(n)]
     time.sleep(3)
     settle(ids, n + 1)
+elif path == "seed":
+    # n tasks over n/10 principals of 10 tenants, created and never read (the gateway
+    # runs natively for this; the `spread` count follows on the same store).
+    with open(IDS_FILE, "w") as out:
+        for i in range(n):
+            p = i % max(n // 10, 1)
+            bearer = hs256(f"user{p}", f"tenant{p % 10}")
+            out.write(f"{create(i + 1, bearer)} {bearer}\n")
+    time.sleep(3)
+elif path == "spread":
+    # Every seeded task polled twice by its owner: the first read of each (which marks
+    # it read) and a second one, as a poller spread over many tasks sees them.
+    tasks = [line.split() for line in open(IDS_FILE)]
+    rid = 0
+    for _ in range(2):
+        for tid, bearer in tasks:
+            rid += 1
+            if rpc(rid, "tasks/get", {"taskId": tid}, tid, bearer)["status"] != "completed":
+                sys.exit(f"{tid} is not completed")
 else:
     sys.exit(f"unknown path {path}")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Instructions per request on the three hot paths, counted by callgrind: deterministic,
+# Instructions per request on the four hot paths, counted by callgrind: deterministic,
 # so CI can guard them where it must never time anything (benches/RESULTS.md "Hot-path
 # instruction counts").
 #
@@ -7,7 +7,10 @@
 #   bash benches/hotpath/run.sh --write    # count and write baseline.txt (a deliberate commit)
 #   bash benches/hotpath/run.sh --profile  # also keep callgrind's files for callgrind_annotate
 #
-# Paths: `get` = a `tasks/get` of a completed task; `echo` = an inline `tools/call echo`
+# Paths: `get` = a `tasks/get` of a completed task, polled again and again; `spread` =
+# `tasks/get` over 1,000 completed tasks of 100 principals in 10 tenants, each read
+# twice (its first read marks it read), seeded by the same binary running natively
+# first; `echo` = an inline `tools/call echo`
 # (demo upstream over HTTP); `task` = a promoted task from creation to terminal (the
 # creation request, the background call and driver, one poll once completed).
 #
@@ -27,12 +30,14 @@ BASELINE="benches/hotpath/baseline.txt"
 # A rise above this fails, per path: about three times the spread of repeated counts
 # of one build (benches/RESULTS.md: ±0.3 % get, ±1.1 % echo, whose upstream connection
 # pool depends on timing, ±0.1 % task), and never below 2 %.
-declare -A TOLERANCE_PCT=([get]=2 [echo]=3 [task]=2)
-declare -A REQUESTS=([get]=2000 [echo]=1000 [task]=300)
+declare -A TOLERANCE_PCT=([get]=2 [spread]=2 [echo]=3 [task]=2)
+# `spread` polls SPREAD_TASKS seeded tasks twice each.
+SPREAD_TASKS=1000
+declare -A REQUESTS=([get]=2000 [spread]=$((2 * SPREAD_TASKS)) [echo]=1000 [task]=300)
 # TASKGATE_HOTPATH_SCALE=K multiplies every request count (a difference of two scales
 # cancels start-up in TASKGATE_HOTPATH_COUNT=process).
 for p in "${!REQUESTS[@]}"; do REQUESTS[$p]=$((REQUESTS[$p] * ${TASKGATE_HOTPATH_SCALE:-1})); done
-PATHS=(get echo task)
+PATHS=(get spread echo task)
 
 command -v valgrind >/dev/null || { echo "valgrind is not installed" >&2; exit 2; }
 [ -x "$BIN" ] || { echo "$BIN is missing: cargo build --release first" >&2; exit 2; }
@@ -70,6 +75,26 @@ TOGGLES=(
 )
 fi
 
+# wait_ready PORT LOG: until /readyz answers 200 (the upstream answered its initialize,
+# so the first call does not wait).
+wait_ready() {
+    for _ in $(seq 1 240); do
+        if python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$1/readyz', timeout=2)" 2>/dev/null; then
+            return 0
+        fi
+        sleep 0.5
+    done
+    echo "the gateway never got ready:" >&2
+    tail -20 "$2" >&2
+    exit 1
+}
+
+# TASKGATE_HOTPATH_CACHE=1 also simulates the caches and prints, per request, the
+# events callgrind counts (Ir, then I1/LL instruction misses, data reads and their
+# D1/LL misses, data writes and theirs) to stderr: what instruction counts cannot show.
+CACHE_SIM=()
+if [ -n "${TASKGATE_HOTPATH_CACHE:-}" ]; then CACHE_SIM=(--cache-sim=yes); fi
+
 # count PATH: prints the instructions per request of PATH.
 count() {
     local path=$1 n=${REQUESTS[$1]} dir="$WORK/$1"
@@ -103,28 +128,26 @@ url = "http://127.0.0.1:$dport/mcp"
 [upstream.tools.sleep]
 promote_after_ms = 0
 EOF
-    local token
+    local token gw
     token=$("$BIN" token --sub alice --tenant acme --config "$dir/taskgate.toml")
-    TASKGATE_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$dir/callgrind.out" \
-        "${COLLECT[@]}" "${TOGGLES[@]}" \
-        "$BIN" --config "$dir/taskgate.toml" 2>"$dir/gateway.log" &
-    local gw=$!
-    PIDS+=("$gw")
-    # Ready: the upstream answered its initialize (the first call must not wait).
-    local ready=0
-    for _ in $(seq 1 240); do
-        if python3 -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:$gport/readyz', timeout=2)" 2>/dev/null; then
-            ready=1
-            break
-        fi
-        sleep 0.5
-    done
-    if [ "$ready" != 1 ]; then
-        echo "the gateway under valgrind never got ready:" >&2
-        tail -20 "$dir/gateway.log" >&2
-        exit 1
+    if [ "$path" = spread ]; then
+        # Seed natively, stop, then count on the same store.
+        "$BIN" --config "$dir/taskgate.toml" 2>"$dir/seed.log" &
+        gw=$!
+        PIDS+=("$gw")
+        wait_ready "$gport" "$dir/seed.log"
+        python3 benches/hotpath/drive.py "$gport" \
+            "hotpath-secret-0123456789abcdef0123456789abcdef" seed "$SPREAD_TASKS" "$dir/ids"
+        kill -TERM "$gw"
+        wait "$gw" || true
     fi
-    python3 benches/hotpath/drive.py "$gport" "$token" "$path" "$n"
+    TASKGATE_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$dir/callgrind.out" \
+        "${COLLECT[@]}" "${TOGGLES[@]}" "${CACHE_SIM[@]}" \
+        "$BIN" --config "$dir/taskgate.toml" 2>"$dir/gateway.log" &
+    gw=$!
+    PIDS+=("$gw")
+    wait_ready "$gport" "$dir/gateway.log"
+    python3 benches/hotpath/drive.py "$gport" "$token" "$path" "$n" "$dir/ids"
     kill -TERM "$gw"
     wait "$gw" || true
     kill "$demo" 2>/dev/null || true
@@ -133,6 +156,17 @@ EOF
     if [ -z "$total" ]; then
         echo "no callgrind totals for $path" >&2
         exit 1
+    fi
+    if [ -n "${TASKGATE_HOTPATH_CACHE:-}" ]; then
+        callgrind_annotate "$dir/callgrind.out" 2>/dev/null |
+            awk -v n="$n" -v p="$path" '/PROGRAM TOTALS/ && !seen {
+                seen = 1; line = p ":"
+                for (i = 1; i <= NF && $i !~ /PROGRAM/; i++) {
+                    if ($i ~ /^\(/) continue
+                    v = $i; gsub(",", "", v); line = line " " int(v / n)
+                }
+                print line > "/dev/stderr"
+            }'
     fi
     echo $((total / n))
 }
