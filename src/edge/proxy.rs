@@ -39,8 +39,8 @@ pub(crate) struct Replica {
     pub(crate) addr: SocketAddr,
     /// `http(s)://host:port` as configured: the metric label and log field.
     pub(crate) name: String,
-    /// The host as configured: the `Host` of health probes and, over TLS, the SNI and
-    /// the name the replica's certificate is verified for.
+    /// The host as configured: over TLS, the SNI and the name the replica's
+    /// certificate is verified for (requests and `/livez` probes alike).
     pub(crate) host: String,
     /// `https://`: TLS to this replica.
     pub(crate) tls: bool,
