@@ -5,7 +5,9 @@
 //!
 //! `cargo build --release && cargo bench --bench load -- [--quick] [--out FILE]
 //!  [--duration-ms N] [--scale 100000,1000000] [--mcp-proxy PATH]
-//!  [--only inline,get,create,tls,scale,native,pool,stores,replicas,edge]`
+//!  [--only inline,get,create,tls,scale,native,pool,stores,replicas,edge,versus]`
+//!
+//! `versus` (only when named) runs this build beside `TASKGATE_BENCH_BASELINE_BIN`.
 //!
 //! Every load point is bounded in time (`--duration-ms`, default 3000, after a 500 ms
 //! warm-up) and in count (`MAX_REQUESTS`), and all traffic goes to 127.0.0.1.
@@ -26,6 +28,7 @@ mod scenarios;
 mod stdio_pool;
 mod stores;
 mod tls;
+mod versus;
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -209,6 +212,12 @@ fn main() {
     }
     if want("edge") {
         edge::edge(&rt, &o, &mut rep, &c, up, work.path());
+    }
+    if o.only
+        .as_deref()
+        .is_some_and(|x| x.split(',').any(|y| y == "versus"))
+    {
+        versus::versus(&rt, &o, &mut rep, &c, up, work.path());
     }
     rep.note(&format!(
         "Harness wall time: {:.0} s.",

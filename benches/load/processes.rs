@@ -120,7 +120,10 @@ pub(super) fn addr_after(line: &str, prefix: &str) -> SocketAddr {
 }
 
 pub(super) fn taskgate_bin() -> PathBuf {
-    let p = root().join("target/release/taskgate");
+    // Another build (an older commit, for a side-by-side run) with TASKGATE_BENCH_BIN.
+    let p = std::env::var_os("TASKGATE_BENCH_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target/release/taskgate"));
     assert!(
         p.exists(),
         "{} missing: run `cargo build --release` first",
@@ -199,9 +202,15 @@ pub(super) fn start_gateway(dir: &Path, upstream: SocketAddr) -> Gateway {
 
 /// Start the gateway in `dir` with the configuration `config`.
 pub(super) fn start_gateway_with(dir: &Path, config: &str) -> Gateway {
+    start_gateway_bin(&taskgate_bin(), dir, config)
+}
+
+/// Start the gateway binary `bin` (this build, or another one for `--only versus`) in
+/// `dir` with the configuration `config`.
+pub(super) fn start_gateway_bin(bin: &Path, dir: &Path, config: &str) -> Gateway {
     let cfg = dir.join("taskgate.toml");
     std::fs::write(&cfg, config).unwrap();
-    let mut cmd = Command::new(taskgate_bin());
+    let mut cmd = Command::new(bin);
     cmd.arg("--config").arg(&cfg).current_dir(dir);
     cmd.env("TASKGATE_LOG", "warn,taskgate=info");
     let t0 = Instant::now();
