@@ -1,6 +1,7 @@
 //! Bounded cache of verified tokens, keyed by SHA-256 of the token, honoured until `exp`.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 
@@ -16,43 +17,63 @@ pub(crate) fn digest(token: &str) -> Digest {
     out
 }
 
+/// Independent parts of the cache, each behind its own lock: every request looks its
+/// token up here, and with one lock the runtime's worker threads queued behind each
+/// other on it (benches/RESULTS.md, issue 26: most of the contended-lock yields on the
+/// `tasks/get` path were this lock).
+const SHARDS: usize = 16;
+
+type Shard = Mutex<HashMap<Digest, (Arc<Principal>, u64)>>;
+
 pub(crate) struct TokenCache {
-    capacity: usize,
-    map: Mutex<HashMap<Digest, (Principal, u64)>>,
+    /// Entries per shard at most (the capacity split evenly, at least one).
+    shard_capacity: usize,
+    shards: [Shard; SHARDS],
 }
 
 impl TokenCache {
     pub(crate) fn new(capacity: usize) -> Self {
         TokenCache {
-            capacity,
-            map: Mutex::new(HashMap::new()),
+            shard_capacity: capacity.div_ceil(SHARDS),
+            shards: std::array::from_fn(|_| Mutex::new(HashMap::new())),
         }
+    }
+
+    /// The digest is uniform, so its first byte picks a shard evenly.
+    fn shard(&self, key: &Digest) -> &Shard {
+        &self.shards[usize::from(key[0]) % SHARDS]
     }
 
     /// The cached principal if the token was verified before and `now < exp`.
     pub(crate) fn get(&self, key: &Digest, now: u64) -> Option<Principal> {
-        let mut map = self.map.lock();
-        match map.get(key) {
-            Some((p, exp)) if now < *exp => Some(p.clone()),
-            Some(_) => {
-                map.remove(key);
-                None
+        // Only the `Arc` is cloned under the lock; the principal's strings after it.
+        let hit = {
+            let mut map = self.shard(key).lock();
+            match map.get(key) {
+                Some((p, exp)) if now < *exp => Some(p.clone()),
+                Some(_) => {
+                    map.remove(key);
+                    None
+                }
+                None => None,
             }
-            None => None,
-        }
+        };
+        hit.map(|p| (*p).clone())
     }
 
-    /// Remembers a verified token until `exp`. When full, expired entries go first,
-    /// then an arbitrary tenth of the entries.
+    /// Remembers a verified token until `exp`. When its shard is full, expired entries
+    /// go first, then an arbitrary tenth of the shard's entries.
     pub(crate) fn insert(&self, key: Digest, principal: Principal, exp: u64, now: u64) {
-        if exp <= now || self.capacity == 0 {
+        if exp <= now || self.shard_capacity == 0 {
             return;
         }
-        let mut map = self.map.lock();
-        if map.len() >= self.capacity && !map.contains_key(&key) {
+        let principal = Arc::new(principal);
+        let cap = self.shard_capacity;
+        let mut map = self.shard(&key).lock();
+        if map.len() >= cap && !map.contains_key(&key) {
             map.retain(|_, (_, e)| now < *e);
-            if map.len() >= self.capacity {
-                let drop_n = (self.capacity / 10).max(1);
+            if map.len() >= cap {
+                let drop_n = (cap / 10).max(1);
                 let victims: Vec<Digest> = map.keys().take(drop_n).copied().collect();
                 for v in victims {
                     map.remove(&v);
@@ -64,6 +85,11 @@ impl TokenCache {
 
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.map.lock().len()
+        self.shards.iter().map(|s| s.lock().len()).sum()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn capacity(&self) -> usize {
+        self.shard_capacity * SHARDS
     }
 }

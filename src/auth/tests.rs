@@ -467,15 +467,21 @@ async fn verified_token_cache() {
     let _ = fail(&a, "garbage").await;
     assert_eq!(a.cache.len(), 1);
 
-    let c = cache::TokenCache::new(10);
+    let c = cache::TokenCache::new(160);
+    assert_eq!(c.capacity(), 160);
     let p = Principal::anonymous();
     c.insert(cache::digest("t"), p.clone(), 100, 50);
     assert_eq!(c.get(&cache::digest("t"), 99), Some(p.clone()));
     assert_eq!(c.get(&cache::digest("t"), 100), None); // honoured only until exp
-    for i in 0..25 {
+    for i in 0..500 {
         c.insert(cache::digest(&i.to_string()), p.clone(), 100, 50);
-        assert!(c.len() <= 10);
+        assert!(c.len() <= 160);
     }
+    assert!(
+        c.len() > 100,
+        "evictions keep most of the cache: {}",
+        c.len()
+    );
 }
 
 // ---------------------------------------------------------------- static PEM keys

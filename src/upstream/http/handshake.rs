@@ -108,7 +108,7 @@ impl HttpUpstream {
                     inner.generation += 1;
                     session.generation = inner.generation;
                     inner.session = Some(session.clone());
-                    inner.info = Some(info);
+                    inner.info = Some(Arc::new(info));
                     inner.state = TransportState::Ready;
                     inner.last_failure = None;
                     session

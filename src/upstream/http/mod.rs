@@ -162,7 +162,10 @@ struct Inner {
     /// Current endpoint (updated when a 307/308 redirect is followed).
     url: String,
     session: Option<Session>,
-    info: Option<UpstreamInfo>,
+    /// Shared, so that reading it under the lock (every request reads it) is a
+    /// reference count, not a copy of the capability map: the copy under this lock
+    /// was a contended lock on the `tasks/get` path (benches/RESULTS.md, issue 26).
+    info: Option<Arc<UpstreamInfo>>,
     state: TransportState,
     generation: u64,
     last_failure: Option<(Instant, String)>,
@@ -302,7 +305,8 @@ impl LegacyTransport for HttpUpstream {
     }
 
     fn info(&self) -> Option<UpstreamInfo> {
-        self.inner().info.clone()
+        let shared = self.inner().info.clone();
+        shared.map(|i| (*i).clone())
     }
 
     fn state(&self) -> TransportState {

@@ -131,7 +131,9 @@ struct Shared {
     next_token: AtomicU64,
     next_serial: AtomicU64,
     shutdown: CancellationToken,
-    info: Mutex<Option<UpstreamInfo>>,
+    /// Shared, so that every request's read under the lock is a reference count, not a
+    /// copy (benches/RESULTS.md, issue 26: contended locks on the request path).
+    info: Mutex<Option<Arc<UpstreamInfo>>>,
     /// Every child with a process, including ones still in the handshake.
     live: Mutex<HashMap<u64, Arc<Child>>>,
     /// Effective spares: `opts.spares` capped to the pool (0 for a single child).
@@ -236,7 +238,8 @@ impl LegacyTransport for StdioPool {
     }
 
     fn info(&self) -> Option<UpstreamInfo> {
-        self.shared.info.lock().clone()
+        let shared = self.shared.info.lock().clone();
+        shared.map(|i| (*i).clone())
     }
 
     fn state(&self) -> TransportState {
