@@ -50,7 +50,8 @@ echo "== hot-path instruction counts against benches/hotpath/baseline.txt"
 # Deterministic counts under callgrind, not timings (about 70 s); run while the machine
 # is otherwise idle. A rise past the tolerance fails the run after the tests.
 hot_rc=0
-bash benches/hotpath/run.sh || hot_rc=$?
+hot_log=$(mktemp)
+bash benches/hotpath/run.sh 2>&1 | tee "$hot_log" || hot_rc=$?
 
 echo "== PostgreSQL for the store tests (scripts/pg.sh; stopped on exit)"
 # shellcheck source=scripts/pg.sh
@@ -80,6 +81,8 @@ if [ "$pg_rc" != 0 ]; then
     echo "FAILED: the tasks_lifecycle pass on PostgreSQL (exit $pg_rc, above)"
 fi
 if [ "$hot_rc" != 0 ]; then
+    # Which path and by how much, where the end of a long log still shows it.
+    grep -E '^(FAILED|== [a-z]+: [-+])' "$hot_log" || true
     echo "FAILED: a hot path got more expensive (benches/hotpath/run.sh, above)"
 fi
 if [ "$main_rc" != 0 ]; then exit "$main_rc"; fi

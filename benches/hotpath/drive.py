@@ -17,8 +17,20 @@ META = {
 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
 
 
+TOKENS = {}
+
+
 def hs256(sub, tenant):
-    """A token as `taskgate token` mints it, for one of many principals."""
+    """A token as `taskgate token` mints it, for one of many principals: one token per
+    principal, minted once. (Minted per task, the tokens changed whenever the clock's
+    second did, so how many distinct tokens the gateway verified -- and counted --
+    depended on how long the seeding took.)"""
+    if (sub, tenant) not in TOKENS:
+        TOKENS[(sub, tenant)] = mint(sub, tenant)
+    return TOKENS[(sub, tenant)]
+
+
+def mint(sub, tenant):
     import base64, hashlib, hmac
     secret = token  # `seed` gets the secret where the other paths get a token
     b64 = lambda b: base64.urlsafe_b64encode(b).rstrip(b"=").decode()
