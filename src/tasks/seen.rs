@@ -9,6 +9,7 @@
 //! a task that was read count as unread.
 
 use std::collections::HashSet;
+use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,15 +28,47 @@ const COALESCE: Duration = Duration::from_millis(100);
 /// noted (they can only over-count) rather than growing memory without bound.
 const MAX_PENDING: usize = 65_536;
 
-/// Independent parts of the pending set, each behind its own lock: every terminal
-/// `tasks/get` notes its task here, and behind one lock the runtime's worker threads
-/// queued for each other (benches/RESULTS.md, issue 26).
+/// Tasks remembered as noted already, at most (two generations of half this each, a
+/// hash apiece: about 1 MB). A task polled again and again after its end is noted
+/// once, not once a poll: each noting costs the marker task store reads, and under a
+/// `tasks/get` load that was a store read for every poll (benches/RESULTS.md, issue
+/// 26). A task that falls out of the window is noted again and skipped by the store's
+/// own check.
+const MAX_RECENT: usize = 65_536;
+
+/// Independent parts of the set, each behind its own lock: every terminal `tasks/get`
+/// notes its task here, and behind one lock the runtime's worker threads queued for
+/// each other (benches/RESULTS.md, issue 26).
 const SHARDS: usize = 16;
 
-/// Reads noted but not yet written.
+#[derive(Default)]
+struct Shard {
+    /// Noted, not yet written.
+    pending: HashSet<String>,
+    /// Hashes of the ids noted lately, pending or written: the newer generation
+    /// first. When it is full the older one is dropped and the newer takes its place.
+    recent: [HashSet<u64>; 2],
+}
+
+impl Shard {
+    fn is_recent(&self, hash: u64) -> bool {
+        self.recent.iter().any(|g| g.contains(&hash))
+    }
+
+    fn remember(&mut self, hash: u64) {
+        if self.recent[0].len() >= MAX_RECENT / SHARDS / 2 {
+            self.recent[1] = std::mem::take(&mut self.recent[0]);
+        }
+        self.recent[0].insert(hash);
+    }
+}
+
+/// Reads noted but not yet written, and which tasks were noted lately.
 #[derive(Default)]
 pub(super) struct SeenMarks {
-    pending: [Mutex<HashSet<String>>; SHARDS],
+    shards: [Mutex<Shard>; SHARDS],
+    /// Keyed per process, so nobody can choose ids whose hashes collide.
+    hasher: RandomState,
     wake: Notify,
     /// Held while a batch is written, so that the sweeper's write waits for a batch
     /// the marker task has already taken.
@@ -43,29 +76,41 @@ pub(super) struct SeenMarks {
 }
 
 impl SeenMarks {
-    /// Task ids end in random base64, so their last byte spreads them over the shards.
-    fn shard(&self, task_id: &str) -> &Mutex<HashSet<String>> {
-        let last = task_id.as_bytes().last().copied().unwrap_or(0);
-        &self.pending[usize::from(last) % SHARDS]
+    /// The id's hash, and the shard its top bits pick.
+    fn shard(&self, task_id: &str) -> (u64, &Mutex<Shard>) {
+        let hash = self.hasher.hash_one(task_id);
+        (hash, &self.shards[(hash >> 60) as usize % SHARDS])
     }
 
     fn note(&self, task_id: &str) {
-        let mut pending = self.shard(task_id).lock();
-        if pending.len() >= MAX_PENDING / SHARDS || pending.contains(task_id) {
+        let (hash, shard) = self.shard(task_id);
+        let mut shard = shard.lock();
+        if shard.is_recent(hash) || shard.pending.len() >= MAX_PENDING / SHARDS {
             return;
         }
-        pending.insert(task_id.to_string());
-        drop(pending);
+        shard.remember(hash);
+        shard.pending.insert(task_id.to_string());
+        drop(shard);
         self.wake.notify_one();
     }
 
     fn take(&self) -> Vec<String> {
         let mut all = Vec::new();
-        for shard in &self.pending {
-            let taken = std::mem::take(&mut *shard.lock());
+        for shard in &self.shards {
+            let taken = std::mem::take(&mut shard.lock().pending);
             all.extend(taken);
         }
         all
+    }
+
+    /// A batch that could not be written: its tasks are noted again on their next read.
+    fn forget(&self, batch: &[String]) {
+        for task_id in batch {
+            let (hash, shard) = self.shard(task_id);
+            for g in &mut shard.lock().recent {
+                g.remove(&hash);
+            }
+        }
     }
 }
 
@@ -89,6 +134,7 @@ impl Engine {
             return;
         }
         if let Err(e) = self.store.mark_seen(&batch).await {
+            self.seen.forget(&batch);
             tracing::warn!(
                 error = %e,
                 tasks = batch.len(),
@@ -134,5 +180,38 @@ mod tests {
             taken <= MAX_PENDING && taken > MAX_PENDING / 2,
             "bounded, and spread over the shards: {taken}"
         );
+    }
+
+    #[test]
+    fn a_task_read_again_is_noted_once_until_it_leaves_the_window() {
+        let marks = SeenMarks::default();
+        marks.note("tsk_a");
+        assert_eq!(marks.take(), ["tsk_a"]);
+        // Written already: polling it again notes nothing.
+        for _ in 0..100 {
+            marks.note("tsk_a");
+        }
+        assert!(marks.take().is_empty());
+        // A batch the store refused is noted again on the next read.
+        marks.forget(&["tsk_a".to_string()]);
+        marks.note("tsk_a");
+        assert_eq!(marks.take(), ["tsk_a"]);
+        // Past the window (two generations), an old task is noted afresh, and memory
+        // stays bounded.
+        for i in 0..2 * MAX_RECENT {
+            marks.note(&format!("tsk_{i:x}"));
+            if i % 1024 == 0 {
+                marks.take();
+            }
+        }
+        marks.take();
+        let remembered: usize = marks
+            .shards
+            .iter()
+            .map(|s| s.lock().recent.iter().map(HashSet::len).sum::<usize>())
+            .sum();
+        assert!(remembered <= MAX_RECENT, "bounded: {remembered}");
+        marks.note("tsk_a");
+        assert_eq!(marks.take(), ["tsk_a"]);
     }
 }
