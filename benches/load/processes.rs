@@ -93,12 +93,18 @@ impl Proc {
 
 /// user+sys CPU seconds of a process (`/proc/<pid>/stat`; "self" for this harness).
 pub(super) fn cpu_secs_of(pid: &str) -> f64 {
+    let [user, sys] = user_sys_secs_of(pid);
+    user + sys
+}
+
+/// User and kernel CPU seconds of a process, apart.
+pub(super) fn user_sys_secs_of(pid: &str) -> [f64; 2] {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let rest = s.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
     let f: Vec<&str> = rest.split_whitespace().collect();
     let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
     // Fields after ')': state is index 0, utime 11, stime 12.
-    (ticks(11) + ticks(12)) / 100.0
+    [ticks(11) / 100.0, ticks(12) / 100.0]
 }
 
 impl Drop for Proc {

@@ -21,14 +21,25 @@ use std::time::Duration;
 use http::HeaderValue;
 
 use super::harness::{Stats, check_completed, check_task_created, cpu_us_per, run_load};
-use super::processes::{Gateway, gateway_config, start_gateway_bin, taskgate_bin};
+use super::processes::{
+    Gateway, gateway_config, start_gateway_bin, taskgate_bin, user_sys_secs_of,
+};
 use super::report::{Report, ms};
 use super::requests::{gw_req, seed, token};
 use super::scenarios::get_maker;
 use super::{HttpClient, META_TASKS, MakeReq, Opts};
 
-/// Rounds of every point; a figure is the median over them.
+/// Rounds of every point; a figure is the median over them
+/// (`TASKGATE_BENCH_ROUNDS` for more, on a noisy machine).
 const ROUNDS: usize = 5;
+
+fn rounds() -> usize {
+    std::env::var("TASKGATE_BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(ROUNDS)
+}
 const GET_TASKS: u64 = 10_000;
 const PRINCIPALS: u64 = 1_000;
 
@@ -40,6 +51,9 @@ struct Sample {
     p99_us: f64,
     /// Voluntary and involuntary context switches of all the gateway's threads.
     switches: [f64; 2],
+    /// The kernel's share of the gateway's CPU time: user-space work against
+    /// syscalls, wake-ups and the network stack.
+    sys_share: f64,
 }
 
 /// Voluntary and involuntary context switches so far, summed over `pid`'s threads.
@@ -68,17 +82,25 @@ fn switches(pid: u32) -> [u64; 2] {
 
 /// Runs one point on `gw` and samples it.
 fn sample(gw: &Gateway, drain: Duration, point: impl FnOnce() -> Stats) -> Sample {
-    let (cpu0, sw0) = (gw.proc.cpu_secs(), switches(gw.proc.child.id()));
+    let pid = gw.proc.child.id();
+    let (cpu0, sw0, us0) = (
+        gw.proc.cpu_secs(),
+        switches(pid),
+        user_sys_secs_of(&pid.to_string()),
+    );
     let s = point();
     // The background calls of a creation point finish; their cost belongs to it.
     std::thread::sleep(drain);
-    let sw1 = switches(gw.proc.child.id());
+    let sw1 = switches(pid);
+    let us1 = user_sys_secs_of(&pid.to_string());
+    let (user, sys) = (us1[0] - us0[0], us1[1] - us0[1]);
     let n = (s.ok + s.errors + s.refused).max(1) as f64;
     Sample {
         rps: s.rps(),
         cpu_us: cpu_us_per(&gw.proc, cpu0, &s),
         p99_us: s.p99(),
         switches: [(sw1[0] - sw0[0]) as f64 / n, (sw1[1] - sw0[1]) as f64 / n],
+        sys_share: sys / (user + sys).max(f64::MIN_POSITIVE),
     }
 }
 
@@ -124,7 +146,8 @@ pub(super) fn versus(
     // samples[point][build]
     let points = ["tasks/get c=32", "tasks/get c=64", "creation c=64"];
     let mut samples: Vec<[Vec<Sample>; 2]> = points.iter().map(|_| [vec![], vec![]]).collect();
-    for round in 0..ROUNDS {
+    let rounds = rounds();
+    for round in 0..rounds {
         for k in 0..2 {
             let b = (round + k) % 2;
             let gw = &gateways[b];
@@ -156,7 +179,7 @@ pub(super) fn versus(
     }
     rep.section(
         &format!(
-            "This build beside {} (alternating, median of {ROUNDS} rounds)",
+            "This build beside {} (alternating, median of {rounds} rounds)",
             builds[1].1.display()
         ),
         &[
@@ -167,6 +190,7 @@ pub(super) fn versus(
             "gateway CPU µs/req",
             "CPU vs baseline",
             "context switches/req (vol., invol.)",
+            "kernel share of CPU",
             "CPU per round",
         ],
     );
@@ -186,6 +210,10 @@ pub(super) fn versus(
                     "{:.3}, {:.3}",
                     median(v.iter().map(|s| s.switches[0]).collect()),
                     median(v.iter().map(|s| s.switches[1]).collect())
+                ),
+                format!(
+                    "{:.0} %",
+                    100.0 * median(v.iter().map(|s| s.sys_share).collect())
                 ),
                 v.iter()
                     .map(|s| format!("{:.0}", s.cpu_us))
