@@ -21,6 +21,19 @@ use taskgate::tasks::Engine;
 use taskgate::tasks::mrtr::Holds;
 use taskgate::upstream::{UpstreamSet, stdio};
 
+/// jemalloc, not the system's malloc: under load a request's buffers are allocated on
+/// one worker thread and freed on another, and glibc's arenas made that the largest
+/// cost of a `tasks/get` that grew since the first benchmarks (benches/RESULTS.md,
+/// "Issue 26"). The library and its tests keep the system allocator.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// jemalloc's options, read once at start-up (a C string). Two arenas, not eight (four
+/// per core): the runtime has two workers, and with 1M stored tasks under random
+/// `tasks/get` RSS was 521 MB against 612 MB with the default (benches/RESULTS.md).
+#[unsafe(export_name = "_rjem_malloc_conf")]
+static JEMALLOC_OPTIONS: &u8 = &b"narenas:2\0"[0];
+
 #[derive(Parser)]
 #[command(
     name = "taskgate",
