@@ -28,9 +28,10 @@ MODE="${1:-check}"
 BIN="${TASKGATE_HOTPATH_BIN:-$PWD/target/release/taskgate}"
 BASELINE="benches/hotpath/baseline.txt"
 # A rise above this fails, per path: about three times the spread of repeated counts
-# of one build (benches/RESULTS.md: ±0.6 % get, ±0.3 % spread, ±1.1 % echo, whose
-# upstream connection pool depends on timing, ±0.6 % task), and never below 2 %.
-declare -A TOLERANCE_PCT=([get]=2 [spread]=2 [echo]=3 [task]=2)
+# of one build (benches/RESULTS.md: ±0.6 % get, ±0.7 % spread since jemalloc, whose
+# arenas depend on which worker frees what, ±1.1 % echo, whose upstream connection
+# pool depends on timing, ±0.6 % task), and never below 2 %.
+declare -A TOLERANCE_PCT=([get]=2 [spread]=3 [echo]=3 [task]=2)
 # `spread` polls SPREAD_TASKS seeded tasks twice each.
 SPREAD_TASKS=1000
 declare -A REQUESTS=([get]=2000 [spread]=$((2 * SPREAD_TASKS)) [echo]=1000 [task]=300)
