@@ -1,6 +1,6 @@
 //! The module layering of `src/` (ARCHITECTURE.md): which top-level module may name
 //! which. Read from the source text: every `crate::X` path (including `use crate::{X,
-//! …}` groups) in a file under `src/M.rs` or `src/M/` is an edge M → X. The test fails
+//! …}` groups) in a file under `src/<M>.rs` or `src/<M>/` is an edge M → X. The test fails
 //! on an edge the table below does not allow, and on any cycle between top-level
 //! modules, so a layer can only ever depend on the layers below it.
 

@@ -1,5 +1,5 @@
-//! The tasks engine end to end against the real binary (docs/design.md §1–§6
-//! "Promotion" to "Cancel", §10 "Restart"; MCP Tasks extension, "Tasks" to "Task
+//! The tasks engine end to end against the real binary (docs/design.md §1 "Promotion"
+//! to §6 "Cancel", §10 "Restart"; MCP Tasks extension, "Tasks" to "Task
 //! Cancellation"; MCP 2026-07-28 "Multi Round-Trip Requests"): promotion, the task
 //! shapes, terminal states, durability before the reply and across `kill -9`, input
 //! round trips over stdio and HTTP upstreams, MRTR for clients without the extension,

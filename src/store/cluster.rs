@@ -1,5 +1,5 @@
-//! What several replicas on one shared store need of it (docs/design.md §18 "Replicas
-//! and leases", §19 "Any replica answers"): leases, takeover of a dead replica's
+//! What several replicas on one shared store need of it (docs/design.md §18
+//! "Replicas", §19 "Any replica answers"): leases, takeover of a dead replica's
 //! in-flight calls, relays between replicas and change fan-out.
 //!
 //! Only a backend that several processes share implements [`Cluster`] (PostgreSQL);

@@ -1,6 +1,7 @@
 //! A [`TaskStore`] wrapper for engine tests: counts the calls of each operation and
-//! fails the operations a test names, so error branches (docs/design.md §16 "Store
-//! failures", "Fail closed") and the reads a request makes can be checked in process.
+//! fails the operations a test names, so error branches (docs/design.md §16
+//! "Durability, store failures and upgrades", "Fail closed") and the reads a request
+//! makes can be checked in process.
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -129,7 +129,8 @@ fn store_failure(e: impl std::fmt::Display) -> Reply {
 }
 
 /// A store failure once the upstream call may have been sent (docs/design.md §16
-/// "Store failures"): no task id, HTTP 200 + `-32603` saying what happened.
+/// "Durability, store failures and upgrades"): no task id, HTTP 200 + `-32603` saying
+/// what happened.
 fn store_failed_after_send(upstream: &str, e: impl std::fmt::Display) -> Reply {
     crate::metrics::fail_closed("store_failed_after_send");
     tracing::warn!(upstream, error = %e, "storing a promoted task failed after its call was sent; call cancelled");

@@ -1,5 +1,5 @@
-//! Being one of several replicas on a shared store (docs/design.md §18 "Replicas and
-//! leases", §19 "Any replica answers"; README "Several replicas").
+//! Being one of several replicas on a shared store (docs/design.md §18 "Replicas",
+//! §19 "Any replica answers"; README "Several replicas").
 //!
 //! - **Lease.** [`Engine::join_cluster`] registers a new epoch; a loop renews the
 //!   lease every `lease_renew_ms`. A replica that cannot renew within its lease stops
@@ -196,7 +196,7 @@ impl Engine {
     }
 
     /// Renew the lease every `lease_renew_ms`, and count it lost by this replica's own
-    /// monotonic clock (docs/design.md §18 "Replicas and leases"): the database set
+    /// monotonic clock (docs/design.md §18 "Replicas"): the database set
     /// `lease_until` no earlier than the moment a renewal was sent, so the lease surely
     /// holds until `sent + lease_ms` of the last renewal that succeeded, and not surely
     /// one instant longer. At that instant the lease is lost, whether or not a renewal

@@ -47,8 +47,8 @@ impl Engine {
     }
 
     /// Fail the tasks of routes this replica holds but runs no call for (docs/design.md
-    /// §16 "Store failures"): a creation the gateway gave up on whose write landed
-    /// after all, or a route kept when an outcome could not be recorded. Only routes
+    /// §16 "Durability, store failures and upgrades"): a creation the gateway gave up on
+    /// whose write landed after all, or a route kept when an outcome could not be recorded. Only routes
     /// older than the store's operation limit count, and only the holder sweeps its own
     /// routes, each write fenced on the route: every orphan is resolved exactly once.
     pub(super) async fn resolve_orphans(&self) -> Result<usize, StoreError> {

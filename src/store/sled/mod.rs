@@ -155,25 +155,11 @@
 //! upstream identity is rewritten only when an `initialize` answers differently and is
 //! never deleted (an upstream removed from the configuration leaves one small record).
 //!
-//! # Performance (measured by `benches/store_throughput.rs`)
+//! # Performance
 //!
-//! 64 concurrent tokio tasks × 200 × (`create` with idempotency key + `flush().await`),
-//! release build, 2 shared cores, ext4 on virtio, 2026-11-30:
-//!
-//! | mode                   | durable ops/s | p50     | p99     | waiters/round | µs/round |
-//! |------------------------|---------------|---------|---------|---------------|----------|
-//! | normal, HighThroughput | 20.0k         | 3.05 ms | 6.03 ms | 49.8          | 322      |
-//! | normal, LowSpace       | 20.8k         | 2.89 ms | 6.59 ms | 49.8          | 310      |
-//! | strict, HighThroughput | 21.1k         | 2.88 ms | 5.40 ms | 49.2          | 608      |
-//! | strict, LowSpace       | 19.9k         | 3.03 ms | 6.99 ms | 47.8          | 615      |
-//!
-//! Before (one sled transaction per create, no yield before a round; same machine,
-//! earlier the same day): 8.3k / 8.6k / 9.8k / 9.1k durable ops/s, p99 17–20 ms,
-//! 7–14 waiters per round. With transactions gone the bottleneck is the CPU cost of
-//! the single-key writes themselves (sled copies a leaf node on every write); a
-//! round's `sync_file_range` is ≈ 0.3 ms, a strict round's extra `fsync` ≈ 0.3 ms more
-//! and is shared by ~50 waiters, so strict mode costs little under concurrency (each
-//! lone flush still pays a full fsync). See `SLED_MODE` for the mode choice.
+//! `benches/store_throughput.rs` measures durable creations per second in each mode;
+//! its dated results are in benches/RESULTS.md "The sled group commit". See
+//! `SLED_MODE` for the mode choice.
 
 mod codec;
 mod expiry;
