@@ -319,7 +319,7 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
     let auth = Arc::new(Authenticator::new(&cfg.auth, &public_url)?);
     let cfg = Arc::new(cfg);
     let engine = Engine::new(store.clone(), cfg.clone(), limits.clone());
-    observe_transitions(&engine, limits);
+    observe_transitions(&engine, limits.clone());
     // The seat first: recovery then resolves this replica's earlier epochs only.
     if let Some(c) = &cluster {
         let seat = engine
@@ -355,6 +355,7 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
         auth,
         upstreams: upstreams.clone(),
         engine: engine.clone(),
+        limits,
         holds,
     });
     engine.on_relayed_mrtr(front::relayed::handler(Arc::downgrade(&gw)));

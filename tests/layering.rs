@@ -42,8 +42,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     ("demo", &["protocol"]),
     // `taskgate edge` (feature `edge`): beside `front`, in front of the replicas; it
-    // reads its config, records its metrics and checks task ids, nothing more.
-    ("edge", &["config", "metrics", "tasks", "tls"]),
+    // reads its config, records its metrics, and checks methods and task ids, nothing
+    // more.
+    ("edge", &["protocol", "config", "metrics", "tasks", "tls"]),
     // Test-only harnesses over the untrusted-input surfaces: a top layer beside
     // `main`, since they drive `front` from above.
     (

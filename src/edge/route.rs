@@ -9,6 +9,7 @@
 //! `subscriptions/listen`, discovery and lists, and task methods without a valid
 //! `Mcp-Name` (the replica answers the error).
 
+use crate::protocol::Method;
 use crate::tasks::ids;
 
 /// Where a request goes.
@@ -30,15 +31,13 @@ impl Route {
     }
 }
 
-/// The task methods routed by their task id.
-const TASK_METHODS: [&str; 3] = ["tasks/get", "tasks/update", "tasks/cancel"];
-
 /// The route of a request with these `Mcp-Method` and `Mcp-Name` header values (raw
 /// bytes; `None` when absent).
 pub(crate) fn route(mcp_method: Option<&[u8]>, mcp_name: Option<&[u8]>) -> Route {
+    // The task methods are routed by their task id.
     let is_task_method = mcp_method
-        .and_then(|m| std::str::from_utf8(m).ok())
-        .is_some_and(|m| TASK_METHODS.contains(&m));
+        .and_then(Method::from_wire_bytes)
+        .is_some_and(Method::is_task_method);
     if !is_task_method {
         return Route::Other;
     }
@@ -55,10 +54,15 @@ mod tests {
     #[test]
     fn task_methods_with_a_task_id_are_keyed_by_it() {
         let id = ids::new_task_id();
-        for m in TASK_METHODS {
+        for m in Method::ALL {
+            let want = if m.is_task_method() {
+                Route::Task(id.clone())
+            } else {
+                Route::Other
+            };
             assert_eq!(
-                route(Some(m.as_bytes()), Some(id.as_bytes())),
-                Route::Task(id.clone()),
+                route(Some(m.as_str().as_bytes()), Some(id.as_bytes())),
+                want,
                 "{m}"
             );
         }

@@ -12,18 +12,18 @@ use http::{Response, StatusCode};
 use serde_json::{Map, Value, json};
 use tokio::time::Instant;
 
-use super::Gateway;
+use super::gateway::Gateway;
 use super::inline::{self, Inline, InlineTiming};
-use super::relayed;
+use super::relay;
 use super::reply::{self, Body};
 use super::stack::{LogFields, ReadRequest, Received, Resp, RespFuture, Target};
 use super::wire::{self, ValidRequest};
 use crate::auth::Principal;
 use crate::config::TaskMode;
-use crate::protocol::{self, PROTOCOL_VERSION, RpcError, TASKS_EXTENSION, results};
+use crate::protocol::params::{TaskRef, TaskUpdate};
+use crate::protocol::{self, Method, PROTOCOL_VERSION, RpcError, TASKS_EXTENSION, results};
 use crate::tasks::call::ToolCall;
 use crate::tasks::failure::{CallFailure, Failure};
-use crate::tasks::inputs::mrtr_eligible;
 use crate::tasks::mrtr::{Pending, Resumed};
 use crate::tasks::outcome::Reply;
 use crate::tasks::promote::Promotion;
@@ -74,8 +74,8 @@ async fn serve_rpc(gw: &Gateway, req: ReadRequest) -> Resp {
     };
     if let Some(log) = ext.get::<LogFields>() {
         log.update(|l| {
-            l.method = Some(valid.method.clone());
-            if valid.method.starts_with("tasks/") {
+            l.method = Some(valid.method);
+            if valid.method.is_task_method() {
                 l.task_id = valid
                     .params
                     .get("taskId")
@@ -85,19 +85,6 @@ async fn serve_rpc(gw: &Gateway, req: ReadRequest) -> Resp {
         });
     }
     dispatch(gw, &upstream, principal, *valid, received).await
-}
-
-/// The server capability a method needs from the upstream (docs/design.md §14 "Upstream
-/// sessions": methods the upstream does not declare answer 404, matching
-/// `server/discover`).
-fn required_capability(method: &str) -> Option<&'static str> {
-    match method {
-        "tools/list" | "tools/call" => Some("tools"),
-        "prompts/list" | "prompts/get" => Some("prompts"),
-        "resources/list" | "resources/templates/list" | "resources/read" => Some("resources"),
-        "completion/complete" => Some("completions"),
-        _ => None,
-    }
 }
 
 /// `server/discover` synthesised from the upstream's `initialize` result (MCP 2026-07-28
@@ -123,7 +110,7 @@ pub fn discover_result(info: &UpstreamInfo) -> Value {
     if let Some(i) = &info.instructions {
         r.insert("instructions".into(), Value::from(i.clone()));
     }
-    results::complete("server/discover", Value::Object(r), &info.server_info)
+    results::complete(Method::ServerDiscover, Value::Object(r), &info.server_info)
 }
 
 fn error_200(req: &ValidRequest, err: RpcError) -> Response<Body> {
@@ -142,7 +129,7 @@ pub async fn dispatch(
 ) -> Response<Body> {
     // Capability checks that need no upstream (docs/design.md §12 "Order of checks":
     // capability → limits → params and ownership).
-    if req.method.starts_with("tasks/") && !req.meta.caps.declares_tasks() {
+    if req.method.is_task_method() && !req.meta.caps.declares_tasks() {
         return reply::rpc_error(
             StatusCode::BAD_REQUEST,
             Some(&req.id),
@@ -152,7 +139,7 @@ pub async fn dispatch(
             )),
         );
     }
-    if req.method == "subscriptions/listen" {
+    if req.method == Method::SubscriptionsListen {
         let wants_tasks = req
             .params
             .get("notifications")
@@ -174,7 +161,7 @@ pub async fn dispatch(
     // known now, whether the upstream is down, restarting or warming up. Everything
     // else needs the upstream and gets the retry-safety 503 while it is not there
     // (tasks::failure).
-    let task_plane = req.method.starts_with("tasks/") || req.method == "subscriptions/listen";
+    let task_plane = req.method.is_task_plane();
     // A replica that lost its lease takes no new upstream calls: another replica may
     // already be failing its calls (docs/design.md §18). Tasks stay readable.
     if !task_plane && !gw.engine.lease_held() {
@@ -195,13 +182,15 @@ pub async fn dispatch(
         }
     };
 
-    if let Some(cap) = required_capability(&req.method)
+    // Methods the upstream does not declare answer 404, matching `server/discover`
+    // (docs/design.md §14 "Upstream sessions").
+    if let Some(cap) = req.method.capability()
         && !info.capabilities.contains_key(cap)
     {
         return reply::rpc_error(
             StatusCode::NOT_FOUND,
             Some(&req.id),
-            &RpcError::method_not_found(&req.method),
+            &RpcError::method_not_found(req.method.as_str()),
         );
     }
 
@@ -212,18 +201,26 @@ pub async fn dispatch(
     }
     // ---- end limits ----
 
-    match req.method.as_str() {
-        "server/discover" => reply::json(
+    match req.method {
+        Method::ServerDiscover => reply::json(
             StatusCode::OK,
             &protocol::response(&req.id, discover_result(&info)),
         ),
-        "tasks/get" | "tasks/update" | "tasks/cancel" => {
+        Method::TasksGet | Method::TasksUpdate | Method::TasksCancel => {
             tasks_method(gw, upstream, &principal, &req, &info.server_info).await
         }
-        "subscriptions/listen" => super::subscriptions::open(upstream, &principal, &req, &info, gw),
-        "tools/call" => tools_call(gw, upstream, principal, req, info, received).await,
-        _ => {
-            if req.method == "tools/list" && !req.params.contains_key("cursor") {
+        Method::SubscriptionsListen => {
+            super::subscriptions::open(upstream, &principal, &req, &info, gw)
+        }
+        Method::ToolsCall => tools_call(gw, upstream, principal, req, info, received).await,
+        Method::ToolsList
+        | Method::PromptsList
+        | Method::PromptsGet
+        | Method::ResourcesList
+        | Method::ResourcesTemplatesList
+        | Method::ResourcesRead
+        | Method::CompletionComplete => {
+            if req.method == Method::ToolsList && !req.params.contains_key("cursor") {
                 // Served from the session's cache, outside the inline race: bounded by
                 // the same `sync_timeout_ms` here, or a stalled upstream would hold
                 // the request forever.
@@ -239,7 +236,7 @@ pub async fn dispatch(
                         StatusCode::OK,
                         &protocol::response(
                             &req.id,
-                            results::complete("tools/list", v, &info.server_info),
+                            results::complete(Method::ToolsList, v, &info.server_info),
                         ),
                     ),
                     Ok(crate::upstream::CallOutcome::Error(e)) => {
@@ -265,29 +262,17 @@ fn check_limits(
     principal: &Principal,
     req: &ValidRequest,
 ) -> Result<(), crate::limits::Throttled> {
-    let limits = &gw.engine.limits;
+    let limits = &gw.limits;
     limits.check_request(principal)?;
-    match req.method.as_str() {
-        "tasks/get" => {
-            if let Some(id) = req.params.get("taskId").and_then(Value::as_str)
-                && crate::tasks::ids::is_well_formed(id)
-            {
-                limits.check_poll(principal, id)?;
-            }
-        }
-        // An MRTR retry resumes a call that already holds its slot.
-        "tools/call"
-        | "prompts/get"
-        | "resources/read"
-        | "completion/complete"
-        | "resources/list"
-        | "resources/templates/list"
-        | "prompts/list"
-            if !req.params.contains_key("requestState") =>
+    if req.method == Method::TasksGet {
+        if let Some(id) = req.params.get("taskId").and_then(Value::as_str)
+            && crate::tasks::ids::is_well_formed(id)
         {
-            limits.check_queue(upstream.name(), upstream.cfg.max_concurrency, principal)?;
+            limits.check_poll(principal, id)?;
         }
-        _ => {}
+    } else if req.method.takes_queue_slot() && !req.params.contains_key("requestState") {
+        // An MRTR retry resumes a call that already holds its slot.
+        limits.check_queue(upstream.name(), upstream.cfg.max_concurrency, principal)?;
     }
     Ok(())
 }
@@ -301,10 +286,19 @@ async fn tasks_method(
 ) -> Response<Body> {
     let e = &gw.engine;
     let name = upstream.name();
-    let r = match req.method.as_str() {
-        "tasks/get" => e.get(principal, name, &req.params, server_info).await,
-        "tasks/update" => e.update(principal, name, &req.params, server_info).await,
-        _ => e.cancel(principal, name, &req.params, server_info).await,
+    let r = match req.method {
+        Method::TasksGet => {
+            let task = TaskRef::parse(&req.params);
+            e.get(principal, name, &task, server_info).await
+        }
+        Method::TasksUpdate => {
+            let update = TaskUpdate::parse(&req.params);
+            e.update(principal, name, update, server_info).await
+        }
+        _ => {
+            let task = TaskRef::parse(&req.params);
+            e.cancel(principal, name, &task, server_info).await
+        }
     };
     match r {
         Ok(v) => reply::json(StatusCode::OK, &protocol::response(&req.id, v)),
@@ -389,7 +383,7 @@ async fn tools_call(
             None => inline::render(&id, gw.engine.tools_call(c).await),
             Some(Retry::Answer(resp)) => resp,
             Some(Retry::Elsewhere(replica)) => {
-                relayed::retry_at(gw, &replica, &c.upstream, &c.principal, &c.req).await
+                relay::retry_at(gw, &replica, &c.upstream, &c.principal, &c.req).await
             }
             Some(Retry::Resumed(pending)) => {
                 inline::render(&id, gw.engine.resume(c, pending).await)
@@ -449,7 +443,7 @@ fn resume_state(
     server_info: &Value,
 ) -> Option<Retry> {
     let state = req.params.get("requestState")?;
-    if !mrtr_eligible(&req.method) {
+    if !req.method.is_mrtr_eligible() {
         return None;
     }
     let Some(state) = state.as_str() else {
@@ -463,7 +457,7 @@ fn resume_state(
             state,
             principal,
             upstream.name(),
-            &req.method,
+            req.method,
             &req.params,
             server_info,
         ) {
@@ -501,7 +495,7 @@ async fn inline_or_resume(
         None => inline::run(c).await,
         Some(Retry::Answer(resp)) => resp,
         Some(Retry::Elsewhere(replica)) => {
-            relayed::retry_at(gw, &replica, &c.upstream, &c.principal, &c.req).await
+            relay::retry_at(gw, &replica, &c.upstream, &c.principal, &c.req).await
         }
         Some(Retry::Resumed(pending)) => inline::serve(c, pending).await,
     }

@@ -11,8 +11,9 @@ use http::{HeaderMap, HeaderValue, Method, Request, StatusCode, Uri, Version, he
 use http_body_util::{BodyExt, Limited};
 use serde_json::json;
 
+use super::gateway::Gateway;
+use super::reply::{self, method_not_allowed};
 use super::stack::{AsyncStep, LogFields, ReadRequest, Req, Resp, Step};
-use super::{Gateway, method_not_allowed, reply};
 use crate::config::ServerConfig;
 use crate::protocol::RpcError;
 

@@ -307,7 +307,7 @@ pub fn render(id: &Value, r: Reply) -> Response<Body> {
 fn final_of(c: &Inline, r: JoinedCall) -> Final {
     Final::of(
         &c.req.id,
-        answer_of(&c.req.method, c.upstream.name(), &c.server_info, r),
+        answer_of(c.req.method, c.upstream.name(), &c.server_info, r),
     )
 }
 
@@ -327,7 +327,7 @@ fn hold_call(c: &Inline, pending: Pending, batch: Vec<InputRequest>) -> Value {
         batch,
         &c.principal,
         c.upstream.name(),
-        &c.req.method,
+        c.req.method,
         &c.req.params,
         &c.server_info,
     )

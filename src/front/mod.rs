@@ -1,13 +1,19 @@
 //! The client-facing HTTP front (MCP 2026-07-28 Streamable HTTP; docs/design.md §12
 //! "HTTP front").
 //!
-//! Each request passes the tower stack composed in `stack.rs`, whose order is the
-//! order of checks of docs/design.md §12; the first failure answers.
+//! Each request passes the tower stack composed in `build` from the steps of
+//! `paths.rs`, `http_checks.rs`, `request_log.rs` and `dispatch.rs`, whose order is the
+//! order of checks of docs/design.md §12; the first failure answers. The files import
+//! one way (tests/layering.rs): this one composes and serves; the steps build on
+//! `stack.rs` (the step machinery), `gateway.rs` (the shared state) and `reply.rs`.
 
 pub mod conn;
 pub mod dispatch;
+mod gateway;
 pub mod http_checks;
 pub mod inline;
+mod paths;
+mod relay;
 pub mod relayed;
 pub mod reply;
 mod request_log;
@@ -15,168 +21,71 @@ mod stack;
 pub mod subscriptions;
 pub mod wire;
 
+pub use gateway::Gateway;
+pub use paths::REPLICA_HEADER;
+
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http::{Request, StatusCode};
 use hyper::body::Incoming;
 use serde_json::json;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tower::{Service, ServiceBuilder};
 
-use crate::auth::Authenticator;
-use crate::config::Config;
-use crate::protocol::RpcError;
-use crate::upstream::{TransportState, UpstreamSet};
-use reply::Body;
-use stack::{Req, Resp, Step, Target};
+use stack::{Async, Req, Resp, RespFuture, StepLayer};
 
-/// Everything a request handler needs, shared by all connections.
-pub struct Gateway {
-    pub cfg: Arc<Config>,
-    pub auth: Arc<Authenticator>,
-    pub upstreams: Arc<UpstreamSet>,
-    pub engine: Arc<crate::tasks::Engine>,
-    pub holds: Arc<crate::tasks::mrtr::Holds>,
-}
-
-const PRM_PATH: &str = "/.well-known/oauth-protected-resource";
-
-/// The response header naming the replica that answered.
-pub const REPLICA_HEADER: &str = "taskgate-replica";
-
-/// The outermost step: every reply names the replica that gave it
-/// (`Taskgate-Replica`, docs/design.md §19), whichever step answered.
-#[derive(Clone)]
-struct ReplicaHeader(Option<HeaderValue>);
-
-impl Step for ReplicaHeader {
-    type Kept = ();
-
-    fn before(&self, _req: &mut Req) -> Result<(), Resp> {
-        Ok(())
-    }
-
-    fn after(&self, _kept: (), resp: &mut Resp) {
-        if let Some(v) = &self.0 {
-            resp.headers_mut().insert(REPLICA_HEADER, v.clone());
-        }
-    }
-}
-
-impl ReplicaHeader {
-    fn of(gw: &Gateway) -> Self {
-        Self(HeaderValue::from_str(gw.engine.replica_id()).ok())
-    }
-}
-
-/// The path step, first of the stack: the operational and metadata endpoints are
-/// answered here and need no token (docs/design.md §12 "HTTP front"); an upstream's
-/// path goes on with its [`Target`]; any other path is 404.
-#[derive(Clone)]
-struct Route(Arc<Gateway>);
-
-impl Step for Route {
-    type Kept = ();
-
-    fn before(&self, req: &mut Req) -> Result<(), Resp> {
-        let gw = &self.0;
-        let path = req.uri().path();
-        // Every arm here is in `config::OPERATIONAL_PATHS`, which no upstream may use.
-        match path {
-            "/healthz" => return Err(reply::json(StatusCode::OK, &json!({"status": "ok"}))),
-            "/readyz" => return Err(gw.readyz()),
-            "/livez" => return Err(gw.livez()),
-            "/metrics" => return Err(metrics_reply()),
-            _ => {}
-        }
-        if let Some(rest) = path.strip_prefix(PRM_PATH) {
-            if req.method() != Method::GET {
-                return Err(method_not_allowed("GET"));
-            }
-            if rest.is_empty() || gw.upstreams.by_path(rest).is_some() {
-                return Err(reply::json(
-                    StatusCode::OK,
-                    &gw.auth.resource_metadata(rest),
-                ));
-            }
-            return Err(reply::empty(StatusCode::NOT_FOUND));
-        }
-        let Some(upstream) = gw.upstreams.by_path(path).cloned() else {
-            return Err(reply::json(
-                StatusCode::NOT_FOUND,
-                &json!({"error": "not found", "path": path}),
-            ));
-        };
-        req.extensions_mut().insert(Target(upstream));
-        Ok(())
-    }
-}
-
-impl Gateway {
-    fn readyz(&self) -> Response<Body> {
-        let mut all_ready = true;
-        let mut states = serde_json::Map::new();
-        for u in self.upstreams.iter() {
-            let s = match u.state() {
-                TransportState::Ready => json!({"state": "ready"}),
-                TransportState::Starting => {
-                    all_ready = false;
-                    json!({"state": "starting"})
-                }
-                TransportState::Down(reason) => {
-                    all_ready = false;
-                    json!({"state": "down", "reason": reason})
-                }
-            };
-            states.insert(u.name().to_string(), s);
-        }
-        // A store that failed a write or flush cannot hand out task ids (docs/design.md
-        // §16 "Durability, store failures and upgrades").
-        let store_ok = self.engine.store.healthy();
-        let lease = self.engine.lease_held();
-        let ready = all_ready && store_ok && lease;
-        reply::json(
-            ok_or_unavailable(ready),
-            &json!({
-                "ready": ready,
-                "store": if store_ok { "open" } else { "failed" },
-                "lease": if lease { "held" } else { "lost" },
-                "upstreams": states
-            }),
-        )
-    }
-
-    /// `/livez`: whether this replica itself can serve (store reachable, lease held,
-    /// not draining), whatever its upstreams do: what a load balancer in front of
-    /// several replicas asks (docs/design.md §21). `/readyz` also reports the
-    /// upstreams, which every replica shares.
-    fn livez(&self) -> Response<Body> {
-        let store_ok = self.engine.store.healthy();
-        let lease = self.engine.lease_held();
-        let draining = self.engine.shutting_down();
-        let live = store_ok && lease && !draining;
-        reply::json(
-            ok_or_unavailable(live),
-            &json!({
-                "live": live,
-                "replica": self.engine.replica_id(),
-                "store": if store_ok { "open" } else { "failed" },
-                "lease": if lease { "held" } else { "lost" },
-                "draining": draining,
-            }),
-        )
-    }
-}
-
-/// `GET /metrics`: Prometheus text format, no token (docs/design.md §12 "HTTP front").
-fn metrics_reply() -> Response<Body> {
-    let mut r = Response::new(reply::full(crate::metrics::render()));
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-    );
-    r
+/// The client-facing request path, built once per listener and cloned per connection.
+///
+/// The order is the order of checks in docs/design.md §12 (the first failure answers).
+/// Outermost, before them, every answer gets the `Taskgate-Replica` header
+/// ([`paths::ReplicaHeader`]).
+///
+/// 1. path: operational endpoints and the protected-resource metadata are answered
+///    here; anything but an upstream's path is 404 ([`paths::Route`]);
+/// 2. Origin/Host against DNS rebinding, 403/400 ([`http_checks::OriginHost`]);
+/// 3. CORS: preflight answered, admitted origins may read the answer
+///    ([`http_checks::Cors`]);
+///    — from here on each request gets one log line and one metrics sample
+///    ([`request_log::RequestLog`]) —
+/// 4. HTTP method: POST only, 405 ([`http_checks::PostOnly`]);
+/// 5. auth: bearer token, 401/403 ([`http_checks::Authenticate`]);
+/// 6. content negotiation: `Content-Type` 415, `Accept` 406
+///    ([`http_checks::Negotiate`]);
+/// 7. size: `max_body_bytes` 413, body read timeout 408
+///    ([`http_checks::ReadBody`]);
+/// 8. the JSON-RPC steps over the body, one service ([`dispatch::Rpc`]): parse
+///    → envelope → headers vs body → `_meta` → version → method (`wire.rs`) →
+///    capability → rate limits → params and ownership (`dispatch.rs`). Each needs what
+///    the one before parsed, so splitting them into layers would only pass the parsed
+///    message along.
+///
+/// tower-http is not used: its CORS layer answers every `OPTIONS` as a preflight with
+/// 200 and its own `Vary` list (the gateway answers 204 for admitted origins only, and
+/// 405 without an `Origin`); its body-limit and timeout layers answer 413/408 with
+/// their own plain bodies, where the protocol requires a JSON-RPC error; its trace
+/// layer opens a span around every event of the request, where the gateway writes one
+/// line whose fields (tenant, method, task) are learned inside the stack; and the
+/// gateway mints no request ids (a header it would add to every answer).
+fn build(
+    gw: Arc<Gateway>,
+) -> impl Service<Req, Response = Resp, Error = Infallible, Future = RespFuture>
++ Clone
++ Send
++ Sync
++ 'static {
+    ServiceBuilder::new()
+        .layer(StepLayer(paths::ReplicaHeader::of(&gw)))
+        .layer(StepLayer(paths::Route(gw.clone())))
+        .layer(StepLayer(http_checks::OriginHost(gw.clone())))
+        .layer(StepLayer(http_checks::Cors))
+        .layer(StepLayer(request_log::RequestLog))
+        .layer(StepLayer(http_checks::PostOnly))
+        .layer(StepLayer(Async(http_checks::Authenticate(gw.clone()))))
+        .layer(StepLayer(http_checks::Negotiate))
+        .layer(StepLayer(Async(http_checks::ReadBody(gw.clone()))))
+        .service(dispatch::Rpc(gw))
 }
 
 /// The optional `server.metrics_listen` listener: `/metrics`, `/healthz` and
@@ -192,7 +101,7 @@ pub async fn serve_ops(
         let gw = gw.clone();
         async move {
             Ok::<_, Infallible>(match req.uri().path() {
-                "/metrics" => metrics_reply(),
+                "/metrics" => reply::metrics(),
                 "/healthz" => reply::json(StatusCode::OK, &json!({"status": "ok"})),
                 "/livez" => gw.livez(),
                 "/readyz" => gw.readyz(),
@@ -203,17 +112,6 @@ pub async fn serve_ops(
     conn::serve(listener, tls, policy, shutdown, ops).await;
 }
 
-fn method_not_allowed(allow: &'static str) -> Response<Body> {
-    let mut r = reply::rpc_error(
-        StatusCode::METHOD_NOT_ALLOWED,
-        None,
-        &RpcError::invalid_request(format!("only {allow} is allowed")),
-    );
-    r.headers_mut()
-        .insert(header::ALLOW, HeaderValue::from_static(allow));
-    r
-}
-
 /// Accept connections until `shutdown` fires, then drain for `drain_grace_ms`.
 pub async fn serve(
     gw: Arc<Gateway>,
@@ -222,14 +120,5 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) {
     let policy = conn::ConnPolicy::from_config(&gw.cfg.server);
-    conn::serve(listener, tls, policy, shutdown, stack::build(gw)).await;
-}
-
-/// 200 for a probe that passes, 503 for one that does not (`/readyz`, `/livez`).
-fn ok_or_unavailable(pass: bool) -> StatusCode {
-    if pass {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    }
+    conn::serve(listener, tls, policy, shutdown, build(gw)).await;
 }

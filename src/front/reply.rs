@@ -82,3 +82,25 @@ pub fn sse<G: Send + Sync + 'static>(rx: mpsc::Receiver<Bytes>, guard: G) -> Res
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
     r
 }
+
+/// `GET /metrics`: Prometheus text format, no token (docs/design.md §12 "HTTP front").
+pub fn metrics() -> Response<Body> {
+    let mut r = Response::new(full(crate::metrics::render()));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    r
+}
+
+/// 405 with the `Allow` header naming the one method the path serves.
+pub fn method_not_allowed(allow: &'static str) -> Response<Body> {
+    let mut r = rpc_error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        None,
+        &RpcError::invalid_request(format!("only {allow} is allowed")),
+    );
+    r.headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static(allow));
+    r
+}

@@ -41,7 +41,7 @@ impl Step for RequestLog {
         let status = resp.status().as_u16();
         let elapsed = started.at.elapsed();
         let log = started.fields.snapshot();
-        let method = log.method.as_deref().unwrap_or("-");
+        let method = log.method.map_or("-", crate::protocol::Method::as_str);
         crate::metrics::request(method, status, elapsed);
         tracing::info!(
             target: "taskgate::request",

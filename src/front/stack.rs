@@ -1,6 +1,7 @@
 //! The request path as one tower stack: every step of the order of checks
 //! (docs/design.md §12 "HTTP front", "Order of checks") is a layer, composed once in
-//! [`build`], and the first step that answers ends the request.
+//! `front::build` (src/front/mod.rs), and the first step that answers ends the request.
+//! This file holds the machinery the steps share and names none of them.
 //!
 //! A step is a [`Step`] (it decides without waiting, and may touch the response on the
 //! way out) or an [`AsyncStep`] (it waits before it decides): it passes the request
@@ -19,9 +20,8 @@ use bytes::Bytes;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use parking_lot::Mutex;
-use tower::{Layer, Service, ServiceBuilder};
+use tower::{Layer, Service};
 
-use super::Gateway;
 use super::reply::Body;
 use crate::upstream::Upstream;
 
@@ -31,60 +31,6 @@ pub(super) type Req = Request<Incoming>;
 pub(super) type Resp = Response<Body>;
 /// The future of each layer's service: boxed, so the composed type stays nameable.
 pub(super) type RespFuture = Pin<Box<dyn Future<Output = Result<Resp, Infallible>> + Send>>;
-
-/// The client-facing request path, built once per listener and cloned per connection.
-///
-/// The order is the order of checks in docs/design.md §12 (the first failure answers).
-/// Outermost, before them, every answer gets the `Taskgate-Replica` header
-/// ([`super::ReplicaHeader`]).
-///
-/// 1. path: operational endpoints and the protected-resource metadata are answered
-///    here; anything but an upstream's path is 404 ([`super::Route`]);
-/// 2. Origin/Host against DNS rebinding, 403/400 ([`super::http_checks::OriginHost`]);
-/// 3. CORS: preflight answered, admitted origins may read the answer
-///    ([`super::http_checks::Cors`]);
-///    — from here on each request gets one log line and one metrics sample
-///    ([`super::request_log::RequestLog`]) —
-/// 4. HTTP method: POST only, 405 ([`super::http_checks::PostOnly`]);
-/// 5. auth: bearer token, 401/403 ([`super::http_checks::Authenticate`]);
-/// 6. content negotiation: `Content-Type` 415, `Accept` 406
-///    ([`super::http_checks::Negotiate`]);
-/// 7. size: `max_body_bytes` 413, body read timeout 408
-///    ([`super::http_checks::ReadBody`]);
-/// 8. the JSON-RPC steps over the body, one service ([`super::dispatch::Rpc`]): parse
-///    → envelope → headers vs body → `_meta` → version → method (`wire.rs`) →
-///    capability → rate limits → params and ownership (`dispatch.rs`). Each needs what
-///    the one before parsed, so splitting them into layers would only pass the parsed
-///    message along.
-///
-/// tower-http is not used: its CORS layer answers every `OPTIONS` as a preflight with
-/// 200 and its own `Vary` list (the gateway answers 204 for admitted origins only, and
-/// 405 without an `Origin`); its body-limit and timeout layers answer 413/408 with
-/// their own plain bodies, where the protocol requires a JSON-RPC error; its trace
-/// layer opens a span around every event of the request, where the gateway writes one
-/// line whose fields (tenant, method, task) are learned inside the stack; and the
-/// gateway mints no request ids (a header it would add to every answer).
-pub(super) fn build(
-    gw: Arc<Gateway>,
-) -> impl Service<Req, Response = Resp, Error = Infallible, Future = RespFuture>
-+ Clone
-+ Send
-+ Sync
-+ 'static {
-    ServiceBuilder::new()
-        .layer(StepLayer(super::ReplicaHeader::of(&gw)))
-        .layer(StepLayer(super::Route(gw.clone())))
-        .layer(StepLayer(super::http_checks::OriginHost(gw.clone())))
-        .layer(StepLayer(super::http_checks::Cors))
-        .layer(StepLayer(super::request_log::RequestLog))
-        .layer(StepLayer(super::http_checks::PostOnly))
-        .layer(StepLayer(Async(super::http_checks::Authenticate(
-            gw.clone(),
-        ))))
-        .layer(StepLayer(super::http_checks::Negotiate))
-        .layer(StepLayer(Async(super::http_checks::ReadBody(gw.clone()))))
-        .service(super::dispatch::Rpc(gw))
-}
 
 /// A step that decides before the rest of the stack runs, without waiting: it passes
 /// the request on (keeping what it needs for the response) or answers it, and it may
@@ -221,7 +167,7 @@ pub(super) struct LogFields(Arc<Mutex<ReqLog>>);
 
 #[derive(Default, Clone)]
 pub(super) struct ReqLog {
-    pub(super) method: Option<String>,
+    pub(super) method: Option<crate::protocol::Method>,
     pub(super) tenant: Option<String>,
     pub(super) subject: Option<String>,
     pub(super) task_id: Option<String>,

@@ -10,12 +10,13 @@ use http::Response;
 use serde_json::{Map, Value, json};
 use tokio::sync::{broadcast, mpsc};
 
-use super::Gateway;
+use super::gateway::Gateway;
 use super::reply::{self, Body};
-use super::wire::ValidRequest;
 use crate::auth::Principal;
+use crate::protocol::ValidRequest;
+use crate::protocol::params::TaskRef;
 use crate::protocol::{self, META_SUBSCRIPTION_ID};
-use crate::tasks::replica::RESYNC;
+use crate::tasks::Change;
 use crate::tasks::snapshot;
 use crate::upstream::{TransportState, Upstream, UpstreamInfo};
 
@@ -107,9 +108,10 @@ pub fn open(
         let mut task_ids: Vec<String> = Vec::new();
         if let Some(ids) = filter.get("taskIds").and_then(Value::as_array) {
             for id in ids.iter().filter_map(Value::as_str) {
-                let mut p = Map::new();
-                p.insert("taskId".into(), Value::from(id));
-                if engine.resolve(&who, up.name(), &p).await.is_ok()
+                if engine
+                    .resolve(&who, up.name(), &TaskRef::to(id))
+                    .await
+                    .is_ok()
                     && !task_ids.iter().any(|t| t == id)
                 {
                     task_ids.push(id.to_string());
@@ -143,6 +145,7 @@ pub fn open(
                 &mut task_rx,
                 &engine,
                 &up,
+                &who,
                 &honoured,
                 &uris,
                 &task_ids,
@@ -182,23 +185,23 @@ async fn subscribe(
 }
 
 /// Send the current snapshot of `id`, equal to what tasks/get returns now (MCP Tasks
-/// extension, "Task Status Notifications"), so a completed result carries the
-/// upstream's current identity. `false` once the client is gone.
+/// extension, "Task Status Notifications"): the same read path (owned, unexpired,
+/// durable, poll interval adapted), so a completed result carries the upstream's
+/// current identity. `false` once the client is gone.
 async fn send_snapshot(
     tx: &mpsc::Sender<Bytes>,
     engine: &Arc<crate::tasks::Engine>,
     up: &Arc<Upstream>,
+    who: &Principal,
     id: &str,
     sub_id: &Value,
 ) -> bool {
-    let Ok(Some(mut rec)) = engine.store.get(id).await else {
+    let Ok(rec) = engine
+        .owner_snapshot(who, up.name(), &TaskRef::to(id))
+        .await
+    else {
         return true;
     };
-    // A terminal state goes out only once it is durable.
-    if engine.durable(&rec).await.is_err() {
-        return true;
-    }
-    engine.limits.adapt_for_owner(&mut rec);
     let si = up.identity().server_info;
     let detailed = snapshot::detailed(&rec, &si);
     let n = tagged("notifications/tasks", Some(Value::Object(detailed)), sub_id);
@@ -215,9 +218,10 @@ async fn send_snapshot(
 async fn relay(
     tx: &mpsc::Sender<Bytes>,
     rx: &mut broadcast::Receiver<crate::upstream::SessionNotification>,
-    task_rx: &mut broadcast::Receiver<String>,
+    task_rx: &mut broadcast::Receiver<Change>,
     engine: &Arc<crate::tasks::Engine>,
     up: &Arc<Upstream>,
+    who: &Principal,
     honoured: &Map<String, Value>,
     uris: &[String],
     task_ids: &[String],
@@ -243,31 +247,22 @@ async fn relay(
                     Err(broadcast::error::RecvError::Lagged(_)) => {}
                     Err(broadcast::error::RecvError::Closed) => break,
                 },
-                t = task_rx.recv(), if !task_ids.is_empty() => match t {
-                    Ok(id) => {
-                        // After a missed stretch of changes (`RESYNC`), every task is
-                        // read again.
-                        let wanted: Vec<&String> = if id == RESYNC {
+                t = task_rx.recv(), if !task_ids.is_empty() => {
+                    let wanted: Vec<&String> = match t {
+                        Ok(Change::Task(id)) => task_ids.iter().filter(|t| **t == id).collect(),
+                        // Changes were missed (the store's listener reconnected, or this
+                        // receiver fell behind): read every task again.
+                        Ok(Change::Resync) | Err(broadcast::error::RecvError::Lagged(_)) => {
                             task_ids.iter().collect()
-                        } else {
-                            task_ids.iter().filter(|t| **t == id).collect()
-                        };
-                        for id in wanted {
-                            if !send_snapshot(tx, engine, up, id, sub_id).await {
-                                return;
-                            }
+                        }
+                        Err(broadcast::error::RecvError::Closed) => break,
+                    };
+                    for id in wanted {
+                        if !send_snapshot(tx, engine, up, who, id, sub_id).await {
+                            return;
                         }
                     }
-                    // Changes were missed: read everything again.
-                    Err(broadcast::error::RecvError::Lagged(_)) => {
-                        for id in task_ids {
-                            if !send_snapshot(tx, engine, up, id, sub_id).await {
-                                return;
-                            }
-                        }
-                    }
-                    Err(broadcast::error::RecvError::Closed) => break,
-                },
+                }
                 _ = ticker.tick() => {
                     if tx.send(reply::sse_keepalive()).await.is_err() {
                         break;

@@ -7,25 +7,7 @@ use base64::Engine;
 use http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
 
-use crate::protocol::{self, PROTOCOL_VERSION, RequestId, RequestMeta, RpcError, error};
-
-/// Methods a 2026-07-28 client may call on the gateway (the MCP 2026-07-28 schema's
-/// client requests, plus the MCP Tasks extension's `tasks/*`).
-pub const SERVED_METHODS: [&str; 13] = [
-    "server/discover",
-    "tools/list",
-    "tools/call",
-    "prompts/list",
-    "prompts/get",
-    "resources/list",
-    "resources/templates/list",
-    "resources/read",
-    "completion/complete",
-    "subscriptions/listen",
-    "tasks/get",
-    "tasks/update",
-    "tasks/cancel",
-];
+use crate::protocol::{self, Method, PROTOCOL_VERSION, RequestId, RequestMeta, RpcError, error};
 
 pub use crate::protocol::ValidRequest;
 
@@ -71,24 +53,6 @@ pub fn decode_header_value(raw: &[u8]) -> Option<String> {
     } else {
         None
     }
-}
-
-/// Which body field `Mcp-Name` must equal for a method (MCP 2026-07-28 Streamable HTTP,
-/// "Standard Request Headers"; MCP Tasks extension, "Streamable HTTP: Routing
-/// Headers").
-pub fn name_field(method: &str) -> Option<&'static str> {
-    match method {
-        "tools/call" | "prompts/get" => Some("name"),
-        "resources/read" => Some("uri"),
-        "tasks/get" | "tasks/update" | "tasks/cancel" => Some("taskId"),
-        _ => None,
-    }
-}
-
-/// Methods removed in 2026-07-28 (its "Changelog"; the MCP Tasks extension has no
-/// `tasks/result` or `tasks/list`) or never served: 404 `-32601`.
-fn is_known_method(method: &str) -> bool {
-    SERVED_METHODS.contains(&method)
 }
 
 /// Why an MCP header could not be read.
@@ -272,7 +236,10 @@ fn validate_inner(body: &[u8], headers: &HeaderMap) -> Result<Incoming, Reject> 
         }
         Ok(Some(_)) => {}
     }
-    if let Some(field) = name_field(&method) {
+    // Unknown methods are refused at step 6; until then they have no name field.
+    let served = Method::from_wire(&method);
+    let name_field = served.and_then(Method::name_field);
+    if let Some(field) = name_field {
         let body_name = params.as_ref().and_then(|p| p.get(field));
         let header =
             header_str(headers, "mcp-name").map_err(|f| mismatch(fault_message(f, "Mcp-Name")))?;
@@ -290,8 +257,7 @@ fn validate_inner(body: &[u8], headers: &HeaderMap) -> Result<Incoming, Reject> 
         }
     }
 
-    if name_field(&method).is_none()
-        && matches!(header_str(headers, "mcp-name"), Err(HeaderFault::Repeated))
+    if name_field.is_none() && matches!(header_str(headers, "mcp-name"), Err(HeaderFault::Repeated))
     {
         return Err(mismatch(fault_message(HeaderFault::Repeated, "Mcp-Name")));
     }
@@ -319,14 +285,15 @@ fn validate_inner(body: &[u8], headers: &HeaderMap) -> Result<Incoming, Reject> 
         ));
     }
 
-    // 6. Method.
-    if !is_known_method(&method) {
+    // 6. Method. Removed in 2026-07-28 (its "Changelog"; the MCP Tasks extension has
+    // no `tasks/result` or `tasks/list`) or never served: 404 `-32601`.
+    let Some(method) = served else {
         return Err(Reject::new(
             StatusCode::NOT_FOUND,
             Some(id),
             RpcError::method_not_found(&method),
         ));
-    }
+    };
 
     let Ok(idempotency_key) = idempotency_key else {
         return Err(bad(
@@ -400,7 +367,7 @@ mod tests {
         else {
             panic!("not a request")
         };
-        assert_eq!(r.method, "tools/list");
+        assert_eq!(r.method, Method::ToolsList);
         assert!(!r.params.contains_key("_meta"));
     }
 

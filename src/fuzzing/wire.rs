@@ -29,7 +29,8 @@ use serde_json::{Map, Value, json};
 use super::Bytes;
 use crate::config::ServerConfig;
 use crate::front::http_checks;
-use crate::front::wire::{self, Incoming, SERVED_METHODS};
+use crate::front::wire::{self, Incoming};
+use crate::protocol::Method;
 use crate::protocol::{self, PROTOCOL_VERSION, error};
 
 /// Header names the fuzzer picks from (by index).
@@ -62,7 +63,7 @@ pub enum Case {
 #[derive(Debug, Clone)]
 pub struct Request {
     pub id: Id,
-    /// An index into [`SERVED_METHODS`].
+    /// An index into [`Method::ALL`].
     pub method: usize,
     /// `name` / `uri` / `taskId` for the methods that need one (any text).
     pub name: String,
@@ -145,7 +146,7 @@ pub fn fuzz(data: &[u8]) {
         } else {
             Id::Int(i64::from_le_bytes(std::array::from_fn(|_| b.u8())))
         };
-        let method = b.choose(SERVED_METHODS.len());
+        let method = b.choose(Method::ALL.len());
         let fault = Fault::from_index(b.u8().into(), b.u16().into());
         let tasks = b.bool();
         let log_level = b.bool().then(|| b.choose(protocol::meta::LOG_LEVELS.len()));
@@ -314,8 +315,7 @@ pub fn check_any(body: &[u8], headers: &HeaderMap) {
     // An accepted request agrees with its body and headers.
     assert_eq!(v.id, id);
     assert_eq!(msg.get("jsonrpc"), Some(&json!("2.0")));
-    assert_eq!(msg.get("method"), Some(&json!(v.method)));
-    assert!(SERVED_METHODS.contains(&v.method.as_str()), "{}", v.method);
+    assert_eq!(msg.get("method"), Some(&json!(v.method.as_str())));
     let mut params = match msg.get("params") {
         Some(Value::Object(p)) => p.clone(),
         other => panic!("accepted params {other:?}"),
@@ -335,7 +335,7 @@ pub fn check_any(body: &[u8], headers: &HeaderMap) {
         decoded(headers, "mcp-protocol-version").as_deref(),
         Some(PROTOCOL_VERSION)
     );
-    if let Some(field) = wire::name_field(&v.method)
+    if let Some(field) = v.method.name_field()
         && let Some(body_name) = v.params.get(field)
     {
         assert_eq!(
@@ -409,8 +409,8 @@ pub fn check_http(headers: &HeaderMap) {
 }
 
 impl Request {
-    fn method(&self) -> &'static str {
-        SERVED_METHODS[self.method % SERVED_METHODS.len()]
+    fn method(&self) -> Method {
+        Method::ALL[self.method % Method::ALL.len()]
     }
 
     fn id_value(&self) -> Value {
@@ -444,7 +444,7 @@ impl Request {
             .filter(|(k, _)| !k.starts_with('_'))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        if let Some(field) = wire::name_field(self.method()) {
+        if let Some(field) = self.method().name_field() {
             p.insert(field.into(), json!(self.name));
         }
         p
@@ -457,7 +457,8 @@ fn header(v: &str) -> HeaderValue {
 
 fn check_built(req: &Request, fault: Fault) {
     let method = req.method();
-    let name_field = wire::name_field(method);
+    let name_field = method.name_field();
+    let method = method.as_str();
     // Every header value round-trips through the client's encoding.
     for (i, s) in [req.name.as_str(), method, PROTOCOL_VERSION]
         .iter()
@@ -586,7 +587,7 @@ fn check_built(req: &Request, fault: Fault) {
         (Ok(()), Ok(Incoming::Request(v))) => {
             assert_ne!(fault, Fault::NoId);
             assert_eq!(Some(&v.id), id.as_ref());
-            assert_eq!(v.method, method);
+            assert_eq!(v.method.as_str(), method);
             assert_eq!(v.params, req.params());
             assert_eq!(v.meta.caps.declares_tasks(), req.tasks);
             let key = req.idempotency_key.clone().filter(|k| !k.is_empty());
@@ -606,5 +607,5 @@ fn check_built(req: &Request, fault: Fault) {
     }
 }
 
-/// How many methods [`SERVED_METHODS`] has (for strategies indexing it).
-pub const SERVED_METHODS_COUNT: usize = SERVED_METHODS.len();
+/// How many methods [`Method::ALL`] has (for strategies indexing it).
+pub const SERVED_METHODS_COUNT: usize = Method::ALL.len();

@@ -367,16 +367,6 @@ impl Limits {
         rec.poll_interval_ms = self.interval_for(rec);
         self.advertise(p, &rec.task_id, rec.poll_interval_ms);
     }
-
-    /// [`adapt`](Self::adapt) for the record's owner (notifications reach only the
-    /// owner's listen streams).
-    pub fn adapt_for_owner(&self, rec: &mut TaskRecord) {
-        let owner = Principal {
-            tenant: rec.tenant.clone(),
-            subject: rec.subject.clone(),
-        };
-        self.adapt(&owner, rec);
-    }
 }
 
 #[cfg(test)]

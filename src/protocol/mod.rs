@@ -6,10 +6,13 @@
 
 pub mod error;
 pub mod meta;
+pub mod method;
+pub mod params;
 pub mod results;
 
 pub use error::RpcError;
 pub use meta::{ClientCaps, RequestMeta};
+pub use method::Method;
 
 use serde_json::{Map, Value};
 
@@ -37,7 +40,7 @@ pub type RequestId = Value;
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct ValidRequest {
     pub id: RequestId,
-    pub method: String,
+    pub method: Method,
     /// `params` without `_meta`.
     pub params: Map<String, Value>,
     pub meta: RequestMeta,

@@ -5,30 +5,7 @@
 
 use serde_json::{Map, Value};
 
-use super::{META_RELATED_TASK, META_SERVER_INFO, RpcError, error};
-
-/// Results that must carry `ttlMs` + `cacheScope` (MCP 2026-07-28 "Caching").
-pub fn is_cacheable(method: &str) -> bool {
-    matches!(
-        method,
-        "server/discover"
-            | "tools/list"
-            | "prompts/list"
-            | "resources/list"
-            | "resources/templates/list"
-            | "resources/read"
-    )
-}
-
-/// Freshness hint for a cacheable method. Lists change only with a list-changed
-/// notification, which the gateway relays, so a short hint is safe; resource
-/// contents can change at any time, so they are immediately stale.
-fn cache_ttl_ms(method: &str) -> u64 {
-    match method {
-        "resources/read" => 0,
-        _ => 60_000,
-    }
-}
+use super::{META_RELATED_TASK, META_SERVER_INFO, Method, RpcError, error};
 
 /// Add `_meta["io.modelcontextprotocol/serverInfo"]`, keeping any other `_meta` keys.
 pub fn add_server_info(result: &mut Map<String, Value>, server_info: &Value) {
@@ -46,7 +23,7 @@ pub fn add_server_info(result: &mut Map<String, Value>, server_info: &Value) {
 }
 
 /// Turn a legacy `result` into a 2026 `complete` result for `method`.
-pub fn complete(method: &str, result: Value, server_info: &Value) -> Value {
+pub fn complete(method: Method, result: Value, server_info: &Value) -> Value {
     let mut obj = match result {
         Value::Object(o) => o,
         // A legacy server answering with a non-object result is broken; wrap it so
@@ -58,9 +35,8 @@ pub fn complete(method: &str, result: Value, server_info: &Value) -> Value {
         }
     };
     obj.insert("resultType".into(), Value::from("complete"));
-    if is_cacheable(method) {
-        obj.entry("ttlMs")
-            .or_insert_with(|| Value::from(cache_ttl_ms(method)));
+    if let Some(ttl_ms) = method.cache_ttl_ms() {
+        obj.entry("ttlMs").or_insert_with(|| Value::from(ttl_ms));
         // Conservative: a cached copy may be reused only within the same
         // authorization context (MCP 2026-07-28 "Caching": `cacheScope`); a legacy
         // upstream gives no hint, so `private` is the safe default.
@@ -94,12 +70,16 @@ mod tests {
     #[test]
     fn complete_adds_fields() {
         let si = json!({"name":"up","version":"1"});
-        let r = complete("tools/list", json!({"tools":[]}), &si);
+        let r = complete(Method::ToolsList, json!({"tools":[]}), &si);
         assert_eq!(r["resultType"], "complete");
         assert_eq!(r["cacheScope"], "private");
         assert!(r["ttlMs"].is_u64());
         assert_eq!(r["_meta"]["io.modelcontextprotocol/serverInfo"], si);
-        let r = complete("tools/call", json!({"content":[],"_meta":{"x":1}}), &si);
+        let r = complete(
+            Method::ToolsCall,
+            json!({"content":[],"_meta":{"x":1}}),
+            &si,
+        );
         assert!(r.get("ttlMs").is_none());
         assert_eq!(r["_meta"]["x"], 1);
     }

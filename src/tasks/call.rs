@@ -10,13 +10,15 @@ use tokio::sync::mpsc;
 
 use super::driver::{CallTask, Driven, key_inputs, split_inputs};
 use super::failure::Failure;
+use super::fingerprint::fingerprint;
 use super::inputs::{self, InlineTiming, InputVerdict, screen_inputs};
 use super::mrtr::{Holds, Pending};
 use super::outcome::{Reply, answer_of};
 use super::promote::Promotion;
-use super::{Engine, fingerprint, ids, snapshot};
+use super::{Engine, ids, snapshot};
 use crate::auth::Principal;
 use crate::config::OnInput;
+use crate::protocol::params::TaskRef;
 use crate::protocol::{RpcError, ValidRequest};
 use crate::store::{Created, RequestRoute, SCHEMA_VERSION, TaskRecord, TaskStatus, now_ms};
 use crate::upstream::{CallEvent, InputRequest, Upstream, UpstreamError};
@@ -179,7 +181,7 @@ impl Engine {
             upstream: c.upstream.name().to_string(),
             tenant: c.principal.tenant.clone(),
             subject: c.principal.subject.clone(),
-            method: c.req.method.clone(),
+            method: c.req.method.as_str().to_string(),
             started_at_ms: now,
             deadline_ms: now + self.cfg.tasks.ttl_ms,
             task_id: Some(task_id.to_string()),
@@ -204,9 +206,8 @@ impl Engine {
         if let Err(e) = self.flush().await {
             return store_failure(e);
         }
-        let mut params = serde_json::Map::new();
-        params.insert("taskId".into(), Value::from(entry.task_id));
-        match self.resolve(&c.principal, c.upstream.name(), &params).await {
+        let task = TaskRef::to(&entry.task_id);
+        match self.resolve(&c.principal, c.upstream.name(), &task).await {
             Ok(rec) => {
                 // It may have finished meanwhile: its status shows once durable.
                 match self.durable(&rec).await {
@@ -372,7 +373,7 @@ impl Engine {
                 r = &mut call => {
                     armed.disarm();
                     crate::metrics::inline_completion(c.upstream.name());
-                    return answer_of(&c.req.method, c.upstream.name(), &c.server_info, r);
+                    return answer_of(c.req.method, c.upstream.name(), &c.server_info, r);
                 }
                 ev = events.recv(), if events_open => match ev {
                     None => events_open = false,
@@ -389,7 +390,7 @@ impl Engine {
                                     batch,
                                     &c.principal,
                                     c.upstream.name(),
-                                    &c.req.method,
+                                    c.req.method,
                                     &c.req.params,
                                     &c.server_info,
                                 );

@@ -17,6 +17,7 @@ use super::promote::Promotion;
 use crate::auth::Principal;
 use crate::config::{Config, OnInput, TaskMode};
 use crate::limits::Limits;
+use crate::protocol::params::{Field, TaskRef, TaskUpdate};
 use crate::protocol::{ClientCaps, RequestMeta, ValidRequest};
 use crate::store::faulty::FaultyStore;
 use crate::store::memory::MemoryStore;
@@ -179,7 +180,7 @@ fn request(args: Value, key: Option<&str>) -> ValidRequest {
     let caps = json!({"elicitation": {}, "extensions": {"io.modelcontextprotocol/tasks": {}}});
     ValidRequest {
         id: json!(1),
-        method: "tools/call".into(),
+        method: crate::protocol::Method::ToolsCall,
         params,
         meta: RequestMeta {
             protocol_version: "2026-07-28".into(),
@@ -243,29 +244,34 @@ impl Rig {
     }
 
     async fn get(&self, task_id: &str) -> Result<Value, crate::protocol::RpcError> {
-        let mut p = Map::new();
-        p.insert("taskId".into(), Value::from(task_id));
         self.engine
-            .get(&alice(), "demo", &p, &json!({"name": "scripted"}))
+            .get(
+                &alice(),
+                "demo",
+                &TaskRef::to(task_id),
+                &json!({"name": "scripted"}),
+            )
             .await
             .map_err(|f| f.error)
     }
 
     async fn update(&self, task_id: &str, responses: Value) {
-        let mut p = Map::new();
-        p.insert("taskId".into(), Value::from(task_id));
-        p.insert("inputResponses".into(), responses);
+        let update = TaskUpdate {
+            task: TaskRef::to(task_id),
+            input_responses: match responses {
+                Value::Object(r) => Field::Valid(r),
+                _ => Field::Invalid,
+            },
+        };
         self.engine
-            .update(&alice(), "demo", &p, &json!({}))
+            .update(&alice(), "demo", update, &json!({}))
             .await
             .expect("update");
     }
 
     async fn cancel(&self, task_id: &str) {
-        let mut p = Map::new();
-        p.insert("taskId".into(), Value::from(task_id));
         self.engine
-            .cancel(&alice(), "demo", &p, &json!({}))
+            .cancel(&alice(), "demo", &TaskRef::to(task_id), &json!({}))
             .await
             .expect("cancel");
     }
@@ -499,8 +505,7 @@ async fn expiry_leaves_a_tombstone_and_stops_a_running_call() {
     );
     let err = r.get(&id).await.unwrap_err();
     assert_eq!(err.message, "task expired");
-    let mut p = Map::new();
-    p.insert("taskId".into(), Value::from(id.as_str()));
+    let p = TaskRef::to(&id);
     let bob = Principal {
         tenant: "acme".into(),
         subject: "bob".into(),
@@ -695,8 +700,7 @@ async fn a_foreign_id_costs_the_store_calls_of_one_never_issued() {
     let mut seen = Vec::new();
     for probe in [id.as_str(), "tsk_AAAAAAAAAAAAAAAAAAAAAA"] {
         let before = r.faulty.calls();
-        let mut p = Map::new();
-        p.insert("taskId".into(), Value::from(probe));
+        let p = TaskRef::to(probe);
         let err = r
             .engine
             .get(&bob, "demo", &p, &json!({}))
@@ -767,8 +771,7 @@ async fn task_methods_answer_retry_later_while_the_store_is_down() {
     let r = rig(sleep_then(60_000, "late"));
     let id = task_id(&r.tools_call(json!({}), 0).await);
     r.faulty.fail("lookup_owned", io_error());
-    let mut p = Map::new();
-    p.insert("taskId".into(), Value::from(id.as_str()));
+    let p = TaskRef::to(&id);
     // Used to be the request's outcome (200 + -32603): a poll is always retry-safe.
     let get = r.engine.get(&alice(), "demo", &p, &json!({})).await;
     let cancel = r.engine.cancel(&alice(), "demo", &p, &json!({})).await;
@@ -780,7 +783,7 @@ async fn task_methods_answer_retry_later_while_the_store_is_down() {
     }
     r.faulty.heal("lookup_owned");
     // A refusal of the request as sent stays 200.
-    p.insert("taskId".into(), Value::from("not-a-task-id"));
+    let p = TaskRef::to("not-a-task-id");
     let f = r
         .engine
         .get(&alice(), "demo", &p, &json!({}))

@@ -50,12 +50,6 @@ pub fn missing_capability(
     None
 }
 
-/// Methods whose result may be `input_required` (MCP 2026-07-28 "Multi Round-Trip
-/// Requests").
-pub fn mrtr_eligible(method: &str) -> bool {
-    matches!(method, "tools/call" | "prompts/get" | "resources/read")
-}
-
 /// What to do with the upstream's input requests.
 pub enum InputVerdict {
     /// The client did not declare a kind: cancel and answer `-32021`.
@@ -92,7 +86,7 @@ pub async fn screen_inputs(
         }
         return InputVerdict::Missing(err);
     }
-    if !mrtr_eligible(&req.method) {
+    if !req.method.is_mrtr_eligible() {
         tracing::warn!(upstream, method = %req.method, "upstream input request during a method that cannot return input_required");
         for ir in batch {
             let _ = ir.respond.send(InputAnswer::Error(RpcError::internal(
@@ -111,7 +105,7 @@ pub fn upstream_spec(req: &ValidRequest, want_progress: bool) -> CallSpec {
     params.remove("inputResponses");
     params.remove("requestState");
     CallSpec {
-        method: req.method.clone(),
+        method: req.method.as_str().to_string(),
         params,
         want_progress,
         tenant: None,

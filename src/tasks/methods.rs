@@ -10,6 +10,7 @@ use super::failure::Failure;
 use super::{Engine, ids, snapshot};
 use crate::auth::Principal;
 use crate::protocol::RpcError;
+use crate::protocol::params::{Field, TaskRef, TaskUpdate};
 use crate::protocol::results::add_server_info;
 use crate::store::{Owned, StoreError, TaskRecord, TaskStatus, now_ms};
 
@@ -48,9 +49,9 @@ impl Engine {
         &self,
         principal: &Principal,
         upstream: &str,
-        params: &Map<String, Value>,
+        task: &TaskRef,
     ) -> Result<TaskRecord, Failure> {
-        let Some(task_id) = params.get("taskId").and_then(Value::as_str) else {
+        let Some(task_id) = task.task_id.valid() else {
             return Err(refused(RpcError::invalid_params(
                 "params.taskId must be a string",
             )));
@@ -84,18 +85,32 @@ impl Engine {
         &self,
         principal: &Principal,
         upstream: &str,
-        params: &Map<String, Value>,
+        task: &TaskRef,
         server_info: &Value,
     ) -> Result<Value, Failure> {
-        let mut rec = self.resolve(principal, upstream, params).await?;
+        let rec = self.owner_snapshot(principal, upstream, task).await?;
+        // `resolve` only answers the owner: this read collects the outcome.
+        self.note_seen(&rec);
+        Ok(snapshot::get_result(&rec, server_info))
+    }
+
+    /// The one read of a task shown to its owner, by `tasks/get` or on a listen stream:
+    /// owned and unexpired ([`Engine::resolve`]), durable if terminal, and with the
+    /// poll interval adapted. The caller notes the read ([`Engine::note_seen`]) once
+    /// the owner has it.
+    pub async fn owner_snapshot(
+        &self,
+        principal: &Principal,
+        upstream: &str,
+        task: &TaskRef,
+    ) -> Result<TaskRecord, Failure> {
+        let mut rec = self.resolve(principal, upstream, task).await?;
         // A terminal state is shown only once it is durable.
         self.durable(&rec).await.map_err(unavailable)?;
         // Adaptive pollIntervalMs, remembered as advertised (docs/design.md §8 "Flow
         // control").
         self.limits.adapt(principal, &mut rec);
-        // `resolve` only answers the owner: this read collects the outcome.
-        self.note_seen(&rec);
-        Ok(snapshot::get_result(&rec, server_info))
+        Ok(rec)
     }
 
     /// Relay each answer for an outstanding key to the upstream; ignore the rest (MCP
@@ -105,13 +120,13 @@ impl Engine {
         &self,
         principal: &Principal,
         upstream: &str,
-        params: &Map<String, Value>,
+        update: TaskUpdate,
         server_info: &Value,
     ) -> Result<Value, Failure> {
-        let rec = self.resolve(principal, upstream, params).await?;
-        let responses = match params.get("inputResponses") {
-            Some(Value::Object(r)) => r.clone(),
-            _ => {
+        let rec = self.resolve(principal, upstream, &update.task).await?;
+        let responses = match update.input_responses {
+            Field::Valid(r) => r,
+            Field::Absent | Field::Invalid => {
                 return Err(refused(RpcError::invalid_params(
                     "params.inputResponses must be an object",
                 )));
@@ -160,10 +175,10 @@ impl Engine {
         &self,
         principal: &Principal,
         upstream: &str,
-        params: &Map<String, Value>,
+        task: &TaskRef,
         server_info: &Value,
     ) -> Result<Value, Failure> {
-        let rec = self.resolve(principal, upstream, params).await?;
+        let rec = self.resolve(principal, upstream, task).await?;
         if rec.status.is_terminal() {
             // The ack says the task is over: a crash must not bring it back, so the
             // terminal write it saw has to be durable first.

@@ -9,6 +9,9 @@
 //! - `methods.rs`: the `tasks/*` methods and the ownership check.
 //! - `sweeper.rs`: expiry, tombstones and restart recovery.
 //! - `seen.rs`: read marks, for counting outcomes nobody collected.
+//! - `replica.rs`: being one of several replicas (leases, takeover, relays, fan-out);
+//!   `replica_state.rs` the state it keeps.
+//! - `fingerprint.rs`: order-free fingerprints of JSON values.
 //! - `snapshot.rs`: the wire shapes.
 //! - `mrtr.rs`: multi round-trip requests for clients that get no task.
 //! - `inputs.rs`: screening upstream input requests; `failure.rs`: the retry class
@@ -18,6 +21,7 @@ pub mod call;
 pub mod clock;
 pub mod driver;
 pub mod failure;
+pub mod fingerprint;
 pub mod ids;
 pub mod inputs;
 pub mod methods;
@@ -25,6 +29,7 @@ pub mod mrtr;
 pub mod outcome;
 pub mod promote;
 pub mod replica;
+mod replica_state;
 pub mod seen;
 pub mod snapshot;
 pub mod sweeper;
@@ -34,7 +39,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::{Mutex, RwLock};
-use serde_json::{Map, Value};
+use serde_json::Value;
 use tokio::sync::{broadcast, oneshot};
 
 use crate::auth::Principal;
@@ -75,24 +80,33 @@ struct Live {
     early: HashMap<String, Value>,
 }
 
+/// What the engine's change stream carries to this replica's subscribers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// This task's record changed (here or on another replica).
+    Task(String),
+    /// Changes may have been missed: read every subscribed task again.
+    Resync,
+}
+
 /// Shared state of the tasks engine.
 pub struct Engine {
-    pub store: Arc<dyn TaskStore>,
-    pub cfg: Arc<Config>,
+    store: Arc<dyn TaskStore>,
+    cfg: Arc<Config>,
     /// This gateway's flow control (owned by the gateway, not the process).
-    pub limits: Arc<Limits>,
+    limits: Arc<Limits>,
     /// Set once the gateway stops: a promoted call that ends because its upstream is
     /// being shut down is then *not* settled, so its request route stays in the store
     /// and the next start resolves the task.
     draining: AtomicBool,
     live: Mutex<HashMap<String, Live>>,
     /// Task ids whose record changed (for `subscriptions/listen`).
-    changes: broadcast::Sender<String>,
+    changes: broadcast::Sender<Change>,
     /// Terminal snapshots the owner received, waiting to be marked in the store.
-    seen: seen::SeenMarks,
+    seen: Arc<seen::SeenMarks>,
     observers: RwLock<Vec<Observer>>,
     /// This replica's seat, lease and relays on a shared store (`replica.rs`).
-    replica: replica::ReplicaState,
+    replica: replica_state::ReplicaState,
     /// Tasks with a terminal write that no flush has covered yet (by writer count):
     /// sled shows a write before it is durable, so a reader that finds such a task
     /// terminal flushes first ([`Engine::durable`]); otherwise a crash could turn a
@@ -121,14 +135,14 @@ impl Engine {
     pub fn new(store: Arc<dyn TaskStore>, cfg: Arc<Config>, limits: Arc<Limits>) -> Arc<Self> {
         let (changes, _) = broadcast::channel(1024);
         Arc::new(Self {
-            replica: replica::ReplicaState::new(cfg.replica_id()),
+            replica: replica_state::ReplicaState::new(cfg.replica_id()),
             store,
             cfg,
             limits,
             draining: AtomicBool::new(false),
             live: Mutex::new(HashMap::new()),
             changes,
-            seen: seen::SeenMarks::default(),
+            seen: Arc::default(),
             observers: RwLock::new(Vec::new()),
             unflushed: Mutex::new(HashMap::new()),
             creating: Mutex::new(HashSet::new()),
@@ -392,7 +406,30 @@ impl Engine {
         Ok(())
     }
 
-    pub fn subscribe_changes(&self) -> broadcast::Receiver<String> {
+    /// Whether the store takes writes (a failed write or flush turns it off until a
+    /// probe gets through): `/readyz` and `/livez` report it.
+    pub fn store_healthy(&self) -> bool {
+        self.store.healthy()
+    }
+
+    /// The owner received `rec` (src/tasks/seen.rs).
+    pub fn note_seen(&self, rec: &TaskRecord) {
+        self.seen.note_read(rec);
+    }
+
+    /// Write the noted reads now: from the marker task, from the sweeper before it
+    /// expires anything (a read just before expiry then still counts), and once more
+    /// when the gateway stops.
+    pub async fn write_seen(&self) {
+        self.seen.write(&*self.store).await;
+    }
+
+    /// Start the background task that writes noted reads.
+    pub fn spawn_seen_marker(&self) {
+        self.seen.spawn_marker(self.store.clone());
+    }
+
+    pub fn subscribe_changes(&self) -> broadcast::Receiver<Change> {
         self.changes.subscribe()
     }
 
@@ -404,7 +441,13 @@ impl Engine {
 
     /// Tell this replica's subscribers only (a change another replica published).
     fn changed_here(&self, task_id: &str) {
-        let _ = self.changes.send(task_id.to_string());
+        let _ = self.changes.send(Change::Task(task_id.to_string()));
+    }
+
+    /// Tell this replica's subscribers that changes may have been missed (the store's
+    /// listener reconnected): every subscribed task must be read again.
+    fn resync_here(&self) {
+        let _ = self.changes.send(Change::Resync);
     }
 
     fn register_live(&self, task_id: &str, abort: tokio::task::AbortHandle) {
@@ -495,48 +538,7 @@ pub fn queue_status(q: QueuePosition) -> String {
     }
 }
 
-/// Canonical JSON (object keys sorted) so equal arguments fingerprint equally.
-fn canonical(v: &Value) -> Value {
-    match v {
-        Value::Object(m) => {
-            let mut keys: Vec<&String> = m.keys().collect();
-            keys.sort();
-            let mut out = Map::new();
-            for k in keys {
-                if let Some(x) = m.get(k) {
-                    out.insert(k.clone(), canonical(x));
-                }
-            }
-            Value::Object(out)
-        }
-        Value::Array(a) => Value::Array(a.iter().map(canonical).collect()),
-        other => other.clone(),
-    }
-}
-
-/// Hex SHA-256 of the canonical arguments (idempotency conflict check).
-pub fn fingerprint(args: &Value) -> String {
-    let bytes = serde_json::to_vec(&canonical(args)).unwrap_or_default();
-    let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, &bytes);
-    digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
-}
-
 #[cfg(test)]
 mod engine_tests;
 #[cfg(test)]
 mod lease_tests;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn fingerprint_ignores_key_order() {
-        assert_eq!(
-            fingerprint(&json!({"a": 1, "b": {"c": 2, "d": 3}})),
-            fingerprint(&json!({"b": {"d": 3, "c": 2}, "a": 1}))
-        );
-        assert_ne!(fingerprint(&json!({"a": 1})), fingerprint(&json!({"a": 2})));
-    }
-}

@@ -22,8 +22,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::auth::Principal;
-use crate::protocol::RpcError;
 use crate::protocol::results::add_server_info;
+use crate::protocol::{Method, RpcError};
 use crate::store::now_ms;
 use crate::upstream::{CallEvent, CallOutcome, InputAnswer, InputRequest, UpstreamError};
 
@@ -86,12 +86,14 @@ pub struct Holds {
 }
 
 /// Params minus the MRTR fields, fingerprinted to bind a state to its request.
-pub fn params_fingerprint(method: &str, params: &Map<String, Value>) -> String {
+pub fn params_fingerprint(method: Method, params: &Map<String, Value>) -> String {
     let mut p = params.clone();
     p.remove("inputResponses");
     p.remove("requestState");
     p.remove("_meta");
-    super::fingerprint(&serde_json::json!({"method": method, "params": Value::Object(p)}))
+    super::fingerprint::fingerprint(
+        &serde_json::json!({"method": method.as_str(), "params": Value::Object(p)}),
+    )
 }
 
 fn b64(bytes: &[u8]) -> String {
@@ -194,7 +196,7 @@ impl Holds {
         batch: Vec<InputRequest>,
         principal: &Principal,
         upstream: &str,
-        method: &str,
+        method: Method,
         params: &Map<String, Value>,
         server_info: &Value,
     ) -> Value {
@@ -204,7 +206,7 @@ impl Holds {
             t: principal.tenant.clone(),
             s: principal.subject.clone(),
             u: upstream.to_string(),
-            m: method.to_string(),
+            m: method.as_str().to_string(),
             f: params_fingerprint(method, params),
             e: now_ms() + self.input_timeout.as_millis() as u64,
             p: self.replica_id.clone(),
@@ -256,7 +258,7 @@ impl Holds {
         state: &str,
         principal: &Principal,
         upstream: &str,
-        method: &str,
+        method: Method,
         params: &Map<String, Value>,
         server_info: &Value,
     ) -> Result<Resumed, RpcError> {
@@ -264,7 +266,7 @@ impl Holds {
         let matches = claims.t == principal.tenant
             && claims.s == principal.subject
             && claims.u == upstream
-            && claims.m == method
+            && claims.m == method.as_str()
             && claims.f == params_fingerprint(method, params)
             && claims.e > now_ms();
         if !matches {

@@ -4,7 +4,7 @@
 use serde_json::Value;
 
 use super::failure::{CallFailure, Failure, failure};
-use crate::protocol::{RpcError, results};
+use crate::protocol::{Method, RpcError, results};
 use crate::upstream::{CallOutcome, UpstreamError};
 
 /// A joined upstream call: the task running it may have ended without a result.
@@ -25,7 +25,7 @@ pub enum Reply {
 }
 
 /// The inline answer of a finished upstream call for `method` to `upstream`.
-pub fn answer_of(method: &str, upstream: &str, server_info: &Value, r: JoinedCall) -> Reply {
+pub fn answer_of(method: Method, upstream: &str, server_info: &Value, r: JoinedCall) -> Reply {
     match r {
         Ok(Ok(CallOutcome::Result(v))) => {
             Reply::Complete(Ok(results::complete(method, v, server_info)))

@@ -14,22 +14,22 @@
 //!   by a notification and also polls for its relays every [`RELAY_POLL`].
 //! - **Fan-out.** Every changed task id is published (batched) to the other replicas;
 //!   what they publish comes back through the listener into the local change stream,
-//!   with [`RESYNC`] after a reconnect.
+//!   with [`Change::Resync`](super::Change::Resync) after a reconnect.
 //!
 //! With sled none of this runs: one gateway, the lease is always held.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use parking_lot::{Mutex, RwLock};
-use serde_json::{Map, Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::driver::{conclude, fail};
+pub use super::replica_state::MrtrHandler;
 use super::{Engine, Transition};
 use crate::protocol::RpcError;
 use crate::store::StoreError;
@@ -39,60 +39,8 @@ use crate::store::cluster::{Cluster, ClusterEvent, Relay, RelayKind, Seat, Taken
 /// bound on a cross-replica cancel or input answer when a notification is lost.
 pub const RELAY_POLL: Duration = Duration::from_millis(200);
 
-/// The id sent on the change stream when every subscribed task must be read again
-/// (no task id has this form).
-pub const RESYNC: &str = "*";
-
 /// Why a takeover failed a task.
 const LOST: &str = "replica lost while the call was in flight";
-
-/// Handles an MRTR retry relayed here; the front installs it.
-pub type MrtrHandler =
-    Arc<dyn Fn(Value) -> futures_util::future::BoxFuture<'static, Value> + Send + Sync>;
-
-/// This replica's part in the cluster.
-pub(super) struct ReplicaState {
-    /// `server.replica_id` (or its default): stable across restarts.
-    pub(super) id: String,
-    cluster: OnceLock<Arc<dyn Cluster>>,
-    seat: RwLock<Option<Seat>>,
-    lease_held: AtomicBool,
-    /// When the registration of the first seat was sent: the lease holds from there.
-    joined: OnceLock<Instant>,
-    publish: OnceLock<mpsc::UnboundedSender<String>>,
-    mrtr: OnceLock<MrtrHandler>,
-    /// Rung when another replica queued a relay for this one.
-    wake: tokio::sync::Notify,
-    /// MRTR retries relayed from here, waiting for their replies, by correlation id.
-    waiting: Mutex<HashMap<String, oneshot::Sender<Value>>>,
-}
-
-impl ReplicaState {
-    pub(super) fn new(id: String) -> Self {
-        Self {
-            id,
-            cluster: OnceLock::new(),
-            seat: RwLock::new(None),
-            lease_held: AtomicBool::new(true),
-            joined: OnceLock::new(),
-            publish: OnceLock::new(),
-            mrtr: OnceLock::new(),
-            wake: tokio::sync::Notify::new(),
-            waiting: Mutex::new(HashMap::new()),
-        }
-    }
-
-    fn seat(&self) -> Option<Seat> {
-        self.seat.read().clone()
-    }
-
-    fn set_seat(&self, seat: Seat) {
-        {
-            let mut s = self.seat.write();
-            *s = Some(seat);
-        }
-    }
-}
 
 fn correlation_id() -> String {
     use rand::RngCore;
@@ -101,15 +49,41 @@ fn correlation_id() -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-fn seat_json(s: &Seat) -> Value {
-    json!({"replica_id": s.replica_id, "epoch": s.epoch})
+// The payloads of relays as they travel through the store, one struct per
+// `RelayKind` (a cancel carries `null`): the kind column picks the struct, so no
+// tagged enum guesses it. Field order is the stored key order.
+
+/// An input answer for the holder of its call.
+#[derive(Serialize, Deserialize)]
+struct InputRelay {
+    key: String,
+    answer: Value,
 }
 
-fn seat_from(v: &Value) -> Option<Seat> {
-    Some(Seat {
-        replica_id: v.get("replica_id")?.as_str()?.to_string(),
-        epoch: v.get("epoch")?.as_i64()?,
-    })
+/// An MRTR retry for the holder of its call, and where its reply goes.
+#[derive(Serialize, Deserialize)]
+struct MrtrRelay {
+    corr: String,
+    reply_to: SeatWire,
+    request: Value,
+}
+
+/// The reply to an [`MrtrRelay`].
+#[derive(Serialize, Deserialize)]
+struct ReplyRelay {
+    corr: String,
+    reply: Value,
+}
+
+#[derive(Serialize, Deserialize)]
+struct SeatWire {
+    replica_id: String,
+    epoch: i64,
+}
+
+fn payload(p: &impl Serialize) -> Vec<u8> {
+    // Structs of strings and `Value`s always serialize.
+    serde_json::to_vec(p).unwrap_or_default()
 }
 
 impl Engine {
@@ -181,7 +155,7 @@ impl Engine {
                             engine.changed_here(&id);
                         }
                     }
-                    Some(ClusterEvent::Resync) => engine.changed_here(RESYNC),
+                    Some(ClusterEvent::Resync) => engine.resync_here(),
                     Some(ClusterEvent::Wake) => engine.replica.wake.notify_one(),
                 }
             }
@@ -329,7 +303,7 @@ impl Engine {
         if self.abort_live(task_id) {
             return;
         }
-        self.relay_to_holder(task_id, RelayKind::Cancel, Value::Null)
+        self.relay_to_holder(task_id, RelayKind::Cancel, b"null".to_vec())
             .await;
     }
 
@@ -338,15 +312,15 @@ impl Engine {
         let Err(answer) = self.offer_answer(task_id, key, answer) else {
             return;
         };
-        self.relay_to_holder(
-            task_id,
-            RelayKind::Input,
-            json!({"key": key, "answer": answer}),
-        )
-        .await;
+        let input = InputRelay {
+            key: key.to_string(),
+            answer,
+        };
+        self.relay_to_holder(task_id, RelayKind::Input, payload(&input))
+            .await;
     }
 
-    async fn relay_to_holder(&self, task_id: &str, kind: RelayKind, payload: Value) {
+    async fn relay_to_holder(&self, task_id: &str, kind: RelayKind, payload: Vec<u8>) {
         let Some(cluster) = self.cluster() else {
             return;
         };
@@ -364,7 +338,7 @@ impl Engine {
         let relay = Relay {
             kind,
             task_id: Some(task_id.to_string()),
-            payload: serde_json::to_vec(&payload).unwrap_or_default(),
+            payload,
         };
         if let Err(e) = cluster.send_relay(&holder, &relay).await {
             tracing::warn!(task = task_id, error = %e, kind = kind.as_str(), "relaying to the replica holding a call failed");
@@ -399,10 +373,14 @@ impl Engine {
         let relay = Relay {
             kind: RelayKind::Mrtr,
             task_id: None,
-            payload: serde_json::to_vec(
-                &json!({"corr": corr, "reply_to": seat_json(&me), "request": request}),
-            )
-            .unwrap_or_default(),
+            payload: payload(&MrtrRelay {
+                corr: corr.clone(),
+                reply_to: SeatWire {
+                    replica_id: me.replica_id.clone(),
+                    epoch: me.epoch,
+                },
+                request,
+            }),
         };
         let sent = cluster.send_relay(&to, &relay).await;
         let reply = match sent {
@@ -448,7 +426,7 @@ impl Engine {
     async fn on_relay(self: &Arc<Self>, cluster: &Arc<dyn Cluster>, taken: TakenRelay) {
         let relayed = match read_relay(&taken.relay) {
             Ok(r) => r,
-            Err(why) => return dead_letter(&taken, why),
+            Err(why) => return dead_letter(&taken, &why),
         };
         match relayed {
             Relayed::Cancel { task_id } => {
@@ -490,8 +468,7 @@ impl Engine {
                     let relay = Relay {
                         kind: RelayKind::Reply,
                         task_id: None,
-                        payload: serde_json::to_vec(&json!({"corr": corr, "reply": reply}))
-                            .unwrap_or_default(),
+                        payload: payload(&ReplyRelay { corr, reply }),
                     };
                     if let Err(e) = cluster.send_relay(&to, &relay).await {
                         tracing::warn!(error = %e, "sending an MRTR reply back failed");
@@ -524,48 +501,43 @@ enum Relayed {
     },
 }
 
-/// Read a relay; `Err` says what is missing. Such a relay was already taken from the
-/// store, so the caller logs it whole ([`dead_letter`]) instead of dropping it.
-fn read_relay(r: &Relay) -> Result<Relayed, &'static str> {
-    let task_id = || r.task_id.clone().ok_or("it names no task");
-    let payload = || -> Result<Map<String, Value>, &'static str> {
-        match serde_json::from_slice(&r.payload) {
-            Ok(Value::Object(m)) => Ok(m),
-            _ => Err("its payload is not a JSON object"),
-        }
+/// Read a relay; `Err` says what is wrong with it. Such a relay was already taken from
+/// the store, so the caller logs it whole ([`dead_letter`]) instead of dropping it.
+fn read_relay(r: &Relay) -> Result<Relayed, String> {
+    let task_id = || {
+        r.task_id
+            .clone()
+            .ok_or_else(|| "it names no task".to_string())
     };
-    let text = |m: &mut Map<String, Value>, k: &str| match m.remove(k) {
-        Some(Value::String(s)) => Ok(s),
-        _ => Err("its payload lacks a string field it needs"),
-    };
-    let value = |m: &mut Map<String, Value>, k: &str| {
-        m.remove(k).ok_or("its payload lacks a field it needs")
-    };
+    let unreadable = |e: serde_json::Error| format!("its payload is unreadable: {e}");
     Ok(match r.kind {
         RelayKind::Cancel => Relayed::Cancel {
             task_id: task_id()?,
         },
         RelayKind::Input => {
-            let mut m = payload()?;
+            let p: InputRelay = serde_json::from_slice(&r.payload).map_err(unreadable)?;
             Relayed::Input {
                 task_id: task_id()?,
-                key: text(&mut m, "key")?,
-                answer: value(&mut m, "answer")?,
+                key: p.key,
+                answer: p.answer,
             }
         }
         RelayKind::Reply => {
-            let mut m = payload()?;
+            let p: ReplyRelay = serde_json::from_slice(&r.payload).map_err(unreadable)?;
             Relayed::Reply {
-                corr: text(&mut m, "corr")?,
-                reply: value(&mut m, "reply")?,
+                corr: p.corr,
+                reply: p.reply,
             }
         }
         RelayKind::Mrtr => {
-            let mut m = payload()?;
+            let p: MrtrRelay = serde_json::from_slice(&r.payload).map_err(unreadable)?;
             Relayed::Mrtr {
-                to: seat_from(&value(&mut m, "reply_to")?).ok_or("its reply_to is not a seat")?,
-                corr: text(&mut m, "corr")?,
-                request: value(&mut m, "request")?,
+                to: Seat {
+                    replica_id: p.reply_to.replica_id,
+                    epoch: p.reply_to.epoch,
+                },
+                corr: p.corr,
+                request: p.request,
             }
         }
     })
@@ -671,6 +643,38 @@ mod tests {
                 task_id: "tsk_a".into()
             })
         );
+    }
+
+    #[test]
+    fn relay_payloads_keep_the_stored_shape() {
+        // Replicas of the version before typed relays read and wrote these bytes.
+        let v = |s: &str| serde_json::from_str::<Value>(s).unwrap_or_default();
+        let answer = v(r#"{"action":"accept","content":{"n":1.50,"m":1e999}}"#);
+        let old = |x: Value| serde_json::to_vec(&x).unwrap_or_default();
+        let input = InputRelay {
+            key: "k".into(),
+            answer: answer.clone(),
+        };
+        assert_eq!(payload(&input), old(json!({"key": "k", "answer": answer})));
+        let mrtr = MrtrRelay {
+            corr: "c".into(),
+            reply_to: SeatWire {
+                replica_id: "r".into(),
+                epoch: 3,
+            },
+            request: answer.clone(),
+        };
+        assert_eq!(
+            payload(&mrtr),
+            old(
+                json!({"corr": "c", "reply_to": {"replica_id": "r", "epoch": 3}, "request": answer})
+            )
+        );
+        let reply = ReplyRelay {
+            corr: "c".into(),
+            reply: answer.clone(),
+        };
+        assert_eq!(payload(&reply), old(json!({"corr": "c", "reply": answer})));
     }
 
     #[test]

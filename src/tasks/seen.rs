@@ -16,8 +16,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
-use super::Engine;
-use crate::store::{TaskRecord, TaskStatus};
+use crate::store::{TaskRecord, TaskStatus, TaskStore};
 
 /// How long a noted read waits for others before they are written together. A client
 /// that polls until terminal reads each outcome once or twice, so the batch is what
@@ -114,27 +113,25 @@ impl SeenMarks {
     }
 }
 
-impl Engine {
+impl SeenMarks {
     /// The owner received `rec`, as a `tasks/get` result or a `notifications/tasks`
     /// on its listen stream. Only outcomes the sweeper would count are noted: a
     /// cancelled task is never counted, so its read needs no mark.
-    pub fn note_seen(&self, rec: &TaskRecord) {
+    pub(super) fn note_read(&self, rec: &TaskRecord) {
         if matches!(rec.status, TaskStatus::Completed | TaskStatus::Failed) {
-            self.seen.note(&rec.task_id);
+            self.note(&rec.task_id);
         }
     }
 
-    /// Write the noted reads now: from the marker task, from the sweeper before it
-    /// expires anything (a read just before expiry then still counts), and once more
-    /// when the gateway stops.
-    pub async fn write_seen(&self) {
-        let _writing = self.seen.writing.lock().await;
-        let batch = self.seen.take();
+    /// Write the noted reads to `store` now.
+    pub(super) async fn write(&self, store: &dyn TaskStore) {
+        let _writing = self.writing.lock().await;
+        let batch = self.take();
         if batch.is_empty() {
             return;
         }
-        if let Err(e) = self.store.mark_seen(&batch).await {
-            self.seen.forget(&batch);
+        if let Err(e) = store.mark_seen(&batch).await {
+            self.forget(&batch);
             tracing::warn!(
                 error = %e,
                 tasks = batch.len(),
@@ -143,16 +140,16 @@ impl Engine {
         }
     }
 
-    /// Start the background task that writes noted reads.
-    pub fn spawn_seen_marker(self: &Arc<Self>) {
-        let engine = self.clone();
+    /// Start the background task that writes noted reads to `store`.
+    pub(super) fn spawn_marker(self: &Arc<Self>, store: Arc<dyn TaskStore>) {
+        let marks = self.clone();
         tokio::spawn(async move {
             loop {
                 // A read noted while a batch is written leaves a permit: the next
                 // batch follows.
-                engine.seen.wake.notified().await;
+                marks.wake.notified().await;
                 tokio::time::sleep(COALESCE).await;
-                engine.write_seen().await;
+                marks.write(&*store).await;
             }
         });
     }

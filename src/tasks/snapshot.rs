@@ -5,6 +5,7 @@
 use serde_json::{Map, Value};
 
 use super::clock::iso8601;
+use crate::protocol::Method;
 use crate::protocol::results::{self, add_server_info};
 use crate::store::{TaskRecord, TaskStatus};
 
@@ -57,7 +58,7 @@ pub fn detailed(rec: &TaskRecord, server_info: &Value) -> Map<String, Value> {
             // inline result.
             m.insert(
                 "result".into(),
-                results::complete("tools/call", stored, server_info),
+                results::complete(Method::ToolsCall, stored, server_info),
             );
         }
         TaskStatus::Failed => {

@@ -1,0 +1,88 @@
+//! The state every request handler shares: configuration, authenticator, upstreams,
+//! engine and MRTR holds, and the probes (`/readyz`, `/livez`) that report on them.
+
+use std::sync::Arc;
+
+use http::{Response, StatusCode};
+use serde_json::json;
+
+use super::reply::{self, Body};
+use crate::auth::Authenticator;
+use crate::config::Config;
+use crate::upstream::{TransportState, UpstreamSet};
+
+/// Everything a request handler needs, shared by all connections.
+pub struct Gateway {
+    pub cfg: Arc<Config>,
+    pub auth: Arc<Authenticator>,
+    pub upstreams: Arc<UpstreamSet>,
+    pub engine: Arc<crate::tasks::Engine>,
+    /// The flow control the front applies before a request reaches the engine.
+    pub limits: Arc<crate::limits::Limits>,
+    pub holds: Arc<crate::tasks::mrtr::Holds>,
+}
+
+impl Gateway {
+    pub(super) fn readyz(&self) -> Response<Body> {
+        let mut all_ready = true;
+        let mut states = serde_json::Map::new();
+        for u in self.upstreams.iter() {
+            let s = match u.state() {
+                TransportState::Ready => json!({"state": "ready"}),
+                TransportState::Starting => {
+                    all_ready = false;
+                    json!({"state": "starting"})
+                }
+                TransportState::Down(reason) => {
+                    all_ready = false;
+                    json!({"state": "down", "reason": reason})
+                }
+            };
+            states.insert(u.name().to_string(), s);
+        }
+        // A store that failed a write or flush cannot hand out task ids (docs/design.md
+        // §16 "Durability, store failures and upgrades").
+        let store_ok = self.engine.store_healthy();
+        let lease = self.engine.lease_held();
+        let ready = all_ready && store_ok && lease;
+        reply::json(
+            ok_or_unavailable(ready),
+            &json!({
+                "ready": ready,
+                "store": if store_ok { "open" } else { "failed" },
+                "lease": if lease { "held" } else { "lost" },
+                "upstreams": states
+            }),
+        )
+    }
+
+    /// `/livez`: whether this replica itself can serve (store reachable, lease held,
+    /// not draining), whatever its upstreams do: what a load balancer in front of
+    /// several replicas asks (docs/design.md §21). `/readyz` also reports the
+    /// upstreams, which every replica shares.
+    pub(super) fn livez(&self) -> Response<Body> {
+        let store_ok = self.engine.store_healthy();
+        let lease = self.engine.lease_held();
+        let draining = self.engine.shutting_down();
+        let live = store_ok && lease && !draining;
+        reply::json(
+            ok_or_unavailable(live),
+            &json!({
+                "live": live,
+                "replica": self.engine.replica_id(),
+                "store": if store_ok { "open" } else { "failed" },
+                "lease": if lease { "held" } else { "lost" },
+                "draining": draining,
+            }),
+        )
+    }
+}
+
+/// 200 for a probe that passes, 503 for one that does not (`/readyz`, `/livez`).
+fn ok_or_unavailable(pass: bool) -> StatusCode {
+    if pass {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    }
+}
