@@ -7,7 +7,7 @@
 //! of each upstream (what the task plane shows while that upstream is not ready:
 //! README "Task plane and upstream plane"). The engine talks to the
 //! [`TaskStore`] trait (async, so a backend may sit across a network); `sled/` is the
-//! embedded single-replica backend, `postgres.rs` the one several replicas share, and
+//! embedded single-replica backend, `postgres/` the one several replicas share, and
 //! `memory.rs` an in-process one (tests, demos: it keeps nothing across a restart).
 //! All pass the same contract suite
 //! (`contract.rs`), which a new backend joins with one line.
@@ -19,6 +19,7 @@
 pub mod cluster;
 #[cfg(test)]
 mod contract;
+mod error;
 #[cfg(test)]
 pub(crate) mod faulty;
 pub mod memory;
@@ -30,6 +31,8 @@ pub(crate) mod test_records;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+
+pub use error::{IoError, SetupError, StoreError};
 
 /// Schema version written into every stored record; a newer gateway reads older ones.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -159,26 +162,6 @@ pub enum Created {
     New,
     /// The idempotency key already maps to a task; nothing was written.
     Existing(IdempotencyEntry),
-}
-
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum StoreError {
-    #[error("store I/O error: {0}")]
-    Io(String),
-    #[error("stored record is corrupt: {0}")]
-    Corrupt(String),
-    #[error("store is closed")]
-    Closed,
-    /// Another live process holds the store's lock (for sled: its `flock` on `db`).
-    #[error(
-        "the store at {0} is in use by another running taskgate (one gateway per store); \
-         stop it, or give this one another store.path"
-    )]
-    Locked(std::path::PathBuf),
-    /// A write from an in-flight call whose replica no longer holds it (its lease ran
-    /// out, or another replica took the call over): nothing was written.
-    #[error("this replica no longer holds the call (lease lost or taken over)")]
-    Fenced,
 }
 
 /// What a task id is to one principal ([`TaskStore::lookup_owned`]).

@@ -588,7 +588,11 @@ async fn two_engines_in_one_process_share_no_state() {
 }
 
 fn io_error() -> StoreError {
-    StoreError::Io("the store is down".into())
+    crate::store::IoError::TimedOut {
+        op: "test",
+        after: Duration::from_secs(10),
+    }
+    .into()
 }
 
 /// The class and code of a failed reply.

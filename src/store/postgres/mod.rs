@@ -34,8 +34,8 @@ pub use tls::{PgTls, PgTlsConnect, PgTlsStream, PgUrl, RootCert, SslMode, UrlErr
 
 use super::cluster::Seat;
 use super::{
-    BoxFuture, Created, Expired, IdempotencyEntry, Owned, RequestRoute, SCHEMA_VERSION, StoreError,
-    TaskRecord, TaskStatus, TaskStore, Tombstone, Update, UpstreamIdentity,
+    BoxFuture, Created, Expired, IdempotencyEntry, IoError, Owned, RequestRoute, SCHEMA_VERSION,
+    SetupError, StoreError, TaskRecord, TaskStatus, TaskStore, Tombstone, Update, UpstreamIdentity,
 };
 use crate::config::{StoreConfig, is_pg_schema_name};
 
@@ -69,7 +69,7 @@ impl PgSettings {
     pub fn from_config(cfg: &StoreConfig) -> Result<Self, StoreError> {
         let url = cfg
             .postgres_url()
-            .map_err(|e| StoreError::Io(e.to_string()))?;
+            .map_err(|e| SetupError::Config(Arc::new(e)))?;
         Ok(Self {
             url,
             pool_size: cfg.pool_size.max(1),
@@ -80,7 +80,7 @@ impl PgSettings {
 
     /// `store.url` parsed, its TLS settings taken out ([`parse_url`]).
     fn parsed_url(&self) -> Result<PgUrl, StoreError> {
-        parse_url(&self.url).map_err(|e| StoreError::Io(format!("store.url: {e}")))
+        Ok(parse_url(&self.url).map_err(url_error)?)
     }
 
     /// The connection settings: the URL plus `search_path` (so every statement names
@@ -90,15 +90,10 @@ impl PgSettings {
     /// connector of the URL's `sslmode`.
     fn pg_config(&self) -> Result<(tokio_postgres::Config, PgTls), StoreError> {
         if !is_pg_schema_name(&self.schema) {
-            return Err(StoreError::Io(format!(
-                "store.schema {:?} is not a plain lower-case identifier",
-                self.schema
-            )));
+            return Err(SetupError::Schema(self.schema.clone()).into());
         }
         let url = self.parsed_url()?;
-        let tls = url
-            .connector()
-            .map_err(|e| StoreError::Io(format!("store.url: {e}")))?;
+        let tls = url.connector().map_err(url_error)?;
         let mut c = url.config;
         let mut options = c.get_options().unwrap_or_default().to_string();
         if !options.is_empty() {
@@ -123,17 +118,19 @@ impl PgSettings {
 /// driver on a task of its own: for tools and tests that query the database
 /// themselves (the store opens its own connections).
 pub async fn connect_url(url: &str) -> Result<tokio_postgres::Client, StoreError> {
-    let parsed = parse_url(url).map_err(|e| StoreError::Io(format!("store.url: {e}")))?;
-    let tls = parsed
-        .connector()
-        .map_err(|e| StoreError::Io(format!("store.url: {e}")))?;
+    let parsed = parse_url(url).map_err(url_error)?;
+    let tls = parsed.connector().map_err(url_error)?;
     let (client, conn) = parsed
         .config
         .connect(tls)
         .await
-        .map_err(|e| StoreError::Io(format!("postgres: {}", db_message(&e))))?;
+        .map_err(|e| IoError::Connect(Arc::new(e)))?;
     tokio::spawn(conn);
     Ok(client)
+}
+
+fn url_error(e: UrlError) -> SetupError {
+    SetupError::Url(Arc::new(e))
 }
 
 /// An error inside this backend, before it becomes a [`StoreError`].
@@ -179,33 +176,36 @@ impl PgError {
         }
     }
 
-    fn into_store(self, what: &str) -> StoreError {
+    /// `op` names the operation in the error's text.
+    fn into_store(self, op: &'static str) -> StoreError {
         match self {
             Self::Corrupt(m) => StoreError::Corrupt(m),
             Self::Fenced => StoreError::Fenced,
-            Self::Timeout => StoreError::Io(format!(
-                "postgres {what}: no answer within {} s",
-                OP_TIMEOUT.as_secs()
-            )),
-            Self::Pool(e) => StoreError::Io(format!("postgres {what}: {}", pool_message(&e))),
-            Self::Db(e) => StoreError::Io(format!("postgres {what}: {}", db_message(&e))),
+            Self::Timeout => IoError::TimedOut {
+                op,
+                after: OP_TIMEOUT,
+            }
+            .into(),
+            Self::Pool(e) => IoError::Pool {
+                op,
+                source: Arc::new(e),
+            }
+            .into(),
+            Self::Db(e) => IoError::Postgres {
+                op,
+                source: Arc::new(e),
+            }
+            .into(),
         }
     }
 }
 
 /// The server's message when there is one (`Error`'s Display says only "db error"),
 /// else the error with its causes (only they say why a TLS handshake failed).
-fn db_message(e: &tokio_postgres::Error) -> String {
+pub(super) fn db_message(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{}: {}", db.code().code(), db.message()),
         None => crate::tls::error_chain(e),
-    }
-}
-
-fn pool_message(e: &deadpool_postgres::PoolError) -> String {
-    match e {
-        deadpool_postgres::PoolError::Backend(db) => format!("connecting: {}", db_message(db)),
-        other => other.to_string(),
     }
 }
 
@@ -309,7 +309,7 @@ impl PgStore {
             .create_timeout(Some(CONNECT_TIMEOUT))
             .recycle_timeout(Some(CONNECT_TIMEOUT))
             .build()
-            .map_err(|e| StoreError::Io(format!("postgres pool: {e}")))?;
+            .map_err(|e| SetupError::Pool(Arc::new(e)))?;
         let store = Arc::new(Self {
             pool,
             schema: settings.schema.clone(),
@@ -373,14 +373,15 @@ impl PgStore {
     /// database, and their first success lifts this.
     async fn run<T>(
         &self,
-        what: &str,
+        what: &'static str,
         op: impl Future<Output = Result<T, PgError>>,
     ) -> Result<T, StoreError> {
         if !self.healthy.load(Ordering::Relaxed) {
-            return Err(StoreError::Io(format!(
-                "postgres {what}: the database is unreachable (probed every {} s)",
-                PROBE_INTERVAL.as_secs()
-            )));
+            return Err(IoError::Unreachable {
+                op: what,
+                probe_every: PROBE_INTERVAL,
+            }
+            .into());
         }
         self.attempt(what, op).await
     }
@@ -388,7 +389,7 @@ impl PgStore {
     /// [`PgStore::run`] without the shortcut: always tries the database.
     async fn attempt<T>(
         &self,
-        what: &str,
+        what: &'static str,
         op: impl Future<Output = Result<T, PgError>>,
     ) -> Result<T, StoreError> {
         let r = match tokio::time::timeout(OP_TIMEOUT, op).await {
@@ -1299,7 +1300,21 @@ mod tests {
         };
         let store = PgStore::connect_lazy(&s).expect("pool");
         let err = store.get("tsk_x").await.expect_err("no database");
-        assert!(matches!(err, StoreError::Io(_)), "{err}");
+        assert!(
+            matches!(err, StoreError::Io(IoError::Pool { op: "get", .. })),
+            "{err:?}"
+        );
+        // The pool's error stays reachable as the source (in its `Arc`).
+        let pool = std::error::Error::source(&err)
+            .and_then(std::error::Error::source)
+            .and_then(|e| e.downcast_ref::<Arc<deadpool_postgres::PoolError>>());
+        assert!(
+            matches!(
+                pool.map(|p| &**p),
+                Some(deadpool_postgres::PoolError::Backend(_))
+            ),
+            "{err:?}"
+        );
         assert!(!store.healthy());
         assert!(PgStore::open(&s).await.is_err());
     }

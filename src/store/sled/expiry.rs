@@ -24,7 +24,7 @@ impl SledStore {
             if out.len() >= limit {
                 break;
             }
-            let (k, _) = kv.map_err(|e| self.read_failed("scan expiry", &e))?;
+            let (k, _) = kv.map_err(|e| self.read_failed("scan expiry", e))?;
             let parsed = k.get(..8).zip(k.get(8..)).and_then(|(at, id)| {
                 let at = u64::from_be_bytes(<[u8; 8]>::try_from(at).ok()?);
                 Some((at, std::str::from_utf8(id).ok()?))
@@ -38,7 +38,7 @@ impl SledStore {
             let actual = match self
                 .tasks
                 .get(id.as_bytes())
-                .map_err(|e| self.read_failed("get task", &e))?
+                .map_err(|e| self.read_failed("get task", e))?
             {
                 Some(v) => Some(probe(id.as_bytes(), &v)?.expires_at_ms),
                 None => None,
@@ -54,7 +54,7 @@ impl SledStore {
                     if let Some(v) = self
                         .tasks
                         .get(id.as_bytes())
-                        .map_err(|e| self.read_failed("get task", &e))?
+                        .map_err(|e| self.read_failed("get task", e))?
                         && probe(id.as_bytes(), &v)?.expires_at_ms == at
                     {
                         self.put(&self.expiry, "repair expiry entry", &k, &[])?;
@@ -93,7 +93,7 @@ impl SledStore {
             let idx = self
                 .meta
                 .get(&idem_of_key)
-                .map_err(|e| self.read_failed("get idem_of", &e))?;
+                .map_err(|e| self.read_failed("get idem_of", e))?;
             let tomb = Tombstone {
                 v: SCHEMA_VERSION,
                 task_id: task_id.to_string(),
@@ -143,12 +143,12 @@ impl SledStore {
         let task = self
             .tasks
             .get(key)
-            .map_err(|e| self.read_failed("get task", &e))?;
+            .map_err(|e| self.read_failed("get task", e))?;
         probe::read();
         let tomb = self
             .tombstones
             .get(key)
-            .map_err(|e| self.read_failed("get tombstone", &e))?;
+            .map_err(|e| self.read_failed("get tombstone", e))?;
         let owns =
             |rec_tenant: &str, rec_subject: &str| rec_tenant == tenant && rec_subject == subject;
         if let Some(b) = task {
@@ -189,7 +189,7 @@ impl SledStore {
             Ok(Some(b)) => {
                 decode("tombstones", task_id.as_bytes(), &b, upgrade_tombstone).map(Some)
             }
-            Err(e) => Err(self.read_failed("get tombstone", &e)),
+            Err(e) => Err(self.read_failed("get tombstone", e)),
         }
     }
 
@@ -198,7 +198,7 @@ impl SledStore {
     pub(crate) fn sweep_tombstones(&self, now_ms: u64) -> Result<usize, StoreError> {
         let mut due = Vec::new();
         for kv in self.tombstones.iter() {
-            let (k, v) = kv.map_err(|e| self.read_failed("scan tombstones", &e))?;
+            let (k, v) = kv.map_err(|e| self.read_failed("scan tombstones", e))?;
             let t: Tombstone = decode("tombstones", &k, &v, upgrade_tombstone)?;
             if t.expires_at_ms <= now_ms {
                 due.push((k, v, t));
@@ -210,7 +210,7 @@ impl SledStore {
                 && let Some(eb) = self
                     .idempotency
                     .get(ik.as_slice())
-                    .map_err(|e| self.read_failed("get idempotency entry", &e))?
+                    .map_err(|e| self.read_failed("get idempotency entry", e))?
                 // Only drop the entry if it still names this task.
                 && decode_idempotency(ik, &eb)?.task_id == t.task_id
             {
@@ -228,7 +228,7 @@ impl SledStore {
             if !self
                 .tasks
                 .contains_key(id)
-                .map_err(|e| self.read_failed("get task", &e))?
+                .map_err(|e| self.read_failed("get task", e))?
             {
                 self.del(&self.seen, "sweep: seen mark", id)?;
             }
@@ -251,7 +251,7 @@ impl SledStore {
             let key = id.as_bytes();
             let has = |tree: &sled::Tree, what: &str| {
                 tree.contains_key(key)
-                    .map_err(|e| self.read_failed(what, &e))
+                    .map_err(|e| self.read_failed(what, e))
             };
             if has(&self.seen, "get seen mark")? || !has(&self.tasks, "get task")? {
                 continue;

@@ -5,13 +5,13 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io;
 use std::path::Path;
-use std::sync::Weak;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
 
 use tokio::sync::mpsc;
 
 use super::{SledStore, Waiter};
-use crate::store::StoreError;
+use crate::store::{IoError, StoreError};
 
 impl SledStore {
     /// Group-commit rounds run so far, the waiters they released and the µs they took
@@ -32,20 +32,24 @@ impl SledStore {
             .db
             .flush()
             .map(|_| ())
-            .map_err(|e| format!("flush of store at {} failed: {e}", self.path.display()))
+            .map_err(|e| IoError::Flush {
+                path: self.path.clone(),
+                source: Arc::new(e),
+            })
             .and_then(|()| {
                 if self.strict_fsync {
-                    self.fsync_files().map_err(|e| {
-                        format!("fsync of store at {} failed: {e}", self.path.display())
+                    self.fsync_files().map_err(|e| IoError::Fsync {
+                        path: self.path.clone(),
+                        source: Arc::new(e),
                     })
                 } else {
                     Ok(())
                 }
             });
-        res.map_err(|msg| {
+        res.map_err(|e| {
             self.healthy.store(false, Ordering::SeqCst);
-            tracing::error!("{msg}");
-            StoreError::Io(msg)
+            tracing::error!("{e}");
+            e.into()
         })
     }
 
@@ -139,7 +143,7 @@ pub(super) async fn run_flusher(mut rx: mpsc::UnboundedReceiver<Waiter>, store: 
                     r
                 })
                 .await
-                .unwrap_or_else(|e| Err(StoreError::Io(format!("store flush task failed: {e}"))))
+                .unwrap_or_else(|e| Err(IoError::FlushTask(Arc::new(e)).into()))
             }
         };
         for w in round.drain(..) {

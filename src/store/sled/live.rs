@@ -13,7 +13,7 @@ impl SledStore {
         let fresh = self
             .live
             .insert(live_key(tenant, task_id), &[] as &[u8])
-            .map_err(|e| self.write_failed("mark task live", &e))?
+            .map_err(|e| self.write_failed("mark task live", e))?
             .is_none();
         if fresh {
             self.count_live(tenant, 1);
@@ -46,11 +46,11 @@ impl SledStore {
         let built = self
             .meta
             .get(META_LIVE_INDEX)
-            .map_err(|e| self.read_failed("get meta/layout", &e))?
+            .map_err(|e| self.read_failed("get meta/layout", e))?
             .is_some();
         if !built {
             for kv in self.tasks.iter() {
-                let (k, v) = kv.map_err(|e| self.read_failed("scan tasks", &e))?;
+                let (k, v) = kv.map_err(|e| self.read_failed("scan tasks", e))?;
                 let p = probe(&k, &v)?;
                 if !p.status.is_terminal() {
                     let id = std::str::from_utf8(&k).map_err(|_| {
@@ -65,21 +65,21 @@ impl SledStore {
                 }
             }
             for kv in self.meta.scan_prefix(META_LIVE) {
-                let (k, _) = kv.map_err(|e| self.read_failed("scan meta/live", &e))?;
+                let (k, _) = kv.map_err(|e| self.read_failed("scan meta/live", e))?;
                 self.del(&self.meta, "drop old live counter", &k)?;
             }
             self.put(&self.meta, "write meta/layout", META_LIVE_INDEX, &[1])?;
             self.flush_blocking()?;
         }
         for kv in self.live.iter() {
-            let (k, _) = kv.map_err(|e| self.read_failed("scan live index", &e))?;
+            let (k, _) = kv.map_err(|e| self.read_failed("scan live index", e))?;
             let (tenant, id) = split_live_key(&k).ok_or_else(|| {
                 StoreError::Corrupt(format!("live: malformed key {:?}", k.as_ref()))
             })?;
             let live = match self
                 .tasks
                 .get(id.as_bytes())
-                .map_err(|e| self.read_failed("get task", &e))?
+                .map_err(|e| self.read_failed("get task", e))?
             {
                 Some(v) => {
                     let p = probe(id.as_bytes(), &v)?;

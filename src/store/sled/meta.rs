@@ -15,7 +15,7 @@ impl SledStore {
         match self.upstream_identity.get(key) {
             Ok(None) => Ok(None),
             Ok(Some(b)) => decode("upstream_identity", key, &b, upgrade_none).map(Some),
-            Err(e) => Err(self.read_failed("get upstream identity", &e)),
+            Err(e) => Err(self.read_failed("get upstream identity", e)),
         }
     }
 
@@ -35,7 +35,7 @@ impl SledStore {
         let stored = self
             .upstream_identity
             .get(key)
-            .map_err(|e| self.read_failed("get upstream identity", &e))?;
+            .map_err(|e| self.read_failed("get upstream identity", e))?;
         if stored.as_deref() == Some(bytes.as_slice()) {
             return Ok(false);
         }
@@ -60,7 +60,7 @@ impl SledStore {
         if let Some(v) = self
             .meta
             .get(&key)
-            .map_err(|e| self.read_failed("get secret", &e))?
+            .map_err(|e| self.read_failed("get secret", e))?
         {
             return as_secret(&v);
         }

@@ -182,8 +182,8 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
-    BoxFuture, Created, Expired, IdempotencyEntry, Owned, RequestRoute, StoreError, TaskRecord,
-    TaskStore, Tombstone, Update, UpstreamIdentity,
+    BoxFuture, Created, Expired, IdempotencyEntry, IoError, Owned, RequestRoute, StoreError,
+    TaskRecord, TaskStore, Tombstone, Update, UpstreamIdentity,
 };
 
 type Waiter = oneshot::Sender<Result<(), StoreError>>;
@@ -233,35 +233,43 @@ impl SledStore {
         &self.path
     }
 
-    fn write_failed(&self, what: &str, e: &sled::Error) -> StoreError {
+    fn write_failed(&self, what: &str, e: sled::Error) -> StoreError {
         self.healthy.store(false, Ordering::SeqCst);
-        let msg = format!("store at {}: {what}: {e}", self.path.display());
-        tracing::error!("{msg}");
-        StoreError::Io(msg)
+        let e = self.sled_failed(what, e);
+        tracing::error!("{e}");
+        e.into()
     }
 
-    fn read_failed(&self, what: &str, e: &sled::Error) -> StoreError {
-        StoreError::Io(format!("store at {}: {what}: {e}", self.path.display()))
+    fn read_failed(&self, what: &str, e: sled::Error) -> StoreError {
+        self.sled_failed(what, e).into()
+    }
+
+    fn sled_failed(&self, what: &str, e: sled::Error) -> IoError {
+        IoError::Sled {
+            path: self.path.clone(),
+            what: what.to_string().into(),
+            source: std::sync::Arc::new(e),
+        }
     }
 
     fn cas(&self, what: &str, r: CasResult) -> Result<Cas, StoreError> {
         match r {
             Ok(Ok(())) => Ok(Cas::Done),
             Ok(Err(e)) => Ok(Cas::Lost(e.current)),
-            Err(e) => Err(self.write_failed(what, &e)),
+            Err(e) => Err(self.write_failed(what, e)),
         }
     }
 
     fn put(&self, tree: &sled::Tree, what: &str, k: &[u8], v: &[u8]) -> Result<(), StoreError> {
         tree.insert(k, v)
             .map(|_| ())
-            .map_err(|e| self.write_failed(what, &e))
+            .map_err(|e| self.write_failed(what, e))
     }
 
     fn del(&self, tree: &sled::Tree, what: &str, k: &[u8]) -> Result<bool, StoreError> {
         tree.remove(k)
             .map(|old| old.is_some())
-            .map_err(|e| self.write_failed(what, &e))
+            .map_err(|e| self.write_failed(what, e))
     }
 }
 

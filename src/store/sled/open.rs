@@ -12,7 +12,7 @@ use super::SledStore;
 use super::flusher::run_flusher;
 use super::schema::{META_SCHEMA, META_SEEN_SINCE};
 use crate::config::StoreConfig;
-use crate::store::{SCHEMA_VERSION, StoreError};
+use crate::store::{IoError, SCHEMA_VERSION, SetupError, StoreError};
 
 /// sled storage mode. Measured with `benches/store_throughput.rs` (64 × 200
 /// create+flush, 5 alternating runs on a shared, loaded 2-core machine), durable ops/s:
@@ -42,11 +42,17 @@ impl SledStore {
     #[doc(hidden)]
     pub fn open_with_mode(cfg: &StoreConfig, mode: sled::Mode) -> Result<Arc<Self>, StoreError> {
         let path = cfg.path.clone();
-        let ctx = |what: &str, e: &dyn std::fmt::Display| {
-            StoreError::Io(format!("store at {}: {what}: {e}", path.display()))
+        let ctx = |what: std::borrow::Cow<'static, str>, e: sled::Error| {
+            StoreError::from(IoError::Sled {
+                path: path.clone(),
+                what,
+                source: Arc::new(e),
+            })
         };
-        let runtime = tokio::runtime::Handle::try_current()
-            .map_err(|e| ctx("SledStore::open needs a tokio runtime", &e))?;
+        let runtime = tokio::runtime::Handle::try_current().map_err(|e| SetupError::NoRuntime {
+            path: path.clone(),
+            source: Arc::new(e),
+        })?;
         let config = sled::Config::new()
             .path(&path)
             .cache_capacity(cfg.cache_capacity_bytes)
@@ -67,12 +73,12 @@ impl SledStore {
                     }
                     std::thread::sleep(std::time::Duration::from_millis(10));
                 }
-                Err(e) => return Err(ctx("cannot open sled database", &e)),
+                Err(e) => return Err(ctx("cannot open sled database".into(), e)),
             }
         };
         let tree = |name: &str| {
             db.open_tree(name)
-                .map_err(|e| ctx(&format!("cannot open tree {name}"), &e))
+                .map_err(|e| ctx(format!("cannot open tree {name}").into(), e))
         };
         let tasks = tree("tasks")?;
         let routes = tree("routes")?;
@@ -87,7 +93,7 @@ impl SledStore {
         // Store-wide schema version: refuse a store written by a newer gateway.
         match meta
             .get(META_SCHEMA)
-            .map_err(|e| ctx("cannot read meta/schema", &e))?
+            .map_err(|e| ctx("cannot read meta/schema".into(), e))?
         {
             Some(v) => {
                 let v = <[u8; 4]>::try_from(v.as_ref())
@@ -106,12 +112,12 @@ impl SledStore {
                 }
                 if v < SCHEMA_VERSION {
                     meta.insert(META_SCHEMA, &SCHEMA_VERSION.to_be_bytes())
-                        .map_err(|e| ctx("cannot write meta/schema", &e))?;
+                        .map_err(|e| ctx("cannot write meta/schema".into(), e))?;
                 }
             }
             None => {
                 meta.insert(META_SCHEMA, &SCHEMA_VERSION.to_be_bytes())
-                    .map_err(|e| ctx("cannot write meta/schema", &e))?;
+                    .map_err(|e| ctx("cannot write meta/schema".into(), e))?;
             }
         }
 
@@ -119,7 +125,7 @@ impl SledStore {
         // store that already holds tasks, reads before now were never recorded.
         let (seen_since_ms, seen_since_new) = match meta
             .get(META_SEEN_SINCE)
-            .map_err(|e| ctx("cannot read meta/layout/seen_since", &e))?
+            .map_err(|e| ctx("cannot read meta/layout/seen_since".into(), e))?
         {
             Some(v) => {
                 let since = <[u8; 8]>::try_from(v.as_ref())
@@ -139,7 +145,7 @@ impl SledStore {
                     crate::store::now_ms()
                 };
                 meta.insert(META_SEEN_SINCE, &since.to_be_bytes())
-                    .map_err(|e| ctx("cannot write meta/layout/seen_since", &e))?;
+                    .map_err(|e| ctx("cannot write meta/layout/seen_since".into(), e))?;
                 (since, true)
             }
         };

@@ -39,7 +39,7 @@ impl SledStore {
         if self
             .tasks
             .contains_key(id)
-            .map_err(|e| self.read_failed("get task", &e))?
+            .map_err(|e| self.read_failed("get task", e))?
         {
             return Err(duplicate());
         }
@@ -178,7 +178,7 @@ impl SledStore {
     pub(crate) fn routes(&self) -> Result<Vec<RequestRoute>, StoreError> {
         let mut out = Vec::new();
         for kv in self.routes.iter() {
-            let (k, v) = kv.map_err(|e| self.read_failed("scan routes", &e))?;
+            let (k, v) = kv.map_err(|e| self.read_failed("scan routes", e))?;
             out.push(decode("routes", &k, &v, upgrade_route)?);
         }
         Ok(out)
@@ -194,7 +194,7 @@ impl SledStore {
         let entry = match self.idempotency.get(key) {
             Ok(None) => return Ok(None),
             Ok(Some(b)) => decode_idempotency(key, &b)?,
-            Err(e) => return Err(self.read_failed("get idempotency entry", &e)),
+            Err(e) => return Err(self.read_failed("get idempotency entry", e)),
         };
         if self.names_nothing(&entry.task_id)? {
             return Ok(None);
@@ -207,7 +207,7 @@ impl SledStore {
     ) -> Result<Vec<(crate::store::TaskStatus, u64)>, StoreError> {
         let mut counts: Vec<(crate::store::TaskStatus, u64)> = Vec::new();
         for kv in self.tasks.iter() {
-            let (k, v) = kv.map_err(|e| self.read_failed("scan tasks", &e))?;
+            let (k, v) = kv.map_err(|e| self.read_failed("scan tasks", e))?;
             let status = probe(&k, &v)?.status;
             match counts.iter_mut().find(|(s, _)| *s == status) {
                 Some((_, n)) => *n += 1,
@@ -230,7 +230,7 @@ impl SledStore {
                 let rec = decode("tasks", key, &b, upgrade_task)?;
                 Ok(Some((b, rec)))
             }
-            Err(e) => Err(self.read_failed("get task", &e)),
+            Err(e) => Err(self.read_failed("get task", e)),
         }
     }
 
@@ -242,11 +242,11 @@ impl SledStore {
         let task = self
             .tasks
             .contains_key(k)
-            .map_err(|e| self.read_failed("get task", &e))?;
+            .map_err(|e| self.read_failed("get task", e))?;
         let tomb = self
             .tombstones
             .contains_key(k)
-            .map_err(|e| self.read_failed("get tombstone", &e))?;
+            .map_err(|e| self.read_failed("get tombstone", e))?;
         Ok(!task && !tomb)
     }
 }

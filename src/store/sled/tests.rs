@@ -1,7 +1,7 @@
 use super::*;
 use crate::config::StoreConfig;
 use crate::store::test_records::{route, task};
-use crate::store::{SCHEMA_VERSION, TaskStatus};
+use crate::store::{SCHEMA_VERSION, SetupError, TaskStatus};
 use serde_json::Value;
 use std::io::BufRead;
 use std::time::Duration;
@@ -836,10 +836,11 @@ async fn second_open_of_a_live_store_fails_naming_the_path() {
 fn open_outside_runtime_is_an_error_naming_the_path() {
     let dir = tempfile::tempdir().unwrap();
     match SledStore::open(&cfg(dir.path(), false)) {
-        Err(StoreError::Io(msg)) => {
+        Err(e @ StoreError::Setup(SetupError::NoRuntime { .. })) => {
+            let msg = e.to_string();
             assert!(msg.contains(&dir.path().display().to_string()), "{msg}")
         }
-        other => panic!("expected Io, got {other:?}"),
+        other => panic!("expected NoRuntime, got {other:?}"),
     }
 }
 
@@ -850,8 +851,14 @@ async fn open_error_names_the_path() {
     std::fs::write(&file, b"x").unwrap();
     let path = file.join("store");
     match SledStore::open(&cfg(&path, false)) {
-        Err(StoreError::Io(msg)) => {
-            assert!(msg.contains(&path.display().to_string()), "{msg}")
+        Err(e @ StoreError::Io(IoError::Sled { .. })) => {
+            let msg = e.to_string();
+            assert!(msg.contains(&path.display().to_string()), "{msg}");
+            // sled's own error is kept as the source.
+            let sled = std::error::Error::source(&e)
+                .and_then(std::error::Error::source)
+                .and_then(|s| s.downcast_ref::<std::sync::Arc<sled::Error>>());
+            assert!(sled.is_some(), "{e:?}");
         }
         other => panic!("expected Io, got {other:?}"),
     }
