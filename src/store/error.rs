@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::postgres::{UrlError, db_message};
+use super::postgres::{SqlError, UrlError, db_message};
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
@@ -116,6 +116,9 @@ pub enum SetupError {
     /// The PostgreSQL connection pool could not be built.
     #[error("postgres pool: {0}")]
     Pool(#[source] Arc<deadpool_postgres::BuildError>),
+    /// A statement's text does not fit its parameters: a bug the unit tests catch.
+    #[error("postgres {0}")]
+    Statement(#[source] SqlError),
     /// The sled store was opened outside a tokio runtime (it starts its flusher there).
     #[error("store at {}: SledStore::open needs a tokio runtime: {source}", path.display())]
     NoRuntime {

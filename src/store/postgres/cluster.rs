@@ -15,6 +15,10 @@ use futures_util::StreamExt;
 use tokio::sync::mpsc;
 use tokio_postgres::AsyncMessage;
 
+use super::statements::{
+    DropDeadRelays, Holder, LockTask, Notify, OrphanedRoutes, Register, RemoveRoutes, Renew,
+    SeatOf, SendRelay, TakeOverTask, TakeRelays,
+};
 use super::{PgError, PgStore, SCHEMA_VERSION, db_message, decode, encode, ms};
 use crate::store::cluster::{Cluster, ClusterEvent, Relay, RelayKind, Seat, TakenOver, TakenRelay};
 use crate::store::{BoxFuture, StoreError, TaskRecord, Update, now_ms};
@@ -74,16 +78,11 @@ fn lease_secs(ms: u64) -> f64 {
 impl PgStore {
     async fn register_now(&self, replica_id: &str) -> Result<Seat, PgError> {
         let c = self.pool.get().await?;
-        let row = c
-            .query_one(
-                "INSERT INTO replicas (replica_id, epoch, lease_until)
-                 VALUES ($1, 1, now() + make_interval(secs => $2))
-                 ON CONFLICT (replica_id) DO UPDATE SET epoch = replicas.epoch + 1,
-                     lease_until = EXCLUDED.lease_until, started_at = now()
-                 RETURNING epoch",
-                &[&replica_id, &lease_secs(self.lease_ms)],
-            )
-            .await?;
+        let register = Register {
+            replica_id,
+            lease_secs: lease_secs(self.lease_ms),
+        };
+        let row = self.sql.register.query_one(&c, &register).await?;
         let seat = Seat {
             replica_id: replica_id.to_string(),
             epoch: row.try_get(0)?,
@@ -97,19 +96,12 @@ impl PgStore {
 
     async fn renew_now(&self, seat: &Seat) -> Result<bool, PgError> {
         let c = self.pool.get().await?;
-        let stmt = c
-            .prepare_cached(
-                "UPDATE replicas SET lease_until = now() + make_interval(secs => $3)
-                 WHERE replica_id = $1 AND epoch = $2 AND lease_until > now()",
-            )
-            .await?;
-        let n = c
-            .execute(
-                &stmt,
-                &[&seat.replica_id, &seat.epoch, &lease_secs(self.lease_ms)],
-            )
-            .await?;
-        Ok(n == 1)
+        let renew = Renew {
+            replica_id: &seat.replica_id,
+            epoch: seat.epoch,
+            lease_secs: lease_secs(self.lease_ms),
+        };
+        Ok(self.sql.renew.execute(&c, &renew).await? == 1)
     }
 
     async fn take_over_now(
@@ -120,30 +112,19 @@ impl PgStore {
         let mut out = Vec::new();
         loop {
             let tx = c.transaction().await?;
-            // Routes no live seat holds. Routes naming no seat were written by a
-            // gateway before leases; start-up recovery resolves those.
-            let rows = tx
-                .query(
-                    "SELECT rr.route_id, rr.task_id FROM request_routes rr
-                     WHERE rr.replica_id IS NOT NULL AND NOT EXISTS (
-                         SELECT 1 FROM replicas p
-                         WHERE p.replica_id = rr.replica_id AND p.epoch = rr.epoch
-                           AND p.lease_until > now())
-                     ORDER BY rr.route_id LIMIT $1
-                     FOR UPDATE OF rr SKIP LOCKED",
-                    &[&TAKEOVER_BATCH],
-                )
-                .await?;
+            let batch = OrphanedRoutes {
+                limit: TAKEOVER_BATCH,
+            };
+            let rows = self.sql.orphaned_routes.query(&tx, &batch).await?;
             let mut route_ids = Vec::with_capacity(rows.len());
             for row in &rows {
                 let route_id: String = row.try_get(0)?;
                 let task_id: Option<String> = row.try_get(1)?;
                 if let Some(task_id) = task_id
-                    && let Some(t) = tx
-                        .query_opt(
-                            "SELECT record FROM task_routes WHERE task_id = $1 FOR UPDATE",
-                            &[&task_id],
-                        )
+                    && let Some(t) = self
+                        .sql
+                        .lock_task
+                        .query_opt(&tx, &LockTask { task_id: &task_id })
                         .await?
                 {
                     let bytes: Vec<u8> = t.try_get(0)?;
@@ -153,57 +134,39 @@ impl PgStore {
                         rec.task_id = task_id.clone();
                         rec.v = SCHEMA_VERSION;
                         let record = encode("task record", &rec)?;
-                        tx.execute(
-                            "UPDATE task_routes SET status = $2, expires_at_ms = $3,
-                                 record = $4, version = version + 1
-                             WHERE task_id = $1",
-                            &[
-                                &task_id,
-                                &rec.status.as_str(),
-                                &ms(rec.expires_at_ms),
-                                &record,
-                            ],
-                        )
-                        .await?;
+                        let failed = TakeOverTask {
+                            task_id: &task_id,
+                            status: rec.status.as_str(),
+                            expires_at_ms: ms(rec.expires_at_ms),
+                            record: &record,
+                        };
+                        self.sql.take_over_task.execute(&tx, &failed).await?;
                         out.push(TakenOver { from, record: rec });
                     }
                 }
                 route_ids.push(route_id);
             }
             if !route_ids.is_empty() {
-                tx.execute(
-                    "DELETE FROM request_routes WHERE route_id = ANY($1)",
-                    &[&route_ids],
-                )
-                .await?;
+                let taken = RemoveRoutes {
+                    route_ids: &route_ids,
+                };
+                self.sql.remove_routes.execute(&tx, &taken).await?;
             }
             tx.commit().await?;
             if (rows.len() as i64) < TAKEOVER_BATCH {
                 break;
             }
         }
-        // Relays for a dead seat would never be taken.
-        c.execute(
-            "DELETE FROM pending_relays pr WHERE NOT EXISTS (
-                 SELECT 1 FROM replicas p
-                 WHERE p.replica_id = pr.target_replica AND p.epoch = pr.target_epoch
-                   AND p.lease_until > now())",
-            &[],
-        )
-        .await?;
+        self.sql
+            .drop_dead_relays
+            .execute(&c, &DropDeadRelays {})
+            .await?;
         Ok(out)
     }
 
     async fn holder_now(&self, task_id: &str) -> Result<Option<Seat>, PgError> {
         let c = self.pool.get().await?;
-        let stmt = c
-            .prepare_cached(
-                "SELECT replica_id, epoch FROM request_routes
-                 WHERE task_id = $1 AND replica_id IS NOT NULL AND epoch IS NOT NULL
-                 LIMIT 1",
-            )
-            .await?;
-        match c.query_opt(&stmt, &[&task_id]).await? {
+        match self.sql.holder.query_opt(&c, &Holder { task_id }).await? {
             None => Ok(None),
             Some(row) => Ok(Some(Seat {
                 replica_id: row.try_get(0)?,
@@ -214,13 +177,12 @@ impl PgStore {
 
     async fn seat_of_now(&self, replica_id: &str) -> Result<Option<Seat>, PgError> {
         let c = self.pool.get().await?;
-        let row = c
-            .query_opt(
-                "SELECT epoch FROM replicas WHERE replica_id = $1 AND lease_until > now()",
-                &[&replica_id],
-            )
-            .await?;
-        match row {
+        match self
+            .sql
+            .seat_of
+            .query_opt(&c, &SeatOf { replica_id })
+            .await?
+        {
             None => Ok(None),
             Some(row) => Ok(Some(Seat {
                 replica_id: replica_id.to_string(),
@@ -231,25 +193,15 @@ impl PgStore {
 
     async fn send_relay_now(&self, to: &Seat, relay: &Relay) -> Result<(), PgError> {
         let c = self.pool.get().await?;
-        let stmt = c
-            .prepare_cached(
-                "INSERT INTO pending_relays
-                     (task_id, kind, target_replica, target_epoch, created_at_ms, payload)
-                 VALUES ($1, $2, $3, $4, $5, $6)",
-            )
-            .await?;
-        c.execute(
-            &stmt,
-            &[
-                &relay.task_id,
-                &relay.kind.as_str(),
-                &to.replica_id,
-                &to.epoch,
-                &ms(now_ms()),
-                &relay.payload,
-            ],
-        )
-        .await?;
+        let send = SendRelay {
+            task_id: relay.task_id.as_deref(),
+            kind: relay.kind.as_str(),
+            target_replica: &to.replica_id,
+            target_epoch: to.epoch,
+            created_at_ms: ms(now_ms()),
+            payload: &relay.payload,
+        };
+        self.sql.send_relay.execute(&c, &send).await?;
         drop(c);
         // The relay is committed; a lost wake-up only costs the holder's poll interval.
         if let Err(e) = self
@@ -263,18 +215,12 @@ impl PgStore {
 
     async fn take_relays_now(&self, seat: &Seat) -> Result<Vec<TakenRelay>, PgError> {
         let c = self.pool.get().await?;
-        let stmt = c
-            .prepare_cached(
-                "DELETE FROM pending_relays WHERE relay_id IN (
-                     SELECT relay_id FROM pending_relays
-                     WHERE target_replica = $1 AND target_epoch = $2
-                     ORDER BY relay_id LIMIT $3 FOR UPDATE SKIP LOCKED)
-                 RETURNING relay_id, kind, task_id, payload",
-            )
-            .await?;
-        let rows = c
-            .query(&stmt, &[&seat.replica_id, &seat.epoch, &RELAY_BATCH])
-            .await?;
+        let take = TakeRelays {
+            target_replica: &seat.replica_id,
+            target_epoch: seat.epoch,
+            limit: RELAY_BATCH,
+        };
+        let rows = self.sql.take_relays.query(&c, &take).await?;
         let mut out = Vec::with_capacity(rows.len());
         for row in &rows {
             let id: i64 = row.try_get(0)?;
@@ -324,7 +270,11 @@ impl PgStore {
         };
         let chan = channel(&self.schema);
         for p in payloads(from, ids) {
-            if let Err(e) = c.execute("SELECT pg_notify($1, $2)", &[&chan, &p]).await {
+            let notify = Notify {
+                channel: &chan,
+                payload: &p,
+            };
+            if let Err(e) = self.sql.notify.execute(c, &notify).await {
                 *guard = None;
                 return Err(e.into());
             }

@@ -3,8 +3,28 @@
 //! transaction under an advisory lock, so replicas starting together neither race nor
 //! apply a migration twice.
 
+use super::sql::statements;
 use super::{OP_TIMEOUT, PgError, PgSettings};
-use crate::store::StoreError;
+use crate::store::{SetupError, StoreError};
+
+statements! {
+    /// The migrations' statements (on a connection of their own).
+    pub(super) struct MigrationSql;
+
+    /// Whether this connection's session is encrypted, as the server sees it.
+    connection_tls: ConnectionTls {}
+        = "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()";
+
+    /// The transaction-scoped lock that serialises replicas migrating one schema.
+    lock: MigrationLock<'a> { key: &'a str }
+        = "SELECT pg_advisory_xact_lock(hashtextextended($key, 0))";
+
+    current_version: CurrentVersion {}
+        = "SELECT coalesce(max(version), 0) FROM schema_migrations";
+
+    record: RecordMigration<'a> { version: i32, name: &'a str }
+        = "INSERT INTO schema_migrations (version, name) VALUES ($version, $name)";
+}
 
 /// The migrations, in order. A version is never edited once released; a change is a
 /// new file.
@@ -36,11 +56,12 @@ pub struct Migrated {
 /// transaction, even if the connection dies). Uses its own connection.
 pub async fn migrate(settings: &PgSettings) -> Result<Migrated, StoreError> {
     let (cfg, tls) = settings.pg_config()?;
+    let sql = MigrationSql::new().map_err(SetupError::Statement)?;
     let run = async {
         let (mut client, conn) = cfg.connect(tls).await?;
         let conn = tokio::spawn(conn);
-        let out = match connection_is_tls(&client).await {
-            Ok(tls) => migrate_on(&mut client, &settings.schema, tls).await,
+        let out = match connection_is_tls(&sql, &client).await {
+            Ok(tls) => migrate_on(&sql, &mut client, &settings.schema, tls).await,
             Err(e) => Err(e),
         };
         drop(client);
@@ -54,12 +75,13 @@ pub async fn migrate(settings: &PgSettings) -> Result<Migrated, StoreError> {
 }
 
 /// Whether this connection's session is encrypted, as the server sees it.
-async fn connection_is_tls(client: &tokio_postgres::Client) -> Result<bool, PgError> {
-    let row = client
-        .query_opt(
-            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
-            &[],
-        )
+async fn connection_is_tls(
+    sql: &MigrationSql,
+    client: &tokio_postgres::Client,
+) -> Result<bool, PgError> {
+    let row = sql
+        .connection_tls
+        .query_opt(client, &ConnectionTls {})
         .await?;
     Ok(match row {
         Some(r) => r.try_get(0)?,
@@ -68,16 +90,14 @@ async fn connection_is_tls(client: &tokio_postgres::Client) -> Result<bool, PgEr
 }
 
 async fn migrate_on(
+    sql: &MigrationSql,
     client: &mut tokio_postgres::Client,
     schema: &str,
     tls: bool,
 ) -> Result<Migrated, PgError> {
     let tx = client.transaction().await?;
-    tx.execute(
-        "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
-        &[&format!("taskgate migrations {schema}")],
-    )
-    .await?;
+    let key = format!("taskgate migrations {schema}");
+    sql.lock.execute(&tx, &MigrationLock { key: &key }).await?;
     // The name was checked to be a plain identifier (`is_pg_schema_name`).
     tx.batch_execute(&format!(
         "CREATE SCHEMA IF NOT EXISTS {schema};
@@ -88,24 +108,22 @@ async fn migrate_on(
          );"
     ))
     .await?;
-    let current: i32 = tx
-        .query_one(
-            "SELECT coalesce(max(version), 0) FROM schema_migrations",
-            &[],
-        )
+    let current: i32 = sql
+        .current_version
+        .query_one(&tx, &CurrentVersion {})
         .await?
         .try_get(0)?;
     let mut applied = 0;
-    for (version, name, sql) in MIGRATIONS {
+    for (version, name, migration) in MIGRATIONS {
         if *version <= current {
             continue;
         }
-        tx.batch_execute(sql).await?;
-        tx.execute(
-            "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
-            &[version, name],
-        )
-        .await?;
+        tx.batch_execute(migration).await?;
+        let record = RecordMigration {
+            version: *version,
+            name,
+        };
+        sql.record.execute(&tx, &record).await?;
         applied += 1;
     }
     tx.commit().await?;

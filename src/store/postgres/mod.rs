@@ -15,6 +15,9 @@
 //!   neither race nor apply a migration twice.
 //! - Every connection (pool, migrations, LISTEN, publish) goes through [`PgTls`], with
 //!   the `sslmode`/`sslrootcert` of `store.url` (README "TLS", "PostgreSQL").
+//! - Every statement is declared in `statements.rs` (the migrations' in `migrate.rs`)
+//!   with its parameters by name, numbered once when the store is built (`sql.rs`), and
+//!   prepared once per pooled connection.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -27,10 +30,20 @@ use tokio_postgres::error::SqlState;
 
 mod cluster;
 mod migrate;
+mod sql;
+mod statements;
 mod tls;
 
 pub use migrate::{LATEST_MIGRATION, Migrated, migrate};
+pub use sql::SqlError;
 pub use tls::{PgTls, PgTlsConnect, PgTlsStream, PgUrl, RootCert, SslMode, UrlError, parse_url};
+
+use statements::{
+    CountByStatus, CreateKeyed, CreatePlain, ExpiredTasks, GetIdempotency, GetSecret, GetTask,
+    GetTombstone, GetUpstreamIdentity, HeldRoutes, LiveTasks, LookupOwned, MarkSeen, PutRoute,
+    PutSecret, PutUpstreamIdentity, RecoverableRoutes, RemoveRoute, Statements, SweepTombstones,
+    UpdateRead, UpdateWrite,
+};
 
 use super::cluster::Seat;
 use super::{
@@ -212,6 +225,8 @@ pub(super) fn db_message(e: &tokio_postgres::Error) -> String {
 /// See the module documentation.
 pub struct PgStore {
     pool: Pool,
+    /// Every statement, numbered once (`statements.rs`).
+    sql: Statements,
     schema: String,
     healthy: AtomicBool,
     /// For the dedicated LISTEN connection (a pooled one would drop notifications).
@@ -310,8 +325,10 @@ impl PgStore {
             .recycle_timeout(Some(CONNECT_TIMEOUT))
             .build()
             .map_err(|e| SetupError::Pool(Arc::new(e)))?;
+        let sql = Statements::new().map_err(SetupError::Statement)?;
         let store = Arc::new(Self {
             pool,
+            sql,
             schema: settings.schema.clone(),
             healthy: AtomicBool::new(true),
             pg_config,
@@ -333,22 +350,8 @@ impl PgStore {
         &self.schema
     }
 
-    /// The `replica_id`/`epoch` columns of a route written now: this replica's seat,
-    /// or NULLs before one is registered.
-    /// The request routes matching `condition`, in which `$1` and `$2` are this
-    /// replica's seat (both NULL before it registered one).
-    async fn routes_of_seat(&self, condition: &str) -> Result<Vec<RequestRoute>, PgError> {
-        let (replica, epoch) = self.seat_columns();
-        let c = self.pool.get().await?;
-        let rows = c
-            .query(
-                &format!(
-                    "SELECT route_id, record FROM request_routes WHERE {condition}
-                     ORDER BY route_id"
-                ),
-                &[&replica, &epoch],
-            )
-            .await?;
+    /// The request routes `rows` lists (`route_id`, `record`).
+    fn decode_routes(rows: &[tokio_postgres::Row]) -> Result<Vec<RequestRoute>, PgError> {
         rows.iter()
             .map(|row| {
                 let id: String = row.try_get(0)?;
@@ -358,6 +361,8 @@ impl PgStore {
             .collect()
     }
 
+    /// The `replica_id`/`epoch` columns of a route written now: this replica's seat,
+    /// or NULLs before one is registered.
     fn seat_columns(&self) -> (Option<String>, Option<i64>) {
         match self.seat.read().clone() {
             Some(s) => (Some(s.replica_id), Some(s.epoch)),
@@ -462,66 +467,6 @@ fn parse_status(s: &str) -> Result<TaskStatus, PgError> {
         .map_err(|_| PgError::Corrupt(format!("task_routes.status: unknown status {s:?}")))
 }
 
-/// The fence of a write from an in-flight call: route `$2` still exists and names a
-/// seat whose lease is live (a takeover deletes the route; a new epoch or a lapsed
-/// lease leaves it naming a dead seat).
-const FENCE: &str = "EXISTS (SELECT 1 FROM request_routes rr JOIN replicas p
-    ON p.replica_id = rr.replica_id AND p.epoch = rr.epoch
-    WHERE rr.route_id = $2 AND p.lease_until > now())";
-
-const CREATE_KEYED: &str = "
-WITH claim AS (
-    INSERT INTO idempotency (key, task_id, args_fingerprint)
-    VALUES ($1, $2, $3)
-    ON CONFLICT (key) DO NOTHING
-    RETURNING task_id
-), task AS (
-    INSERT INTO task_routes (task_id, tenant, subject, status, expires_at_ms, idem_key, version, record)
-    SELECT $2, $4, $5, $6, $7, $1, 1, $8 FROM claim
-    RETURNING task_id
-), route AS (
-    INSERT INTO request_routes (route_id, task_id, upstream, replica_id, epoch, version, record)
-    SELECT $9, $10, $11, $13, $14, 1, $12 FROM task
-    RETURNING route_id
-)
-SELECT (SELECT count(*) FROM route) AS created, i.task_id, i.args_fingerprint
-FROM (SELECT 1) AS one LEFT JOIN idempotency AS i ON i.key = $1";
-
-const CREATE_PLAIN: &str = "
-WITH task AS (
-    INSERT INTO task_routes (task_id, tenant, subject, status, expires_at_ms, idem_key, version, record)
-    VALUES ($1, $2, $3, $4, $5, NULL, 1, $6)
-    RETURNING task_id
-)
-INSERT INTO request_routes (route_id, task_id, upstream, replica_id, epoch, version, record)
-SELECT $7, $8, $9, $11, $12, 1, $10 FROM task";
-
-const EXPIRE: &str = "
-WITH d AS (
-    DELETE FROM task_routes WHERE task_id = $1 AND expires_at_ms <= $2
-    RETURNING task_id, tenant, subject, idem_key, record
-), s AS (
-    DELETE FROM seen_marks WHERE task_id IN (SELECT task_id FROM d) RETURNING task_id
-), t AS (
-    INSERT INTO tombstones (task_id, tenant, subject, idem_key, expires_at_ms)
-    SELECT task_id, tenant, subject, idem_key, $3 FROM d
-    ON CONFLICT (task_id) DO UPDATE SET tenant = EXCLUDED.tenant,
-        subject = EXCLUDED.subject, idem_key = EXCLUDED.idem_key,
-        expires_at_ms = EXCLUDED.expires_at_ms
-    RETURNING task_id
-)
-SELECT d.record, EXISTS (SELECT 1 FROM s) AS seen, (SELECT count(*) FROM t) AS tombs FROM d";
-
-const SWEEP_TOMBSTONES: &str = "
-WITH d AS (
-    DELETE FROM tombstones WHERE expires_at_ms <= $1 RETURNING task_id, idem_key
-), i AS (
-    DELETE FROM idempotency USING d
-    WHERE idempotency.key = d.idem_key AND idempotency.task_id = d.task_id
-    RETURNING 1
-)
-SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM i)";
-
 impl PgStore {
     async fn create_now(
         &self,
@@ -532,55 +477,54 @@ impl PgStore {
         let mut rec = task.clone();
         rec.v = SCHEMA_VERSION;
         let record = encode("task record", &rec)?;
-        let route_bytes = encode("request route", route)?;
+        let route_record = encode("request route", route)?;
         let (replica, epoch) = self.seat_columns();
         let c = self.pool.get().await?;
-        let status = rec.status.as_str();
-        let expires = ms(rec.expires_at_ms);
         let r = match key {
-            None => {
-                let stmt = c.prepare_cached(CREATE_PLAIN).await?;
-                c.execute(
-                    &stmt,
-                    &[
-                        &rec.task_id,
-                        &rec.tenant,
-                        &rec.subject,
-                        &status,
-                        &expires,
-                        &record,
-                        &route.route_id,
-                        &route.task_id,
-                        &route.upstream,
-                        &route_bytes,
-                        &replica,
-                        &epoch,
-                    ],
+            None => self
+                .sql
+                .create_plain
+                .execute(
+                    &c,
+                    &CreatePlain {
+                        task_id: &rec.task_id,
+                        tenant: &rec.tenant,
+                        subject: &rec.subject,
+                        status: rec.status.as_str(),
+                        expires_at_ms: ms(rec.expires_at_ms),
+                        record: &record,
+                        route_id: &route.route_id,
+                        route_task_id: route.task_id.as_deref(),
+                        upstream: &route.upstream,
+                        route_record: &route_record,
+                        replica_id: replica.as_deref(),
+                        epoch,
+                    },
                 )
                 .await
-                .map(|_| Created::New)
-            }
+                .map(|_| Created::New),
             Some(k) => {
-                let stmt = c.prepare_cached(CREATE_KEYED).await?;
-                let row = c
+                let row = self
+                    .sql
+                    .create_keyed
                     .query_one(
-                        &stmt,
-                        &[
-                            &k,
-                            &rec.task_id,
-                            &rec.args_fingerprint,
-                            &rec.tenant,
-                            &rec.subject,
-                            &status,
-                            &expires,
-                            &record,
-                            &route.route_id,
-                            &route.task_id,
-                            &route.upstream,
-                            &route_bytes,
-                            &replica,
-                            &epoch,
-                        ],
+                        &c,
+                        &CreateKeyed {
+                            key: k,
+                            task_id: &rec.task_id,
+                            args_fingerprint: &rec.args_fingerprint,
+                            tenant: &rec.tenant,
+                            subject: &rec.subject,
+                            status: rec.status.as_str(),
+                            expires_at_ms: ms(rec.expires_at_ms),
+                            record: &record,
+                            route_id: &route.route_id,
+                            route_task_id: route.task_id.as_deref(),
+                            upstream: &route.upstream,
+                            route_record: &route_record,
+                            replica_id: replica.as_deref(),
+                            epoch,
+                        },
                     )
                     .await;
                 match row {
@@ -631,10 +575,12 @@ impl PgStore {
 
     async fn get_now(&self, task_id: &str) -> Result<Option<TaskRecord>, PgError> {
         let c = self.pool.get().await?;
-        let stmt = c
-            .prepare_cached("SELECT record FROM task_routes WHERE task_id = $1")
-            .await?;
-        match c.query_opt(&stmt, &[&task_id]).await? {
+        match self
+            .sql
+            .get_task
+            .query_opt(&c, &GetTask { task_id })
+            .await?
+        {
             None => Ok(None),
             Some(row) => {
                 let bytes: Vec<u8> = row.try_get(0)?;
@@ -646,29 +592,16 @@ impl PgStore {
     async fn update_now(
         &self,
         task_id: &str,
-        fence: Option<&str>,
+        route_id: Option<&str>,
         f: &mut (dyn FnMut(&mut TaskRecord) -> bool + Send),
     ) -> Result<Option<TaskRecord>, PgError> {
         let c = self.pool.get().await?;
-        // The fence (`$2`, a route id, or NULL for an unfenced write): the route still
-        // names its seat and that seat's lease is live. Read with the record and
-        // re-checked by the write itself, so a takeover between the two still wins.
-        let read = c
-            .prepare_cached(&format!(
-                "SELECT version, record, ($2::text IS NULL OR {FENCE}) FROM task_routes
-                 WHERE task_id = $1"
-            ))
-            .await?;
-        let write = c
-            .prepare_cached(&format!(
-                "UPDATE task_routes SET tenant = $3, subject = $4, status = $5,
-                     expires_at_ms = $6, record = $7, version = version + 1
-                 WHERE task_id = $1 AND version = $2 AND ($8::text IS NULL OR {})",
-                FENCE.replace("$2", "$8")
-            ))
-            .await?;
         loop {
-            let Some(row) = c.query_opt(&read, &[&task_id, &fence]).await? else {
+            // The fence (`route_id`; none for an unfenced write): the route still names
+            // its seat and that seat's lease is live. Read with the record and
+            // re-checked by the write itself, so a takeover between the two still wins.
+            let read = UpdateRead { task_id, route_id };
+            let Some(row) = self.sql.update_read.query_opt(&c, &read).await? else {
                 return Ok(None);
             };
             let version: i64 = row.try_get(0)?;
@@ -685,22 +618,17 @@ impl PgStore {
             rec.task_id = task_id.to_string();
             rec.v = SCHEMA_VERSION;
             let record = encode("task record", &rec)?;
-            let n = c
-                .execute(
-                    &write,
-                    &[
-                        &task_id,
-                        &version,
-                        &rec.tenant,
-                        &rec.subject,
-                        &rec.status.as_str(),
-                        &ms(rec.expires_at_ms),
-                        &record,
-                        &fence,
-                    ],
-                )
-                .await?;
-            if n == 1 {
+            let write = UpdateWrite {
+                task_id,
+                version,
+                tenant: &rec.tenant,
+                subject: &rec.subject,
+                status: rec.status.as_str(),
+                expires_at_ms: ms(rec.expires_at_ms),
+                record: &record,
+                route_id,
+            };
+            if self.sql.update_write.execute(&c, &write).await? == 1 {
                 return Ok(Some(rec));
             }
             // Another writer won the round (or the task expired): read again.
@@ -709,10 +637,12 @@ impl PgStore {
 
     async fn idempotency_now(&self, key: &[u8]) -> Result<Option<IdempotencyEntry>, PgError> {
         let c = self.pool.get().await?;
-        let stmt = c
-            .prepare_cached("SELECT task_id, args_fingerprint FROM idempotency WHERE key = $1")
-            .await?;
-        match c.query_opt(&stmt, &[&key]).await? {
+        match self
+            .sql
+            .idempotency
+            .query_opt(&c, &GetIdempotency { key })
+            .await?
+        {
             None => Ok(None),
             Some(row) => Ok(Some(IdempotencyEntry {
                 task_id: row.try_get(0)?,
@@ -728,11 +658,14 @@ impl PgStore {
         tombstone_until_ms: u64,
     ) -> Result<Option<Expired>, PgError> {
         let c = self.pool.get().await?;
-        let stmt = c.prepare_cached(EXPIRE).await?;
-        let row = c
-            .query_opt(&stmt, &[&task_id, &ms(now_ms), &ms(tombstone_until_ms)])
-            .await?;
-        let Some(row) = row else { return Ok(None) };
+        let expire = statements::Expire {
+            task_id,
+            now_ms: ms(now_ms),
+            tombstone_until_ms: ms(tombstone_until_ms),
+        };
+        let Some(row) = self.sql.expire.query_opt(&c, &expire).await? else {
+            return Ok(None);
+        };
         let bytes: Vec<u8> = row.try_get(0)?;
         let seen: bool = row.try_get(1)?;
         let record = decode(&format!("task_routes/{task_id}"), &bytes)?;
@@ -744,14 +677,7 @@ impl PgStore {
             return Ok(());
         }
         let c = self.pool.get().await?;
-        let stmt = c
-            .prepare_cached(
-                "INSERT INTO seen_marks (task_id)
-                 SELECT task_id FROM task_routes WHERE task_id = ANY($1)
-                 ON CONFLICT DO NOTHING",
-            )
-            .await?;
-        match c.execute(&stmt, &[&task_ids]).await {
+        match self.sql.mark_seen.execute(&c, &MarkSeen { task_ids }).await {
             Ok(_) => Ok(()),
             // A task expired between the SELECT and the insert: its mark is skipped,
             // as for any task that is gone (and the others of this batch with it,
@@ -763,24 +689,19 @@ impl PgStore {
 
     async fn secret_now(&self, name: &str) -> Result<[u8; 32], PgError> {
         let c = self.pool.get().await?;
-        let read = c
-            .prepare_cached("SELECT secret FROM store_secrets WHERE name = $1")
-            .await?;
         for _ in 0..2 {
-            if let Some(row) = c.query_opt(&read, &[&name]).await? {
+            if let Some(row) = self.sql.secret.query_opt(&c, &GetSecret { name }).await? {
                 let bytes: Vec<u8> = row.try_get(0)?;
                 return <[u8; 32]>::try_from(bytes.as_slice())
                     .map_err(|_| PgError::Corrupt(format!("store_secrets/{name}: not 32 bytes")));
             }
             let mut fresh = [0u8; 32];
             rand::rng().fill_bytes(&mut fresh);
-            // The first replica to insert wins; every replica then reads that one.
-            c.execute(
-                "INSERT INTO store_secrets (name, secret) VALUES ($1, $2)
-                 ON CONFLICT (name) DO NOTHING",
-                &[&name, &fresh.as_slice()],
-            )
-            .await?;
+            let put = PutSecret {
+                name,
+                secret: &fresh,
+            };
+            self.sql.put_secret.execute(&c, &put).await?;
         }
         Err(PgError::Corrupt(format!(
             "store_secrets/{name}: inserted but not found"
@@ -840,31 +761,18 @@ impl TaskStore for PgStore {
 
     fn put_route<'a>(&'a self, route: &'a RequestRoute) -> BoxFuture<'a, Result<(), StoreError>> {
         self.run("put_route", async move {
-            let bytes = encode("request route", route)?;
+            let record = encode("request route", route)?;
             let c = self.pool.get().await?;
-            let stmt = c
-                .prepare_cached(
-                    "INSERT INTO request_routes (route_id, task_id, upstream, replica_id, epoch, version, record)
-                     VALUES ($1, $2, $3, $5, $6, 1, $4)
-                     ON CONFLICT (route_id) DO UPDATE SET task_id = EXCLUDED.task_id,
-                         upstream = EXCLUDED.upstream, record = EXCLUDED.record,
-                         replica_id = EXCLUDED.replica_id, epoch = EXCLUDED.epoch,
-                         version = request_routes.version + 1",
-                )
-                .await?;
             let (replica, epoch) = self.seat_columns();
-            c.execute(
-                &stmt,
-                &[
-                    &route.route_id,
-                    &route.task_id,
-                    &route.upstream,
-                    &bytes,
-                    &replica,
-                    &epoch,
-                ],
-            )
-            .await?;
+            let put = PutRoute {
+                route_id: &route.route_id,
+                task_id: route.task_id.as_deref(),
+                upstream: &route.upstream,
+                record: &record,
+                replica_id: replica.as_deref(),
+                epoch,
+            };
+            self.sql.put_route.execute(&c, &put).await?;
             Ok(())
         })
         .boxed()
@@ -873,10 +781,8 @@ impl TaskStore for PgStore {
     fn remove_route<'a>(&'a self, route_id: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
         self.run("remove_route", async move {
             let c = self.pool.get().await?;
-            let stmt = c
-                .prepare_cached("DELETE FROM request_routes WHERE route_id = $1")
-                .await?;
-            c.execute(&stmt, &[&route_id]).await?;
+            let remove = RemoveRoute { route_id };
+            self.sql.remove_route.execute(&c, &remove).await?;
             Ok(())
         })
         .boxed()
@@ -886,25 +792,29 @@ impl TaskStore for PgStore {
         // Before any seat is registered (one gateway on the schema, or tests) every
         // route is this process's; after, only the routes of this replica's earlier
         // epochs, and those no seat names (written before replicas held leases).
-        self.run(
-            "routes",
-            self.routes_of_seat(
-                "$1::text IS NULL OR replica_id IS NULL
-                 OR (replica_id = $1 AND epoch IS DISTINCT FROM $2)",
-            ),
-        )
+        self.run("routes", async move {
+            let (replica, epoch) = self.seat_columns();
+            let c = self.pool.get().await?;
+            let seat = RecoverableRoutes {
+                replica_id: replica.as_deref(),
+                epoch,
+            };
+            Self::decode_routes(&self.sql.routes.query(&c, &seat).await?)
+        })
         .boxed()
     }
 
     fn held_routes(&self) -> BoxFuture<'_, Result<Vec<RequestRoute>, StoreError>> {
         // Without a seat every route is this process's (one gateway on the schema).
-        self.run(
-            "held_routes",
-            self.routes_of_seat(
-                "($1::text IS NULL AND replica_id IS NULL)
-                 OR (replica_id = $1 AND epoch = $2)",
-            ),
-        )
+        self.run("held_routes", async move {
+            let (replica, epoch) = self.seat_columns();
+            let c = self.pool.get().await?;
+            let seat = HeldRoutes {
+                replica_id: replica.as_deref(),
+                epoch,
+            };
+            Self::decode_routes(&self.sql.held_routes.query(&c, &seat).await?)
+        })
         .boxed()
     }
 
@@ -922,11 +832,10 @@ impl TaskStore for PgStore {
     fn count_by_status(&self) -> BoxFuture<'_, Result<Vec<(TaskStatus, u64)>, StoreError>> {
         self.run("count_by_status", async move {
             let c = self.pool.get().await?;
-            let rows = c
-                .query(
-                    "SELECT status, count(*) FROM task_routes GROUP BY status ORDER BY status",
-                    &[],
-                )
+            let rows = self
+                .sql
+                .count_by_status
+                .query(&c, &CountByStatus {})
                 .await?;
             rows.iter()
                 .map(|row| {
@@ -942,14 +851,11 @@ impl TaskStore for PgStore {
     fn expired(&self, now_ms: u64, limit: usize) -> BoxFuture<'_, Result<Vec<String>, StoreError>> {
         self.run("expired", async move {
             let c = self.pool.get().await?;
-            let stmt = c
-                .prepare_cached(
-                    "SELECT task_id FROM task_routes WHERE expires_at_ms <= $1
-                     ORDER BY expires_at_ms, task_id LIMIT $2",
-                )
-                .await?;
-            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-            let rows = c.query(&stmt, &[&ms(now_ms), &limit]).await?;
+            let due = ExpiredTasks {
+                now_ms: ms(now_ms),
+                limit: i64::try_from(limit).unwrap_or(i64::MAX),
+            };
+            let rows = self.sql.expired.query(&c, &due).await?;
             rows.iter()
                 .map(|r| r.try_get::<_, String>(0).map_err(PgError::from))
                 .collect()
@@ -993,18 +899,13 @@ impl TaskStore for PgStore {
             // owner is matched on the columns beside the record: another principal's
             // task or tombstone reads like an id never issued, and nothing of it is
             // decoded (docs/design.md §7 "Ownership").
-            let stmt = c
-                .prepare_cached(
-                    "SELECT r.record, t.task_id IS NOT NULL
-                     FROM (SELECT $1::text AS task_id) k
-                     LEFT JOIN task_routes r
-                       ON r.task_id = k.task_id AND r.tenant = $2 AND r.subject = $3
-                     LEFT JOIN tombstones t
-                       ON t.task_id = k.task_id AND t.tenant = $2 AND t.subject = $3",
-                )
-                .await?;
+            let owner = LookupOwned {
+                task_id,
+                tenant,
+                subject,
+            };
             crate::store::probe::read();
-            let row = c.query_one(&stmt, &[&task_id, &tenant, &subject]).await?;
+            let row = self.sql.lookup_owned.query_one(&c, &owner).await?;
             let record: Option<Vec<u8>> = row.try_get(0)?;
             let expired: bool = row.try_get(1)?;
             Ok(match record {
@@ -1024,13 +925,8 @@ impl TaskStore for PgStore {
     ) -> BoxFuture<'a, Result<Option<Tombstone>, StoreError>> {
         self.run("tombstone", async move {
             let c = self.pool.get().await?;
-            let stmt = c
-                .prepare_cached(
-                    "SELECT tenant, subject, idem_key, expires_at_ms FROM tombstones
-                     WHERE task_id = $1",
-                )
-                .await?;
-            let Some(row) = c.query_opt(&stmt, &[&task_id]).await? else {
+            let tomb = GetTombstone { task_id };
+            let Some(row) = self.sql.tombstone.query_opt(&c, &tomb).await? else {
                 return Ok(None);
             };
             let at: i64 = row.try_get(3)?;
@@ -1049,8 +945,8 @@ impl TaskStore for PgStore {
     fn sweep_tombstones(&self, now_ms: u64) -> BoxFuture<'_, Result<usize, StoreError>> {
         self.run("sweep_tombstones", async move {
             let c = self.pool.get().await?;
-            let stmt = c.prepare_cached(SWEEP_TOMBSTONES).await?;
-            let row = c.query_one(&stmt, &[&ms(now_ms)]).await?;
+            let due = SweepTombstones { now_ms: ms(now_ms) };
+            let row = self.sql.sweep_tombstones.query_one(&c, &due).await?;
             let n: i64 = row.try_get(0)?;
             Ok(n.max(0) as usize)
         })
@@ -1060,13 +956,8 @@ impl TaskStore for PgStore {
     fn live_tasks<'a>(&'a self, tenant: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
         self.run("live_tasks", async move {
             let c = self.pool.get().await?;
-            let stmt = c
-                .prepare_cached(
-                    "SELECT count(*) FROM task_routes
-                     WHERE tenant = $1 AND status IN ('working', 'input_required')",
-                )
-                .await?;
-            let n: i64 = c.query_one(&stmt, &[&tenant]).await?.try_get(0)?;
+            let live = LiveTasks { tenant };
+            let n: i64 = self.sql.live_tasks.query_one(&c, &live).await?.try_get(0)?;
             Ok(n.max(0) as u64)
         })
         .boxed()
@@ -1078,10 +969,8 @@ impl TaskStore for PgStore {
     ) -> BoxFuture<'a, Result<Option<UpstreamIdentity>, StoreError>> {
         self.run("upstream_identity", async move {
             let c = self.pool.get().await?;
-            let stmt = c
-                .prepare_cached("SELECT record FROM upstream_identities WHERE name = $1")
-                .await?;
-            match c.query_opt(&stmt, &[&name]).await? {
+            let get = GetUpstreamIdentity { name };
+            match self.sql.upstream_identity.query_opt(&c, &get).await? {
                 None => Ok(None),
                 Some(row) => {
                     let bytes: Vec<u8> = row.try_get(0)?;
@@ -1100,17 +989,14 @@ impl TaskStore for PgStore {
         self.run("put_upstream_identity", async move {
             let mut i = identity.clone();
             i.v = SCHEMA_VERSION;
-            let bytes = encode("upstream identity", &i)?;
+            let record = encode("upstream identity", &i)?;
             let c = self.pool.get().await?;
             // Compared as bytes: an identical record is not rewritten.
-            let stmt = c
-                .prepare_cached(
-                    "INSERT INTO upstream_identities (name, record) VALUES ($1, $2)
-                     ON CONFLICT (name) DO UPDATE SET record = EXCLUDED.record
-                     WHERE upstream_identities.record IS DISTINCT FROM EXCLUDED.record",
-                )
-                .await?;
-            Ok(c.execute(&stmt, &[&name, &bytes]).await? > 0)
+            let put = PutUpstreamIdentity {
+                name,
+                record: &record,
+            };
+            Ok(self.sql.put_upstream_identity.execute(&c, &put).await? > 0)
         })
         .boxed()
     }
