@@ -2,7 +2,8 @@
 //!
 //! The top-level variants are what the engine decides on (retry, 503, fence, fail
 //! closed: docs/design.md §16 "Durability, store failures and upgrades"); the typed
-//! cause of a failure that is not the store's own verdict is kept as its `source`. The
+//! cause of a failure — the driver's, the pool's, sled's, the file system's or the
+//! decoder's error — is kept as its `source`. The
 //! texts include the cause, as replies and logs show it, so a chain printer repeats it.
 //! The sources sit in `Arc`s (downcast a source to `Arc<E>`): one group-commit flush
 //! answers every waiter with the same error, so [`StoreError`] is `Clone`.
@@ -26,7 +27,7 @@ pub enum StoreError {
     #[error("store I/O error: {0}")]
     Setup(#[source] SetupError),
     #[error("stored record is corrupt: {0}")]
-    Corrupt(String),
+    Corrupt(Corruption),
     #[error("store is closed")]
     Closed,
     /// Another live process holds the store's lock (for sled: its `flock` on `db`).
@@ -39,6 +40,45 @@ pub enum StoreError {
     /// out, or another replica took the call over): nothing was written.
     #[error("this replica no longer holds the call (lease lost or taken over)")]
     Fenced,
+}
+
+/// What is wrong with a stored record ([`StoreError::Corrupt`]): which record and what
+/// was found. When a decoder or the database found it, its error is the source (and
+/// its text already part of `what`, as the store has always worded it); a check of the
+/// store's own has none (`From<String>`).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{what}")]
+pub struct Corruption {
+    pub what: String,
+    /// Downcast to `Arc<dyn Error + Send + Sync>`, then to the decoder's type.
+    #[source]
+    source: Option<Arc<dyn std::error::Error + Send + Sync>>,
+}
+
+impl Corruption {
+    /// This corruption as found by `e`.
+    pub fn caused_by(mut self, e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        self.source = Some(Arc::new(e));
+        self
+    }
+}
+
+impl From<String> for Corruption {
+    fn from(what: String) -> Self {
+        Self { what, source: None }
+    }
+}
+
+impl From<&str> for Corruption {
+    fn from(what: &str) -> Self {
+        what.to_string().into()
+    }
+}
+
+impl From<Corruption> for StoreError {
+    fn from(e: Corruption) -> Self {
+        Self::Corrupt(e)
+    }
 }
 
 /// Why the store did not answer ([`StoreError::Io`]).

@@ -10,8 +10,8 @@ use parking_lot::{Mutex, MutexGuard};
 use rand::RngCore;
 
 use super::{
-    BoxFuture, Created, Expired, IdempotencyEntry, Owned, RequestRoute, SCHEMA_VERSION, StoreError,
-    TaskRecord, TaskStatus, TaskStore, Tombstone, Update, UpstreamIdentity,
+    BoxFuture, Corruption, Created, Expired, IdempotencyEntry, Owned, RequestRoute, SCHEMA_VERSION,
+    StoreError, TaskRecord, TaskStatus, TaskStore, Tombstone, Update, UpstreamIdentity,
 };
 
 #[derive(Default)]
@@ -81,10 +81,9 @@ impl MemoryStore {
     ) -> Result<Created, StoreError> {
         let mut s = self.state();
         if s.tasks.contains_key(&task.task_id) {
-            return Err(StoreError::Corrupt(format!(
-                "tasks/{}: a task with this id already exists",
-                task.task_id
-            )));
+            return Err(StoreError::Corrupt(
+                format!("tasks/{}: a task with this id already exists", task.task_id).into(),
+            ));
         }
         if let Some(k) = idempotency_key {
             if let Some(entry) = s.idempotency.get(k)
@@ -200,8 +199,7 @@ impl MemoryStore {
         i.v = SCHEMA_VERSION;
         // Compared as the serialized text, like a backend that stores bytes: key order
         // and number text count.
-        let bytes = serde_json::to_vec(&i)
-            .map_err(|e| StoreError::Corrupt(format!("upstream_identity/{name}: {e}")))?;
+        let bytes = serde_json::to_vec(&i).map_err(|e| corrupt_identity(name, e))?;
         let mut s = self.state();
         if s.identities.get(name) == Some(&bytes) {
             return Ok(false);
@@ -212,6 +210,10 @@ impl MemoryStore {
 }
 
 /// A future that is ready at once with `v` (every operation here is in memory).
+fn corrupt_identity(name: &str, e: serde_json::Error) -> StoreError {
+    StoreError::Corrupt(Corruption::from(format!("upstream_identity/{name}: {e}")).caused_by(e))
+}
+
 fn ready<'a, T: Send + 'a>(v: T) -> BoxFuture<'a, T> {
     Box::pin(std::future::ready(v))
 }
@@ -361,7 +363,7 @@ impl TaskStore for MemoryStore {
             None => Ok(None),
             Some(b) => serde_json::from_slice(b)
                 .map(Some)
-                .map_err(|e| StoreError::Corrupt(format!("upstream_identity/{name}: {e}"))),
+                .map_err(|e| corrupt_identity(name, e)),
         };
         ready(r)
     }

@@ -32,7 +32,7 @@ pub(crate) mod test_records;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-pub use error::{IoError, SetupError, StoreError};
+pub use error::{Corruption, IoError, SetupError, StoreError};
 
 /// Schema version written into every stored record; a newer gateway reads older ones.
 pub const SCHEMA_VERSION: u32 = 1;

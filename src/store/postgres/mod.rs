@@ -47,8 +47,9 @@ use statements::{
 
 use super::cluster::Seat;
 use super::{
-    BoxFuture, Created, Expired, IdempotencyEntry, IoError, Owned, RequestRoute, SCHEMA_VERSION,
-    SetupError, StoreError, TaskRecord, TaskStatus, TaskStore, Tombstone, Update, UpstreamIdentity,
+    BoxFuture, Corruption, Created, Expired, IdempotencyEntry, IoError, Owned, RequestRoute,
+    SCHEMA_VERSION, SetupError, StoreError, TaskRecord, TaskStatus, TaskStore, Tombstone, Update,
+    UpstreamIdentity,
 };
 use crate::config::{StoreConfig, is_pg_schema_name};
 
@@ -152,7 +153,7 @@ enum PgError {
     Pool(deadpool_postgres::PoolError),
     Db(tokio_postgres::Error),
     Timeout,
-    Corrupt(String),
+    Corrupt(Corruption),
     /// A fenced write found that this replica no longer holds the call.
     Fenced,
 }
@@ -426,7 +427,7 @@ impl PgError {
             Self::Pool(e) => e.to_string(),
             Self::Db(e) => db_message(e),
             Self::Timeout => "timeout".into(),
-            Self::Corrupt(m) => m.clone(),
+            Self::Corrupt(m) => m.to_string(),
             Self::Fenced => "fenced".into(),
         }
     }
@@ -455,16 +456,18 @@ fn ms(v: u64) -> i64 {
 
 fn decode<T: serde::de::DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T, PgError> {
     crate::store::probe::decode();
-    serde_json::from_slice(bytes).map_err(|e| PgError::Corrupt(format!("{what}: {e}")))
+    serde_json::from_slice(bytes)
+        .map_err(|e| PgError::Corrupt(Corruption::from(format!("{what}: {e}")).caused_by(e)))
 }
 
 fn encode<T: serde::Serialize>(what: &str, v: &T) -> Result<Vec<u8>, PgError> {
-    serde_json::to_vec(v).map_err(|e| PgError::Corrupt(format!("{what}: {e}")))
+    serde_json::to_vec(v)
+        .map_err(|e| PgError::Corrupt(Corruption::from(format!("{what}: {e}")).caused_by(e)))
 }
 
 fn parse_status(s: &str) -> Result<TaskStatus, PgError> {
     serde_json::from_value(serde_json::Value::String(s.to_string()))
-        .map_err(|_| PgError::Corrupt(format!("task_routes.status: unknown status {s:?}")))
+        .map_err(|_| PgError::Corrupt(format!("task_routes.status: unknown status {s:?}").into()))
 }
 
 impl PgStore {
@@ -563,11 +566,12 @@ impl PgStore {
         match r {
             Ok(v) => Ok(v),
             Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => {
-                Err(PgError::Corrupt(format!(
+                let what = format!(
                     "task_routes/{}: a task or route with this id already exists ({})",
                     rec.task_id,
                     db_message(&e)
-                )))
+                );
+                Err(PgError::Corrupt(Corruption::from(what).caused_by(e)))
             }
             Err(e) => Err(e.into()),
         }
@@ -692,8 +696,9 @@ impl PgStore {
         for _ in 0..2 {
             if let Some(row) = self.sql.secret.query_opt(&c, &GetSecret { name }).await? {
                 let bytes: Vec<u8> = row.try_get(0)?;
-                return <[u8; 32]>::try_from(bytes.as_slice())
-                    .map_err(|_| PgError::Corrupt(format!("store_secrets/{name}: not 32 bytes")));
+                return <[u8; 32]>::try_from(bytes.as_slice()).map_err(|_| {
+                    PgError::Corrupt(format!("store_secrets/{name}: not 32 bytes").into())
+                });
             }
             let mut fresh = [0u8; 32];
             rand::rng().fill_bytes(&mut fresh);
@@ -703,9 +708,9 @@ impl PgStore {
             };
             self.sql.put_secret.execute(&c, &put).await?;
         }
-        Err(PgError::Corrupt(format!(
-            "store_secrets/{name}: inserted but not found"
-        )))
+        Err(PgError::Corrupt(
+            format!("store_secrets/{name}: inserted but not found").into(),
+        ))
     }
 }
 

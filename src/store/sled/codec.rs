@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 
 use super::schema::key_str;
 use crate::store::{
-    IdempotencyEntry, RequestRoute, SCHEMA_VERSION, StoreError, TaskRecord, Tombstone,
+    Corruption, IdempotencyEntry, RequestRoute, SCHEMA_VERSION, StoreError, TaskRecord, Tombstone,
     UpstreamIdentity,
 };
 
@@ -70,9 +70,9 @@ pub(super) fn decode<T: Record>(
     {
         return Ok(rec);
     }
-    let corrupt = |why: String| StoreError::Corrupt(format!("{tree}/{}: {why}", key_str(key)));
-    let probe: VersionProbe =
-        serde_json::from_slice(bytes).map_err(|e| corrupt(format!("not a JSON record: {e}")))?;
+    let corrupt = |why: String| Corruption::from(format!("{tree}/{}: {why}", key_str(key)));
+    let probe: VersionProbe = serde_json::from_slice(bytes)
+        .map_err(|e| corrupt(format!("not a JSON record: {e}")).caused_by(e))?;
     let version = match probe.v {
         None => 0,
         Some(v) => v
@@ -82,19 +82,25 @@ pub(super) fn decode<T: Record>(
     if version > u64::from(SCHEMA_VERSION) {
         return Err(corrupt(format!(
             "schema version {version} is newer than this gateway's {SCHEMA_VERSION}"
-        )));
+        ))
+        .into());
     }
     if version == u64::from(SCHEMA_VERSION) {
-        return serde_json::from_slice(bytes).map_err(|e| corrupt(e.to_string()));
+        return serde_json::from_slice(bytes)
+            .map_err(|e| corrupt(e.to_string()).caused_by(e).into());
     }
-    let mut value: Value =
-        serde_json::from_slice(bytes).map_err(|e| corrupt(format!("not a JSON record: {e}")))?;
+    let mut value: Value = serde_json::from_slice(bytes)
+        .map_err(|e| corrupt(format!("not a JSON record: {e}")).caused_by(e))?;
     let map = value
         .as_object_mut()
         .ok_or_else(|| corrupt("not a JSON object".into()))?;
     upgrade(map);
     map.insert("v".into(), Value::from(SCHEMA_VERSION));
-    serde_json::from_value(value).map_err(|e| corrupt(format!("version {version}: {e}")))
+    serde_json::from_value(value).map_err(|e| {
+        corrupt(format!("version {version}: {e}"))
+            .caused_by(e)
+            .into()
+    })
 }
 
 /// A field name and the default an older record gets when it lacks the field.
@@ -138,8 +144,11 @@ pub(super) fn encode<T: Serialize>(
     key: &str,
     value: &T,
 ) -> Result<Vec<u8>, StoreError> {
-    serde_json::to_vec(value)
-        .map_err(|e| StoreError::Corrupt(format!("{tree}/{key}: cannot encode: {e}")))
+    serde_json::to_vec(value).map_err(|e| {
+        StoreError::Corrupt(
+            Corruption::from(format!("{tree}/{key}: cannot encode: {e}")).caused_by(e),
+        )
+    })
 }
 
 /// Encode a task with `v` forced to the current schema version.
@@ -180,8 +189,9 @@ pub(super) struct IndexProbe {
 }
 
 pub(super) fn probe(key: &[u8], bytes: &[u8]) -> Result<IndexProbe, StoreError> {
-    serde_json::from_slice(bytes)
-        .map_err(|e| StoreError::Corrupt(format!("tasks/{}: {e}", key_str(key))))
+    serde_json::from_slice(bytes).map_err(|e| {
+        StoreError::Corrupt(Corruption::from(format!("tasks/{}: {e}", key_str(key))).caused_by(e))
+    })
 }
 
 /// The bytes serde writes at the start of a current-version task or tombstone of one
@@ -225,6 +235,22 @@ impl OwnerPrefix {
 mod tests {
     use super::*;
     use crate::store::test_records::task;
+
+    #[test]
+    fn a_record_serde_cannot_read_keeps_serdes_error() {
+        let r = decode::<TaskRecord>("tasks", b"tsk_1", b"{not json", upgrade_task);
+        let Err(StoreError::Corrupt(c)) = r else {
+            panic!("expected Corrupt, got {r:?}");
+        };
+        assert!(
+            c.what.starts_with("tasks/tsk_1: not a JSON record: "),
+            "{c}"
+        );
+        let serde = std::error::Error::source(&c)
+            .and_then(|s| s.downcast_ref::<std::sync::Arc<dyn std::error::Error + Send + Sync>>())
+            .and_then(|s| s.downcast_ref::<serde_json::Error>());
+        assert!(serde.is_some_and(serde_json::Error::is_syntax), "{c:?}");
+    }
 
     #[test]
     fn owner_prefix_matches_what_serde_writes() {

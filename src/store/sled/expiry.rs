@@ -30,10 +30,9 @@ impl SledStore {
                 Some((at, std::str::from_utf8(id).ok()?))
             });
             let Some((at, id)) = parsed else {
-                return Err(StoreError::Corrupt(format!(
-                    "expiry: malformed key {:?}",
-                    k.as_ref()
-                )));
+                return Err(StoreError::Corrupt(
+                    format!("expiry: malformed key {:?}", k.as_ref()).into(),
+                ));
             };
             let actual = match self
                 .tasks

@@ -54,7 +54,9 @@ impl SledStore {
                 let p = probe(&k, &v)?;
                 if !p.status.is_terminal() {
                     let id = std::str::from_utf8(&k).map_err(|_| {
-                        StoreError::Corrupt(format!("tasks: key {:?} is not UTF-8", k.as_ref()))
+                        StoreError::Corrupt(
+                            format!("tasks: key {:?} is not UTF-8", k.as_ref()).into(),
+                        )
                     })?;
                     self.put(
                         &self.live,
@@ -74,7 +76,7 @@ impl SledStore {
         for kv in self.live.iter() {
             let (k, _) = kv.map_err(|e| self.read_failed("scan live index", e))?;
             let (tenant, id) = split_live_key(&k).ok_or_else(|| {
-                StoreError::Corrupt(format!("live: malformed key {:?}", k.as_ref()))
+                StoreError::Corrupt(format!("live: malformed key {:?}", k.as_ref()).into())
             })?;
             let live = match self
                 .tasks

@@ -54,8 +54,9 @@ impl SledStore {
     pub(crate) fn secret(&self, name: &str) -> Result<[u8; 32], StoreError> {
         let key = meta_key(META_SECRET, name.as_bytes());
         let as_secret = |v: &[u8]| {
-            <[u8; 32]>::try_from(v)
-                .map_err(|_| StoreError::Corrupt(format!("meta/secret/{name}: not 32 bytes")))
+            <[u8; 32]>::try_from(v).map_err(|_| {
+                StoreError::Corrupt(format!("meta/secret/{name}: not 32 bytes").into())
+            })
         };
         if let Some(v) = self
             .meta
@@ -73,9 +74,10 @@ impl SledStore {
             Cas::Done => fresh,
             Cas::Lost(Some(v)) => as_secret(&v)?,
             Cas::Lost(None) => {
-                return Err(StoreError::Corrupt(format!(
-                    "meta/secret/{name}: compare-and-swap failed without a current value"
-                )));
+                return Err(StoreError::Corrupt(
+                    format!("meta/secret/{name}: compare-and-swap failed without a current value")
+                        .into(),
+                ));
             }
         };
         self.flush_blocking()?;

@@ -99,16 +99,19 @@ impl SledStore {
                 let v = <[u8; 4]>::try_from(v.as_ref())
                     .map(u32::from_be_bytes)
                     .map_err(|_| {
-                        StoreError::Corrupt(format!(
-                            "store at {}: meta/schema is not a 4-byte version",
-                            path.display()
-                        ))
+                        StoreError::Corrupt(
+                            format!(
+                                "store at {}: meta/schema is not a 4-byte version",
+                                path.display()
+                            )
+                            .into(),
+                        )
                     })?;
                 if v > SCHEMA_VERSION {
                     return Err(StoreError::Corrupt(format!(
                         "store at {} has schema version {v}, newer than this gateway's {SCHEMA_VERSION}",
                         path.display()
-                    )));
+                    ).into()));
                 }
                 if v < SCHEMA_VERSION {
                     meta.insert(META_SCHEMA, &SCHEMA_VERSION.to_be_bytes())
@@ -131,10 +134,13 @@ impl SledStore {
                 let since = <[u8; 8]>::try_from(v.as_ref())
                     .map(u64::from_be_bytes)
                     .map_err(|_| {
-                        StoreError::Corrupt(format!(
-                            "store at {}: meta/layout/seen_since is not an 8-byte time",
-                            path.display()
-                        ))
+                        StoreError::Corrupt(
+                            format!(
+                                "store at {}: meta/layout/seen_since is not an 8-byte time",
+                                path.display()
+                            )
+                            .into(),
+                        )
                     })?;
                 (since, false)
             }

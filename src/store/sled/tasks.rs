@@ -29,10 +29,9 @@ impl SledStore {
         let id = task.task_id.as_bytes();
         let route_id = route.route_id.as_bytes();
         let duplicate = || {
-            StoreError::Corrupt(format!(
-                "tasks/{}: a task with this id already exists",
-                task.task_id
-            ))
+            StoreError::Corrupt(
+                format!("tasks/{}: a task with this id already exists", task.task_id).into(),
+            )
         };
         // Refused before anything is written, so no undo can touch the other task's
         // index entries (the compare-and-swap below still guards a same-id race).

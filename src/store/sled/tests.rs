@@ -558,7 +558,7 @@ async fn upstream_identity_is_byte_exact_written_only_on_change_and_durable() {
         .unwrap();
     match store.upstream_identity("demo") {
         Err(StoreError::Corrupt(msg)) => {
-            assert!(msg.contains("upstream_identity/demo"), "{msg}")
+            assert!(msg.what.contains("upstream_identity/demo"), "{msg}")
         }
         other => panic!("expected Corrupt, got {other:?}"),
     }
@@ -776,8 +776,8 @@ async fn schema_versions() {
         .unwrap();
     match store.get("tsk_new") {
         Err(StoreError::Corrupt(msg)) => {
-            assert!(msg.contains("tasks/tsk_new"), "{msg}");
-            assert!(msg.contains("schema version"), "{msg}");
+            assert!(msg.what.contains("tasks/tsk_new"), "{msg}");
+            assert!(msg.what.contains("schema version"), "{msg}");
         }
         other => panic!("expected Corrupt, got {other:?}"),
     }
@@ -813,7 +813,7 @@ async fn schema_versions() {
     store.flush().await.unwrap();
     drop(store);
     match SledStore::open(&cfg(dir.path(), false)) {
-        Err(StoreError::Corrupt(msg)) => assert!(msg.contains("schema version"), "{msg}"),
+        Err(StoreError::Corrupt(msg)) => assert!(msg.what.contains("schema version"), "{msg}"),
         other => panic!("expected Corrupt, got {other:?}"),
     }
 }
