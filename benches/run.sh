@@ -26,23 +26,25 @@ bash scripts/install-peers.sh "$PWD" >"$PEERS/install-peers.log" 2>&1 \
     || echo "   install-peers failed (see .peers/install-peers.log); the native rows will say so"
 
 # One feature set for every step (the edge's rows need `taskgate edge`), so nothing is
-# built twice.
-echo "== build (release, --features edge)"
-cargo build --release --all-targets --locked --features edge 2>&1 | tail -n 1
+# built twice; the same as scripts/test.sh's (`external-tests` changes no code outside
+# tests), so a run after the tests builds nothing either.
+FEATURES=(--features edge,external-tests)
+echo "== build (release, ${FEATURES[*]})"
+cargo build --release --all-targets --locked "${FEATURES[@]}" 2>&1 | tail -n 1
 
 START=$(date +%s)
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
 echo "== micro-benchmarks (divan)"
-cargo bench --locked --features edge --bench micro 2>/dev/null | tee "$TMP/micro.txt"
+cargo bench --locked "${FEATURES[@]}" --bench micro 2>/dev/null | tee "$TMP/micro.txt"
 
 echo "== load harness (under a throwaway PostgreSQL for the store and replica rows)"
-bash scripts/pg.sh run cargo bench --locked --features edge --bench load -- --out "$TMP/load.md" \
+bash scripts/pg.sh run cargo bench --locked "${FEATURES[@]}" --bench load -- --out "$TMP/load.md" \
     --mcp-proxy "$MCP_PROXY" "$@" >/dev/null
 
 echo "== store backends (sled next to a throwaway PostgreSQL; scripts/pg.sh)"
-bash scripts/pg.sh run cargo bench --locked --features edge --bench store_backends 2>/dev/null \
+bash scripts/pg.sh run cargo bench --locked "${FEATURES[@]}" --bench store_backends 2>/dev/null \
     | grep '^|' >"$TMP/stores.md" \
     || echo "| store backends | failed: see \`bash scripts/pg.sh run cargo bench --bench store_backends\` | |" >"$TMP/stores.md"
 

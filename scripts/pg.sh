@@ -4,7 +4,7 @@
 # Sourced (`source scripts/pg.sh; pg_start`): starts the cluster, exports
 # TASKGATE_TEST_PG_URL and installs an EXIT trap that stops it and removes its
 # directory. Run directly (`bash scripts/pg.sh run CMD ARGS…`): the same around one
-# command, e.g. `bash scripts/pg.sh run cargo nextest run --release --lib -E 'test(/postgres/)'`.
+# command, e.g. `bash scripts/pg.sh run cargo nextest run --release --features external-tests --lib -E 'test(/postgres/)'`.
 #
 # The cluster: Debian's PostgreSQL 15 binaries (package `postgresql`, installed if
 # absent), `initdb --no-sync -A trust` into a fresh temp directory, run as the

@@ -4,8 +4,10 @@
 # into .peers/, builds once in release mode, checks formatting and lints, starts a
 # throwaway PostgreSQL (scripts/pg.sh), then runs every test against the real binary;
 # the hot paths' instruction counts are checked against their baseline on the way.
-# Everything builds with the `edge` feature (`taskgate edge`, pingora): the same feature
-# set in every cargo call below, so nothing is built twice.
+# Everything builds with the `edge` feature (`taskgate edge`, pingora) and with
+# `external-tests` (the tests that need PostgreSQL or the peers, which plain `cargo test`
+# leaves out: Cargo.toml): the same feature set in every cargo call below, so nothing is
+# built twice and nothing is skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,7 +24,7 @@ if ! command -v valgrind >/dev/null 2>&1; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null
 fi
-FEATURES=(--features edge)
+FEATURES=(--features edge,external-tests)
 
 echo "== installing test peers into .peers/"
 bash scripts/install-peers.sh "$PWD"

@@ -524,6 +524,8 @@ async fn mutual_tls_to_an_upstream_that_requires_it() {
 
 /// A real third-party legacy server over HTTPS: the Python SDK's FastMCP under
 /// uvicorn with `ssl_certfile`/`ssl_keyfile` (HTTP/1.1 only: uvicorn speaks no h2).
+/// Its venv is one of the peers in `.peers/`: feature `external-tests` (Cargo.toml).
+#[cfg(feature = "external-tests")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fastmcp_under_uvicorn_over_https() {
     let python = peers().join("venv-mcp130/bin/python");

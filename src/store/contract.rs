@@ -11,6 +11,7 @@ use std::sync::Arc;
 use serde_json::{Map, json};
 
 use super::memory::MemoryStore;
+#[cfg(feature = "external-tests")]
 use super::postgres::{PgStore, testing as pg};
 use super::sled::SledStore;
 use super::test_records::{route, task};
@@ -69,7 +70,9 @@ fn sled() -> Harness {
 }
 
 /// A fresh schema on the test cluster (`scripts/pg.sh`); a restart opens a new pool
-/// on the same schema, as the next process would.
+/// on the same schema, as the next process would. Feature `external-tests`, as every
+/// test that needs the cluster (Cargo.toml).
+#[cfg(feature = "external-tests")]
 fn postgres() -> Harness {
     let settings = pg::settings(&pg::unique_schema("contract"));
     pg::migrate_blocking(&settings);
@@ -507,4 +510,5 @@ macro_rules! contract_suite {
 
 contract_suite!(memory_backend, memory);
 contract_suite!(sled_backend, sled);
+#[cfg(feature = "external-tests")]
 contract_suite!(postgres_backend, postgres);

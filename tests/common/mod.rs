@@ -221,7 +221,7 @@ pub fn pg_url() -> String {
         Ok(u) if !u.is_empty() => u,
         _ => panic!(
             "{PG_URL_VAR} is not set: PostgreSQL tests need the cluster scripts/pg.sh starts; \
-             run them under it, e.g. `bash scripts/pg.sh run cargo nextest run --release --test store_postgres`"
+             run them under it, e.g. `bash scripts/pg.sh run cargo nextest run --release --features external-tests --test store_postgres`"
         ),
     }
 }
@@ -858,16 +858,21 @@ fn schema_for_dir(dir: &Path) -> String {
 }
 
 /// Generate `<backend>::NAME` tests from `async fn NAME(b: StoreBackend)`, one module
-/// per backend listed in the `@backends` arm.
+/// per backend listed in the `@backends` arm (with its attributes: PostgreSQL's needs
+/// the test cluster, so feature `external-tests`, Cargo.toml).
 #[allow(unused_macros)]
 macro_rules! per_backend {
     ($($f:ident),* $(,)?) => {
-        per_backend!(@backends [sled => Sled, postgres => Postgres] [$($f),*]);
+        per_backend!(@backends [
+            sled => Sled,
+            #[cfg(feature = "external-tests")] postgres => Postgres
+        ] [$($f),*]);
     };
-    (@backends [$($m:ident => $v:ident),*] $fns:tt) => {
-        $( per_backend!(@one $m $v $fns); )*
+    (@backends [$($(#[$a:meta])* $m:ident => $v:ident),*] $fns:tt) => {
+        $( per_backend!(@one [$(#[$a])*] $m $v $fns); )*
     };
-    (@one $m:ident $v:ident [$($f:ident),*]) => {
+    (@one [$(#[$a:meta])*] $m:ident $v:ident [$($f:ident),*]) => {
+        $(#[$a])*
         mod $m {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

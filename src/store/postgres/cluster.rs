@@ -421,8 +421,10 @@ impl Cluster for PgStore {
     }
 }
 
-#[cfg(test)]
-mod tests {
+/// Tests on the test cluster (feature `external-tests`; the cluster-free ones are in
+/// `tests` below).
+#[cfg(all(test, feature = "external-tests"))]
+mod database_tests {
     use super::super::testing::settings;
     use super::*;
     use crate::store::test_records::{route, task};
@@ -617,6 +619,11 @@ mod tests {
             "a replica woken for another's relay"
         );
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
 
     #[test]
     fn payloads_split_under_the_limit_and_parse_back() {

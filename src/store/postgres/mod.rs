@@ -1016,7 +1016,8 @@ impl TaskStore for PgStore {
     }
 }
 
-#[cfg(test)]
+// Only with feature `external-tests`: every user needs the cluster (Cargo.toml).
+#[cfg(all(test, feature = "external-tests"))]
 pub(crate) mod testing {
     //! A fresh schema per test on the cluster `scripts/pg.sh` starts.
 
@@ -1034,7 +1035,7 @@ pub(crate) mod testing {
             Ok(u) if !u.is_empty() => u,
             _ => panic!(
                 "{URL_VAR} is not set: PostgreSQL tests need the cluster scripts/pg.sh starts. \
-                 Run them under it, e.g. `bash scripts/pg.sh run cargo nextest run --release --lib -E 'test(/postgres/)'` \
+                 Run them under it, e.g. `bash scripts/pg.sh run cargo nextest run --release --features external-tests --lib -E 'test(/postgres/)'` \
                  (scripts/test.sh does this for the whole suite)"
             ),
         }
@@ -1078,8 +1079,10 @@ pub(crate) mod testing {
     }
 }
 
-#[cfg(test)]
-mod tests {
+/// Tests on the test cluster (feature `external-tests`; the cluster-free ones are in
+/// `tests` below).
+#[cfg(all(test, feature = "external-tests"))]
+mod database_tests {
     use super::testing::*;
     use super::*;
     use crate::store::test_records;
@@ -1179,6 +1182,11 @@ mod tests {
         );
         assert!(out.starts_with(r#"{"b":1,"a":1e"#) && out.contains("12345678901234567890123"));
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
 
     #[tokio::test]
     async fn postgres_unreachable_is_unhealthy_and_errors() {
