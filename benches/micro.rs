@@ -97,23 +97,27 @@ mod validate {
 mod jwt {
     use super::*;
 
-    const SECRET: &str = "bench-secret-0123456789abcdef0123456789abcdef";
+    /// The signer the authenticator trusts: its secret for HS256, its issuer and
+    /// audience for every algorithm.
+    const JWT: fixtures::Hs256Issuer = fixtures::Hs256Issuer {
+        secret: "bench-secret-0123456789abcdef0123456789abcdef",
+        issuer: "https://issuer.bench",
+        audience: "taskgate-bench",
+    };
     const RSA_KEY: &str = include_str!("../src/auth/testdata/rsa1.key.pem");
     const RSA_PUB: &str = include_str!("../src/auth/testdata/rsa1.pub.pem");
     const EC_KEY: &str = include_str!("../src/auth/testdata/ec1.key.pem");
     const EC_PUB: &str = include_str!("../src/auth/testdata/ec1.pub.pem");
 
     fn claims() -> Value {
-        let now = jsonwebtoken::get_current_timestamp();
-        json!({"sub": "alice", "tenant": "acme", "iss": "https://issuer.bench",
-               "aud": "taskgate-bench", "iat": now, "exp": now + 3600})
+        JWT.claims("alice", "acme", 3600)
     }
 
     fn setup(alg: Algorithm) -> (Authenticator, String) {
         let (cfg_alg, key, pem) = match alg {
             Algorithm::HS256 => (
                 "HS256",
-                EncodingKey::from_secret(SECRET.as_bytes()).unwrap(),
+                EncodingKey::from_secret(JWT.secret.as_bytes()).unwrap(),
                 None,
             ),
             Algorithm::RS256 => (
@@ -130,10 +134,10 @@ mod jwt {
         };
         let cfg = AuthConfig {
             algorithms: vec![cfg_alg.into()],
-            hs256_secret: Some(SECRET.into()),
+            hs256_secret: Some(JWT.secret.into()),
             public_key_pem: pem.map(str::to_owned),
-            issuer: Some("https://issuer.bench".into()),
-            audience: Some("taskgate-bench".into()),
+            issuer: Some(JWT.issuer.into()),
+            audience: Some(JWT.audience.into()),
             ..AuthConfig::default()
         };
         let auth = Authenticator::new(&cfg, "http://127.0.0.1:8080").unwrap();

@@ -22,12 +22,11 @@ use serde_json::{Value, json};
 const RSA1_KEY: &str = include_str!("../src/auth/testdata/rsa1.key.pem");
 const RSA2_KEY: &str = include_str!("../src/auth/testdata/rsa2.key.pem");
 
-const ISS: &str = "https://issuer.test";
-const AUD: &str = "taskgate-test";
+const ISS: &str = ISSUER.issuer;
+const AUD: &str = ISSUER.audience;
 
 fn claims(sub: &str) -> Value {
-    json!({"sub": sub, "tenant": "acme", "iss": ISS, "aud": AUD,
-           "exp": now_s() + 600, "iat": now_s()})
+    ISSUER.claims(sub, "acme", 600)
 }
 
 fn rs256(key_pem: &str, kid: &str, claims: &Value) -> String {
@@ -37,15 +36,6 @@ fn rs256(key_pem: &str, kid: &str, claims: &Value) -> String {
         &h,
         claims,
         &EncodingKey::from_rsa_pem(key_pem.as_bytes()).unwrap(),
-    )
-    .unwrap()
-}
-
-fn hs256_with(secret: &str, claims: &Value) -> String {
-    jsonwebtoken::encode(
-        &Header::new(Algorithm::HS256),
-        claims,
-        &EncodingKey::from_secret(secret.as_bytes()).unwrap(),
     )
     .unwrap()
 }
@@ -188,7 +178,7 @@ async fn bad_hs256_tokens_are_401() {
         ("alg none, real claims", stripped),
         (
             "wrong HS secret",
-            hs256_with(
+            fixtures::hs256_token(
                 "another-secret-0123456789abcdef0123456789",
                 &claims("alice"),
             ),

@@ -201,7 +201,7 @@ async fn stored_results_readable_while_stdio_upstream_exits_at_once() {
 /// list-changed or resource flags.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_stored_identity_means_unknown_version_and_no_flags() {
-    use taskgate::store::{SCHEMA_VERSION, TaskRecord, TaskStatus, TaskStore, now_ms};
+    use taskgate::store::{TaskRecord, TaskStatus, TaskStore};
 
     let dir = tempfile::tempdir().unwrap();
     let id = taskgate::tasks::ids::new_task_id();
@@ -211,40 +211,14 @@ async fn no_stored_identity_means_unknown_version_and_no_flags() {
             ..Default::default()
         };
         let store = taskgate::store::sled::SledStore::open(&cfg).unwrap();
-        let now = now_ms();
         let rec = TaskRecord {
-            v: SCHEMA_VERSION,
-            task_id: id.clone(),
-            tenant: "acme".into(),
-            subject: "alice".into(),
-            upstream: "demo".into(),
-            tool: "echo".into(),
-            args_fingerprint: "fp".into(),
-            idempotency_key: None,
             status: TaskStatus::Completed,
             status_message: Some("completed".into()),
-            created_at_ms: now,
-            last_updated_at_ms: now,
-            ttl_ms: 3_600_000,
             poll_interval_ms: 50,
-            expires_at_ms: now + 3_600_000,
             result: Some(json!({"content": [{"type": "text", "text": "kept"}]})),
-            error: None,
-            input_requests: Default::default(),
-            issued_keys: Vec::new(),
-            cancel_requested: false,
+            ..fixtures::task(&id, "acme", "alice", 3_600_000)
         };
-        let route = taskgate::store::RequestRoute {
-            v: SCHEMA_VERSION,
-            route_id: "rt_seed".into(),
-            upstream: "demo".into(),
-            tenant: "acme".into(),
-            subject: "alice".into(),
-            method: "tools/call".into(),
-            started_at_ms: now,
-            deadline_ms: now + 3_600_000,
-            task_id: Some(id.clone()),
-        };
+        let route = fixtures::route("rt_seed", &id, "acme", "alice");
         store.create(&rec, &route, None).await.unwrap();
         store.remove_route("rt_seed").await.unwrap();
         store.flush().await.unwrap();

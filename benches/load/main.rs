@@ -48,9 +48,12 @@ use self::report::Report;
 use self::requests::seed;
 use self::scenarios::{durable_create, inline, scale, tasks_get};
 
-const SECRET: &str = "bench-secret-0123456789abcdef0123456789abcdef";
-const ISSUER: &str = "https://issuer.bench";
-const AUDIENCE: &str = "taskgate-bench";
+/// The issuer of the harness's tokens, trusted by every gateway it starts.
+const JWT: fixtures::Hs256Issuer = fixtures::Hs256Issuer {
+    secret: "bench-secret-0123456789abcdef0123456789abcdef",
+    issuer: "https://issuer.bench",
+    audience: "taskgate-bench",
+};
 const MAX_REQUESTS: u64 = 2_000_000;
 const LEGACY_VERSION: &str = "2025-06-18";
 const META: &str = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}"#;

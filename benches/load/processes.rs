@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::fixtures::free_port;
-use super::{AUDIENCE, ISSUER, SECRET, root};
+use super::{JWT, root};
 
 pub(super) struct Proc {
     pub(super) child: Child,
@@ -175,13 +175,7 @@ listen = "127.0.0.1:0"
 max_connections = 10000
 [store]
 path = "{store}"
-[auth]
-mode = "jwt"
-algorithms = ["HS256"]
-hs256_secret = "{SECRET}"
-issuer = "{ISSUER}"
-audience = "{AUDIENCE}"
-[tasks]
+{auth}[tasks]
 # The poll limiter still decides every tasks/get (benches/RESULTS.md: "JWT verify + ownership +
 # store read + limiter"), but with a 1 ms interval it refuses none of the harness's
 # polls (each task is polled a few times a second).
@@ -198,7 +192,8 @@ max_concurrency = 8192
 [upstream.tools.sleep]
 promote_after_ms = 0
 "#,
-        store = store.display()
+        store = store.display(),
+        auth = JWT.auth_section(),
     )
 }
 

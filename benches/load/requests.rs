@@ -13,16 +13,12 @@ use taskgate::config::StoreConfig;
 use taskgate::store::sled::SledStore;
 use taskgate::store::{TaskRecord, TaskStatus, TaskStore};
 
-use super::fixtures::{hs256_token, route, task};
-use super::{AUDIENCE, HttpClient, ISSUER, LEGACY_VERSION, META, SECRET};
+use super::fixtures::{route, task};
+use super::{HttpClient, JWT, LEGACY_VERSION, META};
 
+/// A token of [`JWT`], valid for two hours (longer than any run).
 pub(super) fn token(sub: &str, tenant: &str) -> String {
-    let now = jsonwebtoken::get_current_timestamp();
-    hs256_token(
-        SECRET,
-        &json!({"sub": sub, "tenant": tenant, "iss": ISSUER, "aud": AUDIENCE,
-                "iat": now, "exp": now + 7200}),
-    )
+    JWT.token(sub, tenant, 7200)
 }
 
 /// Task `i` of a seeded store: a well-formed id (`tsk_` + base64url of 16 bytes).

@@ -21,7 +21,7 @@ use super::harness::{Outcome, Stats, check_echo, contains, run_load};
 use super::processes::{Gateway, start_gateway_with, taskgate_bin};
 use super::report::{Report, err_note, ms};
 use super::requests::{gw_req, token};
-use super::{AUDIENCE, HttpClient, ISSUER, META, META_TASKS, MakeReq, Opts, SECRET};
+use super::{HttpClient, JWT, META, META_TASKS, MakeReq, Opts};
 
 const TITLE: &str = "Stdio pool: noisy neighbour on one shared pool (demo over stdio)";
 /// Tenant B's concurrent crash loops (the load the crash throttle was first measured with).
@@ -35,13 +35,7 @@ fn config(store: &Path) -> String {
 listen = "127.0.0.1:0"
 [store]
 path = "{store}"
-[auth]
-mode = "jwt"
-algorithms = ["HS256"]
-hs256_secret = "{SECRET}"
-issuer = "{ISSUER}"
-audience = "{AUDIENCE}"
-[tasks]
+{auth}[tasks]
 promote_after_ms = 1000
 [[upstream]]
 name = "demo"
@@ -50,6 +44,7 @@ command = ["{bin}", "demo-upstream"]
 max_concurrency = 8
 "#,
         store = store.display(),
+        auth = JWT.auth_section(),
         bin = taskgate_bin().display(),
     )
 }

@@ -1,9 +1,9 @@
 //! Builders shared by the benchmarks, the load harness and the integration tests'
 //! harness (each includes this file with `#[path]` and uses a part of it): stored
-//! records, HS256 tokens, free loopback ports.
+//! records, HS256 tokens and the `[auth]` table that trusts them, free loopback ports.
 #![allow(dead_code)]
 
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 use taskgate::store::{RequestRoute, SCHEMA_VERSION, TaskRecord, TaskStatus, now_ms};
 
 /// An argument fingerprint of the real length (SHA-256, hex), so a stored record is
@@ -51,6 +51,43 @@ pub(crate) fn route(route_id: &str, task_id: &str, tenant: &str, subject: &str) 
         started_at_ms: now,
         deadline_ms: now + 60_000,
         task_id: Some(task_id.into()),
+    }
+}
+
+/// Who signs the tokens a gateway under test trusts: the HS256 secret, issuer and
+/// audience of its `[auth]` table. Each user names its own (`tests/common`, the
+/// benches), so a token of one is never valid at the other.
+pub(crate) struct Hs256Issuer {
+    pub(crate) secret: &'static str,
+    pub(crate) issuer: &'static str,
+    pub(crate) audience: &'static str,
+}
+
+impl Hs256Issuer {
+    /// The `[auth]` table (JWT, HS256 only) of a gateway that trusts this issuer.
+    pub(crate) fn auth_section(&self) -> String {
+        format!(
+            "[auth]\nmode = \"jwt\"\nalgorithms = [\"HS256\"]\nhs256_secret = \"{}\"\nissuer = \"{}\"\naudience = \"{}\"\n",
+            self.secret, self.issuer, self.audience
+        )
+    }
+
+    /// The claims of `sub` in `tenant`, issued now and valid for `ttl_s` seconds.
+    pub(crate) fn claims(&self, sub: &str, tenant: &str, ttl_s: u64) -> Value {
+        let now = jsonwebtoken::get_current_timestamp();
+        json!({"sub": sub, "tenant": tenant, "iss": self.issuer, "aud": self.audience,
+               "iat": now, "exp": now + ttl_s})
+    }
+
+    /// A token carrying [`Hs256Issuer::claims`].
+    pub(crate) fn token(&self, sub: &str, tenant: &str, ttl_s: u64) -> String {
+        self.sign(&self.claims(sub, tenant, ttl_s))
+    }
+
+    /// A token carrying `claims` as they are (a test's own, or claims edited to be
+    /// refused).
+    pub(crate) fn sign(&self, claims: &Value) -> String {
+        hs256_token(self.secret, claims)
     }
 }
 

@@ -20,11 +20,19 @@ use serde_json::{Value, json};
 
 pub mod tls;
 
+// The builders the benches share (stored records: `fixtures::task`, `fixtures::route`).
 #[path = "../../benches/support/fixtures.rs"]
-mod fixtures;
-pub(crate) use fixtures::free_port;
+pub mod fixtures;
+pub(crate) use fixtures::{Hs256Issuer, free_port};
 
 pub const SECRET: &str = "integration-test-secret-0123456789abcdef0123";
+
+/// The issuer of the tests' tokens, trusted by [`jwt_auth`].
+pub const ISSUER: Hs256Issuer = Hs256Issuer {
+    secret: SECRET,
+    issuer: "https://issuer.test",
+    audience: "taskgate-test",
+};
 
 pub fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_taskgate"))
@@ -177,9 +185,7 @@ pub fn http_upstream(name: &str, path: &str, url: &str, extra: &str) -> String {
 }
 
 pub fn jwt_auth() -> String {
-    format!(
-        "[auth]\nmode = \"jwt\"\nalgorithms = [\"HS256\"]\nhs256_secret = \"{SECRET}\"\nissuer = \"https://issuer.test\"\naudience = \"taskgate-test\"\n"
-    )
+    ISSUER.auth_section()
 }
 
 pub fn no_auth() -> String {
@@ -193,16 +199,13 @@ pub fn now_s() -> u64 {
         .as_secs()
 }
 
-/// An HS256 token for the test secret with the standard test issuer/audience.
+/// An HS256 token of [`ISSUER`], valid for an hour.
 pub fn token(sub: &str, tenant: &str) -> String {
-    token_with(json!({
-        "sub": sub, "tenant": tenant, "iss": "https://issuer.test", "aud": "taskgate-test",
-        "exp": now_s() + 3600, "iat": now_s()
-    }))
+    ISSUER.token(sub, tenant, 3600)
 }
 
 pub fn token_with(claims: Value) -> String {
-    fixtures::hs256_token(SECRET, &claims)
+    ISSUER.sign(&claims)
 }
 
 /// The variable `scripts/pg.sh` exports: the test PostgreSQL cluster.
