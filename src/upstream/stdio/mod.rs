@@ -42,6 +42,7 @@ pub(crate) mod framing;
 mod inbound;
 mod pool;
 mod process;
+mod spawn;
 mod supervise;
 mod throttle;
 
@@ -72,20 +73,6 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// as a failed start (a server that quits right after its handshake would otherwise
 /// be respawned in a tight loop).
 const STABLE_UPTIME: Duration = Duration::from_secs(10);
-/// Bound on the `initialize` round trip (covers slow `npx`/`uvx` cold starts).
-/// Quiet period between `initialized` and a child's first call (see `spawn_child`).
-const SETTLE_AFTER_INIT: Duration = Duration::from_millis(750);
-const INIT_TIMEOUT: Duration = Duration::from_secs(60);
-/// Shutdown: how long a child gets after stdin EOF, then after SIGTERM.
-const STDIN_EOF_GRACE: Duration = Duration::from_millis(500);
-const SIGTERM_GRACE: Duration = Duration::from_millis(500);
-/// After the child exits, how long to keep reading output it already wrote (its final
-/// answer may still sit in the pipe) in case a grandchild holds stdout open.
-const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(300);
-/// After stdout EOF, how long the child gets to exit before it is killed.
-const EXIT_AFTER_EOF: Duration = Duration::from_millis(500);
-/// stderr lines are only logged, so they are capped well below stdout messages.
-const MAX_STDERR_LINE: usize = 16 * 1024;
 const NOTIFICATION_CAPACITY: usize = 64;
 
 /// Configuration of one stdio pool (built from `UpstreamConfig`).

@@ -4,7 +4,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::child::{Child, spawn_child};
+use super::child::Child;
+use super::spawn::spawn_child;
 use super::{STABLE_UPTIME, Shared, SlotState};
 
 /// Keep one slot's child alive: spawn, initialize, wait for exit or idleness, restart.
