@@ -13,16 +13,17 @@ use serde_json::{Map, Value};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::consts::{
+    ACCEPT_POST, ACCEPT_SSE, DEFAULT_RESUME_DELAY_MS, MAX_EMPTY_RESUMES, MAX_RESUME_DELAY_MS,
+};
 use super::handshake::Trigger;
-use super::inbound::{ProgressRoute, split_batch};
+use super::inbound::{CallCtx, ProgressRoute, split_batch};
 use super::request::{
     ReadError, SendError, body_snippet, error_chain, is_event_stream, read_capped, snippet,
 };
-use super::session::{Lease, Session};
-use super::{
-    ACCEPT_POST, ACCEPT_SSE, DEFAULT_RESUME_DELAY_MS, HttpUpstream, MAX_EMPTY_RESUMES,
-    MAX_RESUME_DELAY_MS,
-};
+use super::retire::Lease;
+use super::session::Session;
+use super::state::HttpUpstream;
 use crate::upstream::sse::SseParser;
 use crate::upstream::{CallEvent, CallOutcome, CallSpec, UpstreamError, legacy_messages};
 
@@ -288,38 +289,6 @@ impl HttpUpstream {
     }
 }
 
-/// Per-call routing context.
-pub(super) struct CallCtx<'a> {
-    /// The request's method, for what the logs say about a failure.
-    pub(super) what: &'a str,
-    pub(super) request_id: u64,
-    pub(super) token: Option<Value>,
-    pub(super) events: Option<&'a mpsc::Sender<CallEvent>>,
-    pub(super) session: Session,
-    pub(super) last_event_id: Option<String>,
-    pub(super) retry_ms: Option<u64>,
-}
-
-impl<'a> CallCtx<'a> {
-    pub(super) fn new(
-        what: &'a str,
-        request_id: u64,
-        token: Option<Value>,
-        events: Option<&'a mpsc::Sender<CallEvent>>,
-        session: Session,
-    ) -> Self {
-        Self {
-            what,
-            request_id,
-            token,
-            events,
-            session,
-            last_event_id: None,
-            retry_ms: None,
-        }
-    }
-}
-
 /// Sends `notifications/cancelled` when a call is dropped while its request may be at
 /// the upstream (`sent` is `Some`), then verifies the session (module docs). Holds the
 /// call's lease on that session, so a retired session is not ended under the call.
@@ -333,7 +302,7 @@ pub(super) struct CancelGuard {
 impl CancelGuard {
     /// The request is about to be sent in `session`.
     pub(super) fn arm(&mut self, upstream: &HttpUpstream, session: &Session) {
-        self.sent = Some((session.clone(), session.lease(upstream)));
+        self.sent = Some((session.clone(), Lease::new(upstream, session)));
     }
 
     /// Nothing of the request is left upstream (answered or refused).
@@ -367,5 +336,17 @@ impl Drop for CancelGuard {
             }
             me.cancel_and_verify(&session, id).await;
         });
+    }
+}
+
+impl UpstreamError {
+    /// For a call whose request was sent: an answer that would be a protocol error
+    /// (an error status while resuming its stream) means the call broke, and it may
+    /// have run.
+    fn into_broken(self) -> Self {
+        match self {
+            Self::Protocol { upstream, reason } => Self::Broken { upstream, reason },
+            other => other,
+        }
     }
 }

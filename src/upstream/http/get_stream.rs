@@ -7,10 +7,11 @@ use http_body_util::BodyExt;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use super::consts::{ACCEPT_SSE, INITIAL_BACKOFF, MAX_BACKOFF};
 use super::inbound::split_batch;
 use super::request::is_event_stream;
 use super::session::Session;
-use super::{ACCEPT_SSE, HttpUpstream, INITIAL_BACKOFF, MAX_BACKOFF};
+use super::state::HttpUpstream;
 use crate::upstream::legacy_messages;
 use crate::upstream::legacy_messages::Inbound;
 use crate::upstream::sse::SseParser;

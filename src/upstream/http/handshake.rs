@@ -10,14 +10,16 @@ use http::Method;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::call_stream::CallCtx;
-use super::get_stream::listen;
-use super::request::SendError;
-use super::session::{Retire, Session};
-use super::{
-    ACCEPT_POST, FAIL_FAST, HttpUpstream, INIT_TIMEOUT, INITIAL_BACKOFF, MAX_BACKOFF,
-    SESSION_HEADER, VERIFY_TIMEOUT,
+use super::consts::{
+    ACCEPT_POST, FAIL_FAST, INIT_TIMEOUT, INITIAL_BACKOFF, MAX_BACKOFF, SESSION_HEADER,
+    VERIFY_TIMEOUT,
 };
+use super::get_stream::listen;
+use super::inbound::CallCtx;
+use super::request::SendError;
+use super::retire::Retire;
+use super::session::Session;
+use super::state::HttpUpstream;
 use crate::upstream::{CallOutcome, TransportState, UpstreamError, UpstreamInfo, legacy_messages};
 
 /// Who asks for a handshake; decides whether a recent failure is reused.

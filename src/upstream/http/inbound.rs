@@ -7,9 +7,8 @@ use parking_lot::MutexGuard;
 use serde_json::{Map, Value};
 use tokio::sync::{mpsc, oneshot};
 
-use super::HttpUpstream;
-use super::call_stream::CallCtx;
 use super::session::Session;
+use super::state::{HttpUpstream, ProgressTarget};
 use crate::protocol::RpcError;
 use crate::upstream::legacy_messages::Inbound;
 use crate::upstream::{
@@ -150,12 +149,36 @@ impl HttpUpstream {
     }
 }
 
-/// Where progress for one token goes. The sender is weak so the route never keeps a
-/// finished call's event channel open (receivers see the channel close when the call
-/// ends, as with any other transport).
-pub(super) struct ProgressTarget {
-    pub(super) generation: u64,
-    pub(super) events: mpsc::WeakSender<CallEvent>,
+/// Per-call routing context.
+pub(super) struct CallCtx<'a> {
+    /// The request's method, for what the logs say about a failure.
+    pub(super) what: &'a str,
+    pub(super) request_id: u64,
+    pub(super) token: Option<Value>,
+    pub(super) events: Option<&'a mpsc::Sender<CallEvent>>,
+    pub(super) session: Session,
+    pub(super) last_event_id: Option<String>,
+    pub(super) retry_ms: Option<u64>,
+}
+
+impl<'a> CallCtx<'a> {
+    pub(super) fn new(
+        what: &'a str,
+        request_id: u64,
+        token: Option<Value>,
+        events: Option<&'a mpsc::Sender<CallEvent>>,
+        session: Session,
+    ) -> Self {
+        Self {
+            what,
+            request_id,
+            token,
+            events,
+            session,
+            last_event_id: None,
+            retry_ms: None,
+        }
+    }
 }
 
 /// A call's entry in [`HttpUpstream::progress_routes`]; removed on drop, so the token

@@ -1,6 +1,8 @@
 //! A small real legacy Streamable HTTP server (hyper, 127.0.0.1:0) for the tests.
 
+use super::consts::{LAST_EVENT_ID, SESSION_HEADER};
 use super::*;
+use bytes::Bytes;
 use futures_util::StreamExt;
 use http::header::{CONTENT_TYPE, LOCATION};
 use http::{Request, Response};
@@ -16,6 +18,7 @@ use serde_json::json;
 use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 

@@ -78,11 +78,14 @@
 //! - **No panics on upstream input.** Every upstream-controlled path returns an error.
 
 mod call_stream;
+mod consts;
 mod get_stream;
 mod handshake;
 mod inbound;
 mod request;
+mod retire;
 mod session;
+mod state;
 
 #[cfg(test)]
 mod mock_server;
@@ -90,23 +93,22 @@ mod mock_server;
 mod tests;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
 
-use crate::tls::client::{HttpsConnector, https_connector};
-use bytes::Bytes;
+use crate::tls::client::https_connector;
 use http::{HeaderName, HeaderValue, Method};
-use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::Mutex;
 use tokio::sync::{Notify, broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
+pub use self::state::HttpUpstream;
+
+use self::consts::{ACCEPT_POST, CONNECT_TIMEOUT, DELETE_TIMEOUT};
 use self::handshake::supervise;
-use self::inbound::ProgressTarget;
-use self::session::Session;
+use self::state::Inner;
 use super::identity::Identity;
 use super::{
     BoxFuture, CallEvent, CallOutcome, CallSpec, LegacyTransport, SessionNotification,
@@ -129,70 +131,6 @@ pub struct HttpOptions {
     /// How an `https://` endpoint is verified (`tls::client`); for an `http://` one,
     /// [`crate::tls::client::plaintext_only`].
     pub tls: Arc<rustls::ClientConfig>,
-}
-
-const ACCEPT_POST: &str = "application/json, text/event-stream";
-const ACCEPT_SSE: &str = "text/event-stream";
-const SESSION_HEADER: &str = "mcp-session-id";
-const VERSION_HEADER: &str = "mcp-protocol-version";
-const LAST_EVENT_ID: &str = "last-event-id";
-
-const INITIAL_BACKOFF: Duration = Duration::from_millis(200);
-const MAX_BACKOFF: Duration = Duration::from_secs(5);
-/// A caller arriving this soon after a failed handshake gets the failure instead of a
-/// new attempt, so a burst of calls against a dead upstream is not a burst of connects.
-const FAIL_FAST: Duration = Duration::from_millis(250);
-const INIT_TIMEOUT: Duration = Duration::from_secs(30);
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// A notification or response POST is answered `202` at once by any live server.
-const MESSAGE_TIMEOUT: Duration = Duration::from_secs(10);
-/// `notifications/cancelled` plus the `ping` that verifies the session afterwards;
-/// new calls wait at most this long for the verdict.
-const VERIFY_TIMEOUT: Duration = Duration::from_secs(5);
-const DELETE_TIMEOUT: Duration = Duration::from_secs(2);
-const MAX_REDIRECTS: usize = 5;
-/// When a stream ends without `retry:` but with an id, wait this long before resuming.
-const DEFAULT_RESUME_DELAY_MS: u64 = 500;
-/// Cap on a server-supplied `retry:` so a hostile value cannot park a call forever.
-const MAX_RESUME_DELAY_MS: u64 = 60_000;
-/// Consecutive resumptions that deliver no event at all before the call is abandoned.
-const MAX_EMPTY_RESUMES: u32 = 5;
-const SNIPPET_BYTES: usize = 512;
-struct Inner {
-    /// Current endpoint (updated when a 307/308 redirect is followed).
-    url: String,
-    session: Option<Session>,
-    /// Shared, so that reading it under the lock (every request reads it) is a
-    /// reference count, not a copy of the capability map: the copy under this lock
-    /// was a contended lock on the `tasks/get` path (benches/RESULTS.md, issue 26).
-    info: Option<Arc<UpstreamInfo>>,
-    state: TransportState,
-    generation: u64,
-    last_failure: Option<(Instant, String)>,
-}
-
-/// A legacy Streamable HTTP client session (MCP 2025-11-25 "Transports", "Streamable HTTP"). See the module docs.
-pub struct HttpUpstream {
-    me: Weak<HttpUpstream>,
-    name: String,
-    headers: Vec<(HeaderName, HeaderValue)>,
-    max_message_bytes: usize,
-    identity: Option<Arc<Identity>>,
-    client: Client<HttpsConnector, Full<Bytes>>,
-    inner: Mutex<Inner>,
-    /// Serialises handshakes (first start, recovery, re-init after 404).
-    init_lock: tokio::sync::Mutex<()>,
-    notifications: broadcast::Sender<SessionNotification>,
-    next_id: AtomicU64,
-    next_token: AtomicU64,
-    /// Progress token → the call that owns it, for progress arriving on a stream other
-    /// than the call's own (see the module docs). Entries live exactly as long as the
-    /// call ([`ProgressRoute`]).
-    progress_routes: Mutex<HashMap<u64, ProgressTarget>>,
-    /// Wakes the supervisor when the session was lost.
-    session_lost: Arc<Notify>,
-    stop: CancellationToken,
-    shutting_down: AtomicBool,
 }
 
 impl std::fmt::Debug for HttpUpstream {
@@ -259,39 +197,6 @@ impl HttpUpstream {
     /// The endpoint currently used (after any remembered redirect).
     pub fn url(&self) -> String {
         self.inner().url.clone()
-    }
-
-    fn inner(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock()
-    }
-
-    fn is_shutting_down(&self) -> bool {
-        self.shutting_down.load(Ordering::SeqCst)
-    }
-
-    fn current_session(&self) -> Option<Session> {
-        self.inner().session.clone()
-    }
-
-    fn unavailable(&self, reason: impl Into<String>) -> UpstreamError {
-        UpstreamError::Unavailable {
-            upstream: self.name.clone(),
-            reason: reason.into(),
-        }
-    }
-
-    fn broken(&self, reason: impl Into<String>) -> UpstreamError {
-        UpstreamError::Broken {
-            upstream: self.name.clone(),
-            reason: reason.into(),
-        }
-    }
-
-    fn protocol(&self, reason: impl Into<String>) -> UpstreamError {
-        UpstreamError::Protocol {
-            upstream: self.name.clone(),
-            reason: reason.into(),
-        }
     }
 }
 
@@ -372,14 +277,5 @@ impl Drop for HttpUpstream {
     fn drop(&mut self) {
         // Stops the supervisor and the GET stream, which only hold weak references.
         self.stop.cancel();
-    }
-}
-
-impl UpstreamError {
-    fn into_broken(self) -> Self {
-        match self {
-            Self::Protocol { upstream, reason } => Self::Broken { upstream, reason },
-            other => other,
-        }
     }
 }

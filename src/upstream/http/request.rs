@@ -10,11 +10,12 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use serde_json::Value;
 
-use super::session::Session;
-use super::{
-    ACCEPT_POST, HttpUpstream, LAST_EVENT_ID, MAX_REDIRECTS, MESSAGE_TIMEOUT, SESSION_HEADER,
-    SNIPPET_BYTES, VERSION_HEADER,
+use super::consts::{
+    ACCEPT_POST, LAST_EVENT_ID, MAX_REDIRECTS, MESSAGE_TIMEOUT, SESSION_HEADER, SNIPPET_BYTES,
+    VERSION_HEADER,
 };
+use super::session::Session;
+use super::state::HttpUpstream;
 use crate::upstream::UpstreamError;
 
 /// Why a request could not be exchanged.

@@ -1,5 +1,8 @@
 //! Against a small real legacy Streamable HTTP server (hyper, 127.0.0.1:0).
 
+use std::time::{Duration, Instant};
+
+use super::consts::{ACCEPT_SSE, LAST_EVENT_ID, SESSION_HEADER, VERIFY_TIMEOUT, VERSION_HEADER};
 use super::*;
 use crate::upstream::{Delivery, InputAnswer, LegacyTransport};
 use serde_json::json;
