@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::Principal;
+use super::outcome::Principal;
 
 pub(crate) type Digest = [u8; 32];
 

@@ -11,9 +11,8 @@ use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, AlgorithmFamily, DecodingKey, Validation};
 use serde_json::{Map, Value};
 
-use super::AuthInitError;
-use super::Principal;
 use super::jwks::{self, JwksSource, JwksStore, KeyEntry, KeySet, Select};
+use super::outcome::{AuthInitError, Principal};
 use crate::config::AuthConfig;
 
 pub(crate) struct Verified {

@@ -3,7 +3,7 @@
 use http::StatusCode;
 use serde_json::{Value, json};
 
-use super::AuthFailure;
+use super::outcome::AuthFailure;
 use crate::config::AuthConfig;
 
 pub(crate) struct Metadata {
