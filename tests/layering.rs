@@ -389,11 +389,6 @@ fn the_scanner_reads_groups_and_ignores_comments() {
 
 // File-level cycles: the files of one top-level module import one way too.
 
-/// Top-level modules whose files still import each other in a circle, being broken
-/// up (issue 27). The list can only shrink: a module listed here that has no file
-/// cycle any more fails the test as well, so take it off when its cycle is gone.
-const CYCLES_BEING_BROKEN: &[&str] = &["front", "tasks"];
-
 /// Every `.rs` file of `src/` as its module path (`src/<a>/<b>.rs` and
 /// `src/<a>/<b>/mod.rs` are `a::b`), its path and its text; `lib.rs` and `main.rs`, the
 /// crate root, are left out.
@@ -772,9 +767,6 @@ fn the_files_of_a_module_form_no_cycle() {
     let mut wrong = Vec::new();
     for cycle in &cycles {
         let top = top_module(&cycle[0]);
-        if CYCLES_BEING_BROKEN.contains(&top) {
-            continue;
-        }
         let mut lines = vec![format!("files of `{top}` that import each other:")];
         for from in cycle {
             for (to, written) in &edges[from] {
@@ -784,13 +776,6 @@ fn the_files_of_a_module_form_no_cycle() {
             }
         }
         wrong.push(lines.join("\n"));
-    }
-    for listed in CYCLES_BEING_BROKEN {
-        if !cycles.iter().any(|c| top_module(&c[0]) == *listed) {
-            wrong.push(format!(
-                "`{listed}` has no file cycle any more: take it off CYCLES_BEING_BROKEN"
-            ));
-        }
     }
     assert!(
         wrong.is_empty(),
