@@ -414,21 +414,27 @@ fn source_files() -> Vec<(String, PathBuf, String)> {
         .collect()
 }
 
-/// `code` without its `#[cfg(test)] mod …` items (`mod tests;` or `mod tests { … }`):
-/// inside a test module `super::` is the file itself, and tests may reach anywhere.
+/// `code` without its test-only `mod …` items (`mod tests;` or `mod tests { … }`, under
+/// `#[cfg(test)]` or `#[cfg(all(test, …))]`): inside a test module `super::` is the
+/// file itself, and tests may reach anywhere.
 fn without_test_modules(code: &str) -> String {
-    const ATTR: &str = "#[cfg(test)]";
+    const ATTRS: [&str; 2] = ["#[cfg(test)]", "#[cfg(all(test,"];
     let mut out = String::with_capacity(code.len());
     let mut rest = code;
-    while let Some(i) = rest.find(ATTR) {
-        let after = &rest[i + ATTR.len()..];
+    while let Some(i) = ATTRS.iter().filter_map(|a| rest.find(a)).min() {
+        // The attribute ends at its closing bracket.
+        let Some(close) = rest[i..].find(']') else {
+            break;
+        };
+        let end = i + close + 1;
+        let after = &rest[end..];
         match test_module_len(after) {
             Some(n) => {
                 out.push_str(&rest[..i]);
                 rest = &after[n..];
             }
             None => {
-                out.push_str(&rest[..i + ATTR.len()]);
+                out.push_str(&rest[..end]);
                 rest = after;
             }
         }
@@ -807,7 +813,8 @@ fn the_file_scanner_reads_paths_groups_children_and_reexports() {
         (
             "m::c",
             "fn h() {\n    let url = \"http://h/\"; super::super::n::f();\n    self::inner();\n    \
-             Vec::<u8>::new();\n}\nfn inner() {}\n",
+             Vec::<u8>::new();\n}\nfn inner() {}\n\
+             #[cfg(all(test, feature = \"x\"))]\nmod gated {\n    use crate::m::a;\n}\n",
         ),
         ("n", "pub mod deep;\n"),
         ("n::deep", "pub use crate::m::c::X;\n"),
