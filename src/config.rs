@@ -739,10 +739,6 @@ impl Config {
         self.store.runtime_dir().join(self.replica_id())
     }
 
-    pub fn upstream(&self, name: &str) -> Option<&UpstreamConfig> {
-        self.upstreams.iter().find(|u| u.name == name)
-    }
-
     fn validate(&self) -> Result<(), ConfigError> {
         if let Some(e) = &self.edge {
             e.validate()?;

@@ -9,10 +9,12 @@ pub mod meta;
 pub mod method;
 pub mod params;
 pub mod results;
+pub mod upstream_info;
 
 pub use error::RpcError;
 pub use meta::{ClientCaps, RequestMeta};
 pub use method::Method;
+pub use upstream_info::UpstreamInfo;
 
 use serde_json::{Map, Value};
 

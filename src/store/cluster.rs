@@ -7,7 +7,8 @@
 
 use tokio::sync::mpsc;
 
-use super::{BoxFuture, StoreError, TaskRecord, TaskStatus, Update};
+use super::{StoreError, TaskRecord, TaskStatus, Update};
+use futures_util::future::BoxFuture;
 
 /// A replica's seat: its stable id and the epoch of this start. Every request route
 /// names the seat of the replica holding the call; a write from that call is fenced

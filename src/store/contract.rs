@@ -15,10 +15,9 @@ use super::memory::MemoryStore;
 use super::postgres::{PgStore, testing as pg};
 use super::sled::SledStore;
 use super::test_records::{route, task};
-use super::{
-    Created, Owned, SCHEMA_VERSION, TaskStatus, TaskStore, UpstreamIdentity, now_ms, probe,
-};
+use super::{Created, Owned, TaskStatus, TaskStore, now_ms, probe};
 use crate::config::StoreConfig;
+use crate::protocol::UpstreamInfo;
 
 /// One store under test.
 pub(crate) struct Harness {
@@ -425,8 +424,7 @@ pub(crate) async fn routes_are_resolved_at_start_up(mut h: Harness) {
 
 pub(crate) async fn upstream_identity_and_secrets(mut h: Harness) {
     let s = h.store();
-    let id = UpstreamIdentity {
-        v: SCHEMA_VERSION,
+    let id = UpstreamInfo {
         protocol_version: "2025-06-18".into(),
         server_info: json!({"name": "demo", "version": "1.0"}),
         capabilities: Map::new(),

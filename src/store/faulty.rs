@@ -9,9 +9,11 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::{
-    BoxFuture, Created, Expired, IdempotencyEntry, Owned, RequestRoute, StoreError, TaskRecord,
-    TaskStatus, TaskStore, Tombstone, Update, UpstreamIdentity,
+    Created, Expired, IdempotencyEntry, Owned, RequestRoute, StoreError, TaskRecord, TaskStatus,
+    TaskStore, Tombstone, Update,
 };
+use crate::protocol::UpstreamInfo;
+use futures_util::future::BoxFuture;
 
 /// See the module documentation. Operation names are the trait's method names.
 pub(crate) struct FaultyStore {
@@ -209,7 +211,7 @@ impl TaskStore for FaultyStore {
     fn upstream_identity<'a>(
         &'a self,
         name: &'a str,
-    ) -> BoxFuture<'a, Result<Option<UpstreamIdentity>, StoreError>> {
+    ) -> BoxFuture<'a, Result<Option<UpstreamInfo>, StoreError>> {
         pass!(
             self,
             "upstream_identity",
@@ -220,7 +222,7 @@ impl TaskStore for FaultyStore {
     fn put_upstream_identity<'a>(
         &'a self,
         name: &'a str,
-        identity: &'a UpstreamIdentity,
+        identity: &'a UpstreamInfo,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         pass!(
             self,

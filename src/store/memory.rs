@@ -10,9 +10,11 @@ use parking_lot::{Mutex, MutexGuard};
 use rand::RngCore;
 
 use super::{
-    BoxFuture, Corruption, Created, Expired, IdempotencyEntry, Owned, RequestRoute, SCHEMA_VERSION,
-    StoreError, TaskRecord, TaskStatus, TaskStore, Tombstone, Update, UpstreamIdentity,
+    Corruption, Created, Expired, IdempotencyEntry, Owned, RequestRoute, SCHEMA_VERSION,
+    StoreError, StoredIdentity, TaskRecord, TaskStatus, TaskStore, Tombstone, Update,
 };
+use crate::protocol::UpstreamInfo;
+use futures_util::future::BoxFuture;
 
 #[derive(Default)]
 struct State {
@@ -190,16 +192,11 @@ impl MemoryStore {
         due.len()
     }
 
-    fn put_identity_now(
-        &self,
-        name: &str,
-        identity: &UpstreamIdentity,
-    ) -> Result<bool, StoreError> {
-        let mut i = identity.clone();
-        i.v = SCHEMA_VERSION;
+    fn put_identity_now(&self, name: &str, identity: &UpstreamInfo) -> Result<bool, StoreError> {
         // Compared as the serialized text, like a backend that stores bytes: key order
         // and number text count.
-        let bytes = serde_json::to_vec(&i).map_err(|e| corrupt_identity(name, e))?;
+        let bytes = serde_json::to_vec(&StoredIdentity::current(identity))
+            .map_err(|e| corrupt_identity(name, e))?;
         let mut s = self.state();
         if s.identities.get(name) == Some(&bytes) {
             return Ok(false);
@@ -358,7 +355,7 @@ impl TaskStore for MemoryStore {
     fn upstream_identity<'a>(
         &'a self,
         name: &'a str,
-    ) -> BoxFuture<'a, Result<Option<UpstreamIdentity>, StoreError>> {
+    ) -> BoxFuture<'a, Result<Option<UpstreamInfo>, StoreError>> {
         let r = match self.state().identities.get(name) {
             None => Ok(None),
             Some(b) => serde_json::from_slice(b)
@@ -371,7 +368,7 @@ impl TaskStore for MemoryStore {
     fn put_upstream_identity<'a>(
         &'a self,
         name: &'a str,
-        identity: &'a UpstreamIdentity,
+        identity: &'a UpstreamInfo,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         ready(self.put_identity_now(name, identity))
     }

@@ -29,10 +29,13 @@ pub mod sled;
 #[cfg(test)]
 pub(crate) mod test_records;
 
+use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 pub use error::{Corruption, IoError, SetupError, StoreError};
+
+use crate::protocol::UpstreamInfo;
 
 /// Schema version written into every stored record; a newer gateway reads older ones.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -139,20 +142,26 @@ pub struct Expired {
     pub seen: bool,
 }
 
-/// An upstream's last `initialize` result as far as clients see it (the *upstream
-/// identities* table, one record per upstream name). `server_info` and `capabilities`
-/// are kept as the upstream sent them: the JSON text keeps key order and number text
-/// (serde_json `preserve_order` + `arbitrary_precision`), so what a client reads while
-/// the upstream is down equals what it read while it was up.
+/// The stored form of an upstream's identity (the *upstream identities* table, one
+/// record per upstream name): the record's schema version, then the
+/// [`UpstreamInfo`] fields inline, so the stored JSON is
+/// `{"v", "protocol_version", "server_info", "capabilities", "instructions"?}`. `I` is
+/// `&UpstreamInfo` when writing and `UpstreamInfo` when reading.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct UpstreamIdentity {
+pub(crate) struct StoredIdentity<I> {
     pub v: u32,
-    /// The legacy protocol version the upstream answered with.
-    pub protocol_version: String,
-    pub server_info: Value,
-    pub capabilities: Map<String, Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub instructions: Option<String>,
+    #[serde(flatten)]
+    pub info: I,
+}
+
+impl<'a> StoredIdentity<&'a UpstreamInfo> {
+    /// `info` as a record of the current schema.
+    pub(crate) fn current(info: &'a UpstreamInfo) -> Self {
+        Self {
+            v: SCHEMA_VERSION,
+            info,
+        }
+    }
 }
 
 /// Result of [`TaskStore::create`].
@@ -180,11 +189,6 @@ pub enum Owned {
 /// sweep leaves routes younger than this alone (docs/design.md §16).
 pub const OPERATION_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// A boxed, `Send` future: what every [`TaskStore`] method returns, so that the trait
-/// stays object-safe (the engine holds an `Arc<dyn TaskStore>`) while a backend may do
-/// real I/O (a network database) behind it.
-pub type BoxFuture<'a, T> = futures_util::future::BoxFuture<'a, T>;
-
 /// A read-modify-write step for [`TaskStore::update`]: it may run more than once and
 /// returns `false` to leave the record unchanged.
 pub type Update<'a> = &'a mut (dyn FnMut(&mut TaskRecord) -> bool + Send);
@@ -192,7 +196,9 @@ pub type Update<'a> = &'a mut (dyn FnMut(&mut TaskRecord) -> bool + Send);
 /// The durable store behind the tasks engine: everything the engine keeps (tasks,
 /// request routes, idempotency claims, expiry, tombstones, read marks, upstream
 /// identities, secrets). Every backend passes the one contract suite
-/// (`store::contract`).
+/// (`store::contract`). Every method returns a boxed `Send` future, so the trait stays
+/// object-safe (the engine holds an `Arc<dyn TaskStore>`) while a backend may do real
+/// I/O (a network database) behind it.
 pub trait TaskStore: Send + Sync + 'static {
     /// Write a new task, its request route and, if `idempotency_key` is given, the
     /// idempotency entry — unless that key already names another task, in which case
@@ -308,7 +314,7 @@ pub trait TaskStore: Send + Sync + 'static {
     fn upstream_identity<'a>(
         &'a self,
         name: &'a str,
-    ) -> BoxFuture<'a, Result<Option<UpstreamIdentity>, StoreError>>;
+    ) -> BoxFuture<'a, Result<Option<UpstreamInfo>, StoreError>>;
 
     /// Store `identity` for upstream `name` unless the stored record is byte-identical
     /// (so a re-initialising upstream costs a read, not a write); returns whether it
@@ -316,7 +322,7 @@ pub trait TaskStore: Send + Sync + 'static {
     fn put_upstream_identity<'a>(
         &'a self,
         name: &'a str,
-        identity: &'a UpstreamIdentity,
+        identity: &'a UpstreamInfo,
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
 
     /// A 32-byte secret stored under `name`, created from the CSPRNG on first use and

@@ -8,11 +8,11 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use super::driver::{CallTask, Driven, key_inputs, split_inputs};
+use super::driver::{Driven, key_inputs, split_inputs};
 use super::failure::Failure;
 use super::fingerprint::fingerprint;
 use super::inputs::{self, InlineTiming, InputVerdict, screen_inputs};
-use super::mrtr::{Holds, Pending};
+use super::mrtr::{CallTask, Holds, Pending};
 use super::outcome::{Reply, answer_of};
 use super::promote::Promotion;
 use super::{Engine, ids, snapshot};

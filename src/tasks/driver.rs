@@ -9,19 +9,18 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 use tokio::sync::{mpsc, oneshot};
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::Engine;
 use super::failure::{CallFailure, failure};
 use super::inputs::missing_capability;
+use super::mrtr::CallTask;
 use super::outcome::JoinedCall;
 use crate::protocol::results;
 use crate::protocol::{ClientCaps, META_RELATED_TASK, RpcError};
 use crate::store::{StoreError, TaskRecord, TaskStatus, now_ms};
-use crate::upstream::{CallEvent, CallOutcome, InputAnswer, InputRequest, UpstreamError};
+use crate::upstream::{CallEvent, CallOutcome, InputAnswer, InputRequest};
 
-pub type CallTask = JoinHandle<Result<CallOutcome, UpstreamError>>;
 type Applier = Box<dyn Fn(&mut TaskRecord) + Send + Sync>;
 /// An input request as recorded: `(method, params)`.
 pub type InputSpec = (String, Option<Value>);

@@ -25,9 +25,10 @@ use crate::store::{StoreError, TaskStatus, TaskStore};
 use crate::tasks::call::ToolCall;
 use crate::tasks::failure::ErrorClass;
 use crate::upstream::{
-    BoxFuture, CallEvent, CallOutcome, CallSpec, InputAnswer, InputRequest, LegacyTransport,
+    CallEvent, CallOutcome, CallSpec, InputAnswer, InputRequest, LegacyTransport,
     SessionNotification, TransportState, Upstream, UpstreamError, UpstreamInfo,
 };
+use futures_util::future::BoxFuture;
 
 type Handler = Arc<
     dyn Fn(

@@ -14,7 +14,8 @@ use crate::config::Config;
 use crate::limits::Limits;
 use crate::store::cluster::{Cluster, ClusterEvent, Relay, Seat, TakenOver};
 use crate::store::memory::MemoryStore;
-use crate::store::{BoxFuture, StoreError, Update};
+use crate::store::{StoreError, Update};
+use futures_util::future::BoxFuture;
 
 /// Renewals answer at once until `stall` is set, then never; registrations wait while
 /// `stall` is set and then hand out the next epoch.

@@ -45,10 +45,7 @@ use tokio::sync::{broadcast, oneshot};
 use crate::auth::Principal;
 use crate::config::Config;
 use crate::limits::Limits;
-use crate::store::{
-    Created, Expired, RequestRoute, SCHEMA_VERSION, StoreError, TaskRecord, TaskStatus, TaskStore,
-    UpstreamIdentity,
-};
+use crate::store::{Created, Expired, RequestRoute, StoreError, TaskRecord, TaskStatus, TaskStore};
 use crate::upstream::{
     CallEvent, CallOutcome, CallSpec, InputAnswer, QueuePosition, Upstream, UpstreamError,
     UpstreamInfo, UpstreamSet,
@@ -257,16 +254,8 @@ impl Engine {
         let mut out = HashMap::new();
         for u in &self.cfg.upstreams {
             match self.store.upstream_identity(&u.name).await {
-                Ok(Some(i)) => {
-                    out.insert(
-                        u.name.clone(),
-                        UpstreamInfo {
-                            protocol_version: i.protocol_version,
-                            capabilities: i.capabilities,
-                            server_info: i.server_info,
-                            instructions: i.instructions,
-                        },
-                    );
+                Ok(Some(info)) => {
+                    out.insert(u.name.clone(), info);
                 }
                 Ok(None) => {}
                 Err(e) => {
@@ -298,14 +287,7 @@ impl Engine {
     }
 
     async fn store_identity(&self, name: &str, info: &UpstreamInfo) {
-        let record = UpstreamIdentity {
-            v: SCHEMA_VERSION,
-            protocol_version: info.protocol_version.clone(),
-            server_info: info.server_info.clone(),
-            capabilities: info.capabilities.clone(),
-            instructions: info.instructions.clone(),
-        };
-        match self.store.put_upstream_identity(name, &record).await {
+        match self.store.put_upstream_identity(name, info).await {
             Ok(false) => {}
             Ok(true) => {
                 tracing::info!(upstream = %name, "upstream identity stored");

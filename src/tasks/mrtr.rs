@@ -27,6 +27,7 @@ use crate::protocol::{Method, RpcError};
 use crate::store::now_ms;
 use crate::upstream::{CallEvent, CallOutcome, InputAnswer, InputRequest, UpstreamError};
 
+/// A spawned upstream call and the outcome it ends with.
 pub type CallTask = JoinHandle<Result<CallOutcome, UpstreamError>>;
 
 /// An upstream call in progress, with the channel of what it says.

@@ -19,9 +19,7 @@ pub mod registry;
 pub mod sse;
 pub mod stdio;
 
-use std::future::Future;
-use std::pin::Pin;
-
+use futures_util::future::BoxFuture;
 use serde_json::{Map, Value};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
@@ -29,17 +27,8 @@ use crate::protocol::RpcError;
 
 pub use registry::{Upstream, UpstreamSet};
 
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
-/// What the upstream told us in its `initialize` result (MCP 2025-11-25 "Lifecycle",
-/// "Initialization").
-#[derive(Debug, Clone, PartialEq)]
-pub struct UpstreamInfo {
-    pub protocol_version: String,
-    pub capabilities: Map<String, Value>,
-    pub server_info: Value,
-    pub instructions: Option<String>,
-}
+/// What the upstream told us in its `initialize` result; the store keeps the same type.
+pub use crate::protocol::UpstreamInfo;
 
 /// One request to send upstream.
 #[derive(Debug, Clone)]

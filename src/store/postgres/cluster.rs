@@ -21,7 +21,8 @@ use super::statements::{
 };
 use super::{PgError, PgStore, SCHEMA_VERSION, db_message, decode, encode, ms};
 use crate::store::cluster::{Cluster, ClusterEvent, Relay, RelayKind, Seat, TakenOver, TakenRelay};
-use crate::store::{BoxFuture, StoreError, TaskRecord, Update, now_ms};
+use crate::store::{StoreError, TaskRecord, Update, now_ms};
+use futures_util::future::BoxFuture;
 
 /// Routes resolved per takeover transaction.
 const TAKEOVER_BATCH: i64 = 64;

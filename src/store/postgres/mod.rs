@@ -47,11 +47,12 @@ use statements::{
 
 use super::cluster::Seat;
 use super::{
-    BoxFuture, Corruption, Created, Expired, IdempotencyEntry, IoError, Owned, RequestRoute,
-    SCHEMA_VERSION, SetupError, StoreError, TaskRecord, TaskStatus, TaskStore, Tombstone, Update,
-    UpstreamIdentity,
+    Corruption, Created, Expired, IdempotencyEntry, IoError, Owned, RequestRoute, SCHEMA_VERSION,
+    SetupError, StoreError, StoredIdentity, TaskRecord, TaskStatus, TaskStore, Tombstone, Update,
 };
 use crate::config::{StoreConfig, is_pg_schema_name};
+use crate::protocol::UpstreamInfo;
+use futures_util::future::BoxFuture;
 
 /// Longest any one store operation may take (pool wait, connect and query together).
 /// Past it the operation fails, so a database that hangs turns into errors (503s and
@@ -971,7 +972,7 @@ impl TaskStore for PgStore {
     fn upstream_identity<'a>(
         &'a self,
         name: &'a str,
-    ) -> BoxFuture<'a, Result<Option<UpstreamIdentity>, StoreError>> {
+    ) -> BoxFuture<'a, Result<Option<UpstreamInfo>, StoreError>> {
         self.run("upstream_identity", async move {
             let c = self.pool.get().await?;
             let get = GetUpstreamIdentity { name };
@@ -979,7 +980,11 @@ impl TaskStore for PgStore {
                 None => Ok(None),
                 Some(row) => {
                     let bytes: Vec<u8> = row.try_get(0)?;
-                    decode(&format!("upstream_identities/{name}"), &bytes).map(Some)
+                    decode::<StoredIdentity<UpstreamInfo>>(
+                        &format!("upstream_identities/{name}"),
+                        &bytes,
+                    )
+                    .map(|stored| Some(stored.info))
                 }
             }
         })
@@ -989,12 +994,10 @@ impl TaskStore for PgStore {
     fn put_upstream_identity<'a>(
         &'a self,
         name: &'a str,
-        identity: &'a UpstreamIdentity,
+        identity: &'a UpstreamInfo,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         self.run("put_upstream_identity", async move {
-            let mut i = identity.clone();
-            i.v = SCHEMA_VERSION;
-            let record = encode("upstream identity", &i)?;
+            let record = encode("upstream identity", &StoredIdentity::current(identity))?;
             let c = self.pool.get().await?;
             // Compared as bytes: an identical record is not rewritten.
             let put = PutUpstreamIdentity {

@@ -6,9 +6,10 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use super::schema::key_str;
+use crate::protocol::UpstreamInfo;
 use crate::store::{
-    Corruption, IdempotencyEntry, RequestRoute, SCHEMA_VERSION, StoreError, TaskRecord, Tombstone,
-    UpstreamIdentity,
+    Corruption, IdempotencyEntry, RequestRoute, SCHEMA_VERSION, StoreError, StoredIdentity,
+    TaskRecord, Tombstone,
 };
 
 /// Only `v` of a record, to pick the fast path.
@@ -52,7 +53,7 @@ records!(
     RequestRoute,
     Tombstone,
     StoredIdempotency,
-    UpstreamIdentity
+    StoredIdentity<UpstreamInfo>
 );
 
 /// Decode a versioned JSON record of `tree` at `key`. A current-version record is

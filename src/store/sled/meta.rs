@@ -3,18 +3,19 @@
 use super::codec::{decode, encode, upgrade_none};
 use super::schema::{META_SECRET, meta_key};
 use super::{Cas, SledStore};
-use crate::store::{SCHEMA_VERSION, StoreError, UpstreamIdentity};
+use crate::protocol::UpstreamInfo;
+use crate::store::{StoreError, StoredIdentity};
 use rand::RngCore;
 
 impl SledStore {
-    pub(crate) fn upstream_identity(
-        &self,
-        name: &str,
-    ) -> Result<Option<UpstreamIdentity>, StoreError> {
+    pub(crate) fn upstream_identity(&self, name: &str) -> Result<Option<UpstreamInfo>, StoreError> {
         let key = name.as_bytes();
         match self.upstream_identity.get(key) {
             Ok(None) => Ok(None),
-            Ok(Some(b)) => decode("upstream_identity", key, &b, upgrade_none).map(Some),
+            Ok(Some(b)) => {
+                decode::<StoredIdentity<UpstreamInfo>>("upstream_identity", key, &b, upgrade_none)
+                    .map(|stored| Some(stored.info))
+            }
             Err(e) => Err(self.read_failed("get upstream identity", e)),
         }
     }
@@ -22,15 +23,13 @@ impl SledStore {
     pub(crate) fn put_upstream_identity(
         &self,
         name: &str,
-        identity: &UpstreamIdentity,
+        identity: &UpstreamInfo,
     ) -> Result<bool, StoreError> {
-        let bytes = if identity.v == SCHEMA_VERSION {
-            encode("upstream_identity", name, identity)?
-        } else {
-            let mut i = identity.clone();
-            i.v = SCHEMA_VERSION;
-            encode("upstream_identity", name, &i)?
-        };
+        let bytes = encode(
+            "upstream_identity",
+            name,
+            &StoredIdentity::current(identity),
+        )?;
         let key = name.as_bytes();
         let stored = self
             .upstream_identity

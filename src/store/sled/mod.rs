@@ -140,7 +140,7 @@
 //! | `expiry`      | 8-byte big-endian time ++ task id                | empty; one entry per task, at or *before* its `expires_at_ms` (a later expiry is applied lazily: [`TaskStore::expired`] moves an entry that comes due early), so a range scan up to `now` finds every expired task |
 //! | `tombstones`  | task id                                          | [`Tombstone`] JSON |
 //! | `live`        | 4-byte big-endian tenant length ++ tenant ++ task id | empty; one entry per non-terminal task |
-//! | `upstream_identity` | upstream name (UTF-8)                      | [`UpstreamIdentity`] JSON: `{"v", "protocol_version", "server_info", "capabilities", "instructions"?}`, the upstream's last `initialize` result; `server_info` and `capabilities` byte-exact as the upstream sent them (key order and number text kept) |
+//! | `upstream_identity` | upstream name (UTF-8)                      | `StoredIdentity` JSON: `{"v", "protocol_version", "server_info", "capabilities", "instructions"?}`, the upstream's last `initialize` result; `server_info` and `capabilities` byte-exact as the upstream sent them (key order and number text kept) |
 //! | `meta`        | `schema`                                         | 4-byte big-endian schema version of the store as a whole |
 //! | `meta`        | `secret/<name>`                                  | 32 raw random bytes (see [`TaskStore::secret`]) |
 //! | `meta`        | `layout/live_index`                              | `[1]`: the `live` tree is built (stores without it are migrated at open) |
@@ -182,9 +182,11 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
-    BoxFuture, Created, Expired, IdempotencyEntry, IoError, Owned, RequestRoute, StoreError,
-    TaskRecord, TaskStore, Tombstone, Update, UpstreamIdentity,
+    Created, Expired, IdempotencyEntry, IoError, Owned, RequestRoute, StoreError, TaskRecord,
+    TaskStore, Tombstone, Update,
 };
+use crate::protocol::UpstreamInfo;
+use futures_util::future::BoxFuture;
 
 type Waiter = oneshot::Sender<Result<(), StoreError>>;
 
@@ -392,14 +394,14 @@ impl TaskStore for SledStore {
     fn upstream_identity<'a>(
         &'a self,
         name: &'a str,
-    ) -> BoxFuture<'a, Result<Option<UpstreamIdentity>, StoreError>> {
+    ) -> BoxFuture<'a, Result<Option<UpstreamInfo>, StoreError>> {
         Box::pin(async move { SledStore::upstream_identity(self, name) })
     }
 
     fn put_upstream_identity<'a>(
         &'a self,
         name: &'a str,
-        identity: &'a UpstreamIdentity,
+        identity: &'a UpstreamInfo,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move { SledStore::put_upstream_identity(self, name, identity) })
     }

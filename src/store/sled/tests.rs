@@ -1,7 +1,8 @@
 use super::*;
 use crate::config::StoreConfig;
+use crate::protocol::UpstreamInfo;
 use crate::store::test_records::{route, task};
-use crate::store::{SCHEMA_VERSION, SetupError, TaskStatus};
+use crate::store::{SCHEMA_VERSION, SetupError, StoredIdentity, TaskStatus};
 use serde_json::Value;
 use std::io::BufRead;
 use std::time::Duration;
@@ -512,8 +513,7 @@ async fn upstream_identity_is_byte_exact_written_only_on_change_and_durable() {
     let sent =
         r#"{"version":"1.0e0","name":"z-first","n":1.50,"big":123456789012345678901234567890}"#;
     let caps = r#"{"tools":{"listChanged":true},"experimental":{"b":1,"a":-0}}"#;
-    let identity = UpstreamIdentity {
-        v: SCHEMA_VERSION,
+    let identity = UpstreamInfo {
         protocol_version: "2025-06-18".into(),
         server_info: serde_json::from_str(sent).unwrap(),
         capabilities: serde_json::from_str(caps).unwrap(),
@@ -522,7 +522,7 @@ async fn upstream_identity_is_byte_exact_written_only_on_change_and_durable() {
     assert!(store.put_upstream_identity("demo", &identity).unwrap());
     // The same answer again (a re-initialising upstream) writes nothing.
     assert!(!store.put_upstream_identity("demo", &identity).unwrap());
-    let other = UpstreamIdentity {
+    let other = UpstreamInfo {
         instructions: None,
         ..identity.clone()
     };
@@ -543,14 +543,14 @@ async fn upstream_identity_is_byte_exact_written_only_on_change_and_durable() {
     );
     assert_eq!(store.upstream_identity("other").unwrap().unwrap(), other);
     // A different answer replaces the record.
-    let changed = UpstreamIdentity {
+    let changed = UpstreamInfo {
         server_info: serde_json::json!({"name": "z-first", "version": "2"}),
         ..identity
     };
     assert!(store.put_upstream_identity("demo", &changed).unwrap());
     assert_eq!(store.upstream_identity("demo").unwrap().unwrap(), changed);
     // A record of a newer schema is refused, naming tree and key.
-    let mut newer = serde_json::to_value(&changed).unwrap();
+    let mut newer = serde_json::to_value(StoredIdentity::current(&changed)).unwrap();
     newer["v"] = Value::from(SCHEMA_VERSION + 1);
     store
         .upstream_identity

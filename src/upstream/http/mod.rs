@@ -97,6 +97,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::tls::client::https_connector;
+use futures_util::future::BoxFuture;
 use http::{HeaderName, HeaderValue, Method};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -111,8 +112,8 @@ use self::handshake::supervise;
 use self::state::Inner;
 use super::identity::Identity;
 use super::{
-    BoxFuture, CallEvent, CallOutcome, CallSpec, LegacyTransport, SessionNotification,
-    TransportState, UpstreamError, UpstreamInfo,
+    CallEvent, CallOutcome, CallSpec, LegacyTransport, SessionNotification, TransportState,
+    UpstreamError, UpstreamInfo,
 };
 
 /// Options for one HTTP upstream session.

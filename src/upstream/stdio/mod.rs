@@ -62,9 +62,10 @@ use self::child::Child;
 use self::throttle::CrashThrottle;
 use super::identity::Identity;
 use super::{
-    BoxFuture, CallEvent, CallOutcome, CallSpec, LegacyTransport, SessionNotification,
-    TransportState, UpstreamError, UpstreamInfo,
+    CallEvent, CallOutcome, CallSpec, LegacyTransport, SessionNotification, TransportState,
+    UpstreamError, UpstreamInfo,
 };
+use futures_util::future::BoxFuture;
 
 /// First delay after a failed start; doubles per consecutive failure up to the max.
 const BACKOFF_INITIAL: Duration = Duration::from_millis(100);
