@@ -94,7 +94,7 @@ impl Upstream {
             UpstreamTarget::Http { url } => HttpUpstream::start(HttpOptions {
                 name: cfg.name.clone(),
                 url,
-                // Validated at start-up (config::validate), so resolution cannot fail
+                // Validated at start-up (config::Config::parse), so resolution cannot fail
                 // here unless the environment changed in between.
                 headers: cfg.resolved_headers().unwrap_or_default(),
                 max_message_bytes: cfg.max_message_bytes,

@@ -1,0 +1,144 @@
+//! Configuration contract (docs/design.md "Configuration contract"): TOML file, env
+//! overrides for secrets, validated once at start-up with errors naming the key and the
+//! problem.
+//!
+//! One file per table (or small group of tables), each holding its struct(s), their
+//! defaults and that table's validation; this file holds the whole [`Config`], loads it
+//! and runs each table's check in turn.
+
+mod auth;
+mod edge;
+mod error;
+mod server;
+mod source;
+mod store;
+mod tasks;
+#[cfg(test)]
+mod tests;
+mod upstream;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+pub use auth::{AuthConfig, AuthMode, SHIPPED_DEV_SECRET};
+pub use edge::{EdgeConfig, ReplicaUrl};
+pub use error::ConfigError;
+pub use server::ServerConfig;
+pub use source::{ConfigSource, DEFAULT_CONFIG_PATH, SHIPPED_DEFAULT};
+pub use store::{StoreBackend, StoreConfig, is_pg_schema_name};
+pub use tasks::{LimitsConfig, TasksConfig};
+pub use upstream::{
+    Isolation, OPERATIONAL_PATHS, OnInput, TaskMode, ToolConfig, UpstreamConfig, UpstreamTarget,
+    interpolate_env,
+};
+
+/// The part of a configuration `taskgate token` needs: `[auth]` alone, so a config
+/// file holding only that table (or one whose other tables are for another setup)
+/// mints tokens.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct AuthOnly {
+    #[serde(default)]
+    pub auth: AuthConfig,
+}
+
+impl AuthOnly {
+    pub fn from_source(source: &ConfigSource) -> Result<AuthConfig, ConfigError> {
+        let (path, text) = source.read()?;
+        let only: AuthOnly = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path,
+            message: e.to_string(),
+        })?;
+        Ok(only.auth)
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub server: ServerConfig,
+    #[serde(default)]
+    pub store: StoreConfig,
+    #[serde(default)]
+    pub auth: AuthConfig,
+    #[serde(default)]
+    pub tasks: TasksConfig,
+    #[serde(default)]
+    pub limits: LimitsConfig,
+    #[serde(default, rename = "upstream")]
+    pub upstreams: Vec<UpstreamConfig>,
+    /// `[edge]`: read by `taskgate edge` only ([`EdgeConfig::from_source`]); a replica
+    /// checks it when present, so one file can hold both.
+    #[serde(default)]
+    pub edge: Option<EdgeConfig>,
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        // Relative paths in the file (store.path, auth.jwks_file) resolve against the
+        // working directory, like every other command-line tool.
+        Self::parse(&text).map_err(|e| match e {
+            ConfigError::Parse { message, .. } => ConfigError::Parse {
+                path: path.to_path_buf(),
+                message,
+            },
+            other => other,
+        })
+    }
+
+    /// Load the configuration `source` names.
+    pub fn from_source(source: &ConfigSource) -> Result<Self, ConfigError> {
+        match source {
+            ConfigSource::File(path) => Self::load(path),
+            ConfigSource::Embedded => Self::parse(SHIPPED_DEFAULT),
+        }
+    }
+
+    /// Check the configuration again after a command-line override changed it.
+    pub fn revalidate(&self) -> Result<(), ConfigError> {
+        self.validate()
+    }
+
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: PathBuf::new(),
+            message: e.to_string(),
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn listen_addr(&self) -> Result<SocketAddr, ConfigError> {
+        self.server.listen_addr()
+    }
+
+    /// `server.replica_id`, or `<host name>-<port of server.listen>` made safe for a
+    /// directory name (see [`ServerConfig::replica_id`]).
+    pub fn replica_id(&self) -> String {
+        self.server.replica_id()
+    }
+
+    /// The directory holding this replica's stdio pid records (README "Configuration").
+    pub fn replica_run_dir(&self) -> PathBuf {
+        self.store.runtime_dir().join(self.replica_id())
+    }
+
+    /// Each table's check, in the order of the file's tables; the first problem found
+    /// is the error.
+    fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(e) = &self.edge {
+            e.validate()?;
+        }
+        let listen = self.server.validate()?;
+        self.store.validate()?;
+        self.auth.validate(listen)?;
+        self.tasks.validate()?;
+        upstream::validate_upstreams(&self.upstreams)
+    }
+}

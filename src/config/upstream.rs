@@ -1,0 +1,294 @@
+//! `[[upstream]]` and its `[upstream.tools.<name>]` tables: the legacy servers
+//! behind the gateway.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use super::error::{ConfigError, invalid};
+
+/// The paths the front answers itself before any upstream route (its path step,
+/// and the `metrics_listen` listener): an upstream configured on one would be
+/// unreachable, so the configuration refuses it.
+pub const OPERATIONAL_PATHS: [&str; 4] = ["/metrics", "/healthz", "/readyz", "/livez"];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Isolation {
+    #[default]
+    Shared,
+    Tenant,
+    Principal,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskMode {
+    #[default]
+    Optional,
+    Required,
+    Never,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum OnInput {
+    #[default]
+    Task,
+    Mrtr,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamConfig {
+    pub name: String,
+    #[serde(default = "default_path")]
+    pub path: String,
+    #[serde(default)]
+    pub command: Option<Vec<String>>,
+    #[serde(default)]
+    pub url: Option<String>,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default = "default_max_concurrency")]
+    pub max_concurrency: usize,
+    #[serde(default)]
+    pub promote_after_ms: Option<u64>,
+    #[serde(default)]
+    pub call_timeout_ms: Option<u64>,
+    #[serde(default)]
+    pub stdio_processes: Option<usize>,
+    /// Initialised idle children a stdio pool keeps ready beyond those in use
+    /// (default 1; counted within `stdio_processes`, 0 when that is 1).
+    #[serde(default)]
+    pub stdio_spares: Option<usize>,
+    #[serde(default = "default_cancel_grace_ms")]
+    pub cancel_grace_ms: u64,
+    #[serde(default = "default_idle_reap_ms")]
+    pub idle_reap_ms: u64,
+    #[serde(default)]
+    pub isolation: Isolation,
+    /// Upper bound for one stdio line or SSE event from this upstream.
+    #[serde(default = "default_max_message_bytes")]
+    pub max_message_bytes: usize,
+    #[serde(default)]
+    pub tools: BTreeMap<String, ToolConfig>,
+    /// For an `https://` `url`: an extra CA bundle (PEM) trusted besides the system
+    /// roots, and an optional client certificate and key for mutual TLS.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    #[serde(default)]
+    pub client_cert: Option<PathBuf>,
+    #[serde(default)]
+    pub client_key: Option<PathBuf>,
+}
+
+fn default_path() -> String {
+    "/mcp".into()
+}
+fn default_max_concurrency() -> usize {
+    16
+}
+fn default_cancel_grace_ms() -> u64 {
+    5_000
+}
+fn default_idle_reap_ms() -> u64 {
+    300_000
+}
+fn default_max_message_bytes() -> usize {
+    32 * 1024 * 1024
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolConfig {
+    pub promote_after_ms: Option<u64>,
+    #[serde(default)]
+    pub task: TaskMode,
+    #[serde(default)]
+    pub on_input: OnInput,
+    pub idempotency_argument: Option<String>,
+    pub call_timeout_ms: Option<u64>,
+}
+
+/// Where an upstream lives, after validation.
+#[derive(Debug, Clone)]
+pub enum UpstreamTarget {
+    Stdio { program: String, args: Vec<String> },
+    Http { url: String },
+}
+
+impl UpstreamConfig {
+    pub fn target(&self) -> UpstreamTarget {
+        match (&self.command, &self.url) {
+            (Some(cmd), _) => {
+                let mut it = cmd.iter().cloned();
+                let program = it.next().unwrap_or_default();
+                let program = if program == "@self" {
+                    std::env::current_exe()
+                        .map(|p| p.to_string_lossy().into_owned())
+                        .unwrap_or(program)
+                } else {
+                    program
+                };
+                UpstreamTarget::Stdio {
+                    program,
+                    args: it.collect(),
+                }
+            }
+            (None, url) => UpstreamTarget::Http {
+                url: url.clone().unwrap_or_default(),
+            },
+        }
+    }
+
+    pub fn stdio_processes(&self) -> usize {
+        self.stdio_processes.unwrap_or(self.max_concurrency).max(1)
+    }
+
+    /// Spares per pool: a single-child pool has none (its one child is the spare).
+    pub fn stdio_spares(&self) -> usize {
+        let processes = self.stdio_processes();
+        if processes == 1 {
+            0
+        } else {
+            self.stdio_spares.unwrap_or(1).min(processes)
+        }
+    }
+
+    /// Static upstream headers with `${VAR}` expanded from the environment.
+    pub fn resolved_headers(&self) -> Result<Vec<(String, String)>, ConfigError> {
+        self.headers
+            .iter()
+            .map(|(k, v)| {
+                interpolate_env(v)
+                    .map(|v| (k.clone(), v))
+                    .map_err(|p| invalid(format!("upstream.{}.headers.{k}", self.name), p))
+            })
+            .collect()
+    }
+}
+
+/// Expand `${NAME}` from the environment; a missing variable is an error, not "".
+pub fn interpolate_env(value: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(value.len());
+    let mut rest = value;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let Some(end) = after.find('}') else {
+            return Err("unterminated `${` in value".into());
+        };
+        let name = &after[..end];
+        match std::env::var(name) {
+            Ok(v) => out.push_str(&v),
+            Err(_) => return Err(format!("environment variable `{name}` is not set")),
+        }
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// Check every `[[upstream]]`: each on its own, then names and paths unique.
+pub(super) fn validate_upstreams(upstreams: &[UpstreamConfig]) -> Result<(), ConfigError> {
+    if upstreams.is_empty() {
+        return Err(invalid("upstream", "at least one [[upstream]] is required"));
+    }
+    let mut names = HashSet::new();
+    let mut paths = HashSet::new();
+    for (i, u) in upstreams.iter().enumerate() {
+        let key = |k: &str| format!("upstream[{i}].{k}");
+        if u.name.is_empty() {
+            return Err(invalid(key("name"), "must not be empty"));
+        }
+        if !names.insert(u.name.clone()) {
+            return Err(invalid(key("name"), format!("duplicate name {:?}", u.name)));
+        }
+        if !u.path.starts_with('/') || u.path.starts_with("/.well-known") {
+            return Err(invalid(
+                key("path"),
+                "must start with '/' and not be under /.well-known",
+            ));
+        }
+        if OPERATIONAL_PATHS.contains(&u.path.as_str()) {
+            return Err(invalid(
+                key("path"),
+                "collides with an operational endpoint",
+            ));
+        }
+        if !paths.insert(u.path.clone()) {
+            return Err(invalid(key("path"), format!("duplicate path {:?}", u.path)));
+        }
+        match (&u.command, &u.url) {
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    key("command"),
+                    "set either `command` or `url`, not both",
+                ));
+            }
+            (None, None) => {
+                return Err(invalid(
+                    key("command"),
+                    "one of `command` or `url` is required",
+                ));
+            }
+            (Some(c), None) if c.is_empty() || c[0].is_empty() => {
+                return Err(invalid(key("command"), "must name a program"));
+            }
+            (None, Some(url)) if !url.starts_with("http://") && !url.starts_with("https://") => {
+                return Err(invalid(key("url"), "must be an http:// or https:// URL"));
+            }
+            _ => {}
+        }
+        let https = u
+            .url
+            .as_deref()
+            .is_some_and(|url| url.starts_with("https://"));
+        for (name, set) in [
+            ("ca_file", u.ca_file.is_some()),
+            ("client_cert", u.client_cert.is_some()),
+            ("client_key", u.client_key.is_some()),
+        ] {
+            if set && !https {
+                return Err(invalid(key(name), "only applies to an https:// url"));
+            }
+        }
+        if u.client_cert.is_some() != u.client_key.is_some() {
+            return Err(invalid(
+                key("client_cert"),
+                "client_cert and client_key go together",
+            ));
+        }
+        if u.max_concurrency == 0 {
+            return Err(invalid(key("max_concurrency"), "must be > 0"));
+        }
+        if u.stdio_processes == Some(0) {
+            return Err(invalid(key("stdio_processes"), "must be > 0"));
+        }
+        if let Some(spares) = u.stdio_spares
+            && spares > u.stdio_processes()
+        {
+            return Err(invalid(
+                key("stdio_spares"),
+                "must be <= stdio_processes (spares are counted within the pool)",
+            ));
+        }
+        if u.max_message_bytes < 1024 {
+            return Err(invalid(key("max_message_bytes"), "must be >= 1024"));
+        }
+        for (k, v) in &u.headers {
+            if http::HeaderName::from_bytes(k.as_bytes()).is_err() {
+                return Err(invalid(
+                    key(&format!("headers.{k}")),
+                    "not a valid header name",
+                ));
+            }
+            interpolate_env(v).map_err(|p| invalid(key(&format!("headers.{k}")), p))?;
+        }
+    }
+    Ok(())
+}
