@@ -273,7 +273,7 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
     let limits = taskgate::limits::Limits::from_config(&cfg);
     seed_task_gauge(store.clone());
     if cluster.is_some() {
-        recount_task_gauge(store.clone(), cfg.store.sweep_interval_ms);
+        recount_task_gauge(store.clone(), cfg.store.sweep_interval);
     }
     let metrics_listener = match &cfg.server.metrics_listen {
         Some(addr) => Some(
@@ -347,7 +347,7 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
     }
     let holds = Holds::new(
         request_state_key(&cfg, store.as_ref()).await?,
-        std::time::Duration::from_millis(cfg.tasks.input_timeout_ms),
+        cfg.tasks.input_timeout,
         cluster.as_ref().map(|_| cfg.replica_id()),
     );
     let gw = Arc::new(Gateway {
@@ -497,8 +497,10 @@ fn seed_task_gauge(store: Arc<dyn TaskStore>) {
 /// intervals: the transitions other replicas make never reach this one's gauge, so
 /// moving it by its own transitions alone lets the replicas' gauges drift apart.
 /// The count is one `GROUP BY` query; a transition racing it is corrected by the next.
-fn recount_task_gauge(store: Arc<dyn TaskStore>, sweep_interval_ms: u64) {
-    let every = std::time::Duration::from_millis(sweep_interval_ms.saturating_mul(10).max(1_000));
+fn recount_task_gauge(store: Arc<dyn TaskStore>, sweep_interval: std::time::Duration) {
+    let every = sweep_interval
+        .saturating_mul(10)
+        .max(std::time::Duration::from_secs(1));
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(every).await;

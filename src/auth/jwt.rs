@@ -3,7 +3,6 @@
 //! never contain token content.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -162,8 +161,8 @@ impl Verifier {
                 jwks::parse_pem(&text).map_err(|e| AuthInitError::new("auth.public_key_pem", e))?;
             return Ok(PublicKeys::Static(set));
         }
-        let ttl = Duration::from_millis(cfg.jwks_cache_ms);
-        let min = Duration::from_millis(cfg.jwks_refresh_min_ms);
+        let ttl = cfg.jwks_cache;
+        let min = cfg.jwks_refresh_min;
         if let Some(path) = &cfg.jwks_file {
             let store = JwksStore::new(JwksSource::File(path.clone()), ttl, min)
                 .map_err(|e| AuthInitError::new("auth.jwks_file", e))?;

@@ -634,7 +634,7 @@ async fn jwks_file_two_kids_and_rotation() {
     .unwrap();
     let cfg = AuthConfig {
         jwks_file: Some(path.clone()),
-        jwks_refresh_min_ms: 200,
+        jwks_refresh_min: Duration::from_millis(200),
         ..asym_cfg(&["RS256", "ES256"])
     };
     let a = auth(&cfg);
@@ -785,8 +785,8 @@ async fn jwks_url_cached_refetched_and_rate_limited() {
     let srv = jwks_server(jwks(&[(Algorithm::RS256, RSA1_KEY, "r1")])).await;
     let cfg = AuthConfig {
         jwks_url: Some(srv.url.clone()),
-        jwks_refresh_min_ms: 300,
-        jwks_cache_ms: 60_000,
+        jwks_refresh_min: Duration::from_millis(300),
+        jwks_cache: Duration::from_millis(60_000),
         ..asym_cfg(&["RS256", "ES256"])
     };
     let a = Arc::new(auth(&cfg));
@@ -859,8 +859,8 @@ async fn jwks_url_cache_expiry_refetches() {
     let srv = jwks_server(jwks(&[(Algorithm::ES256, EC1_KEY, "e1")])).await;
     let cfg = AuthConfig {
         jwks_url: Some(srv.url.clone()),
-        jwks_refresh_min_ms: 0,
-        jwks_cache_ms: 200,
+        jwks_refresh_min: Duration::from_millis(0),
+        jwks_cache: Duration::from_millis(200),
         ..asym_cfg(&["ES256"])
     };
     let a = auth(&cfg);
@@ -894,7 +894,7 @@ async fn jwks_url_down_fails_closed() {
     };
     let cfg = AuthConfig {
         jwks_url: Some(format!("http://127.0.0.1:{port}/jwks")),
-        jwks_refresh_min_ms: 0,
+        jwks_refresh_min: Duration::from_millis(0),
         ..asym_cfg(&["RS256"])
     };
     let a = auth(&cfg);
@@ -909,7 +909,7 @@ async fn jwks_url_bad_document_keeps_previous_set() {
     let srv = jwks_server(jwks(&[(Algorithm::RS256, RSA1_KEY, "r1")])).await;
     let cfg = AuthConfig {
         jwks_url: Some(srv.url.clone()),
-        jwks_refresh_min_ms: 0,
+        jwks_refresh_min: Duration::from_millis(0),
         ..asym_cfg(&["RS256"])
     };
     let a = auth(&cfg);

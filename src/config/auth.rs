@@ -2,10 +2,12 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use serde::Deserialize;
 
 use super::error::{ConfigError, invalid};
+use super::millis::millis;
 
 /// The dev HS256 secret shipped in `config/taskgate.toml`; refusing it on a
 /// non-loopback listener is part of the hardening in docs/design.md §12 "HTTP front".
@@ -39,9 +41,11 @@ pub struct AuthConfig {
     pub required_scope: Option<String>,
     pub request_state_key_env: Option<String>,
     /// Minimum interval between JWKS refetches triggered by an unknown `kid`.
-    pub jwks_refresh_min_ms: u64,
+    #[serde(rename = "jwks_refresh_min_ms", deserialize_with = "millis")]
+    pub jwks_refresh_min: Duration,
     /// How long a fetched JWKS is trusted before it is refetched.
-    pub jwks_cache_ms: u64,
+    #[serde(rename = "jwks_cache_ms", deserialize_with = "millis")]
+    pub jwks_cache: Duration,
 }
 
 impl Default for AuthConfig {
@@ -62,8 +66,8 @@ impl Default for AuthConfig {
             jwks_ca_file: None,
             required_scope: None,
             request_state_key_env: None,
-            jwks_refresh_min_ms: 10_000,
-            jwks_cache_ms: 300_000,
+            jwks_refresh_min: Duration::from_millis(10_000),
+            jwks_cache: Duration::from_millis(300_000),
         }
     }
 }

@@ -2,10 +2,12 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use serde::Deserialize;
 
 use super::error::{ConfigError, invalid, tls_pair};
+use super::millis::millis;
 use super::source::ConfigSource;
 
 /// `[edge]`: `taskgate edge`, the pingora front for several replicas (docs/design.md
@@ -18,7 +20,8 @@ pub struct EdgeConfig {
     /// The replicas, as `http://host:port` (required, at least one, no duplicates).
     pub replicas: Vec<String>,
     /// Active `/livez` checks of every replica, this often.
-    pub health_interval_ms: u64,
+    #[serde(rename = "health_interval_ms", deserialize_with = "millis")]
+    pub health_interval: Duration,
     /// Graceful restart and upgrade: how long the old process keeps serving its
     /// connections after handing over the listener (pingora `grace_period_seconds`).
     pub grace_period_s: u64,
@@ -43,7 +46,7 @@ impl Default for EdgeConfig {
         Self {
             listen: String::new(),
             replicas: Vec::new(),
-            health_interval_ms: 1000,
+            health_interval: Duration::from_millis(1000),
             grace_period_s: 30,
             pid_file: PathBuf::from("data/edge.pid"),
             upgrade_sock: PathBuf::from("data/edge-upgrade.sock"),
@@ -206,7 +209,7 @@ impl EdgeConfig {
             "edge.tls_key",
             &self.tls_key,
         )?;
-        if self.health_interval_ms == 0 {
+        if self.health_interval.is_zero() {
             return Err(invalid("edge.health_interval_ms", "must be > 0"));
         }
         if self.max_connections == 0 {

@@ -9,6 +9,7 @@
 mod auth;
 mod edge;
 mod error;
+mod millis;
 mod server;
 mod source;
 mod store;
@@ -25,6 +26,7 @@ use serde::Deserialize;
 pub use auth::{AuthConfig, AuthMode, SHIPPED_DEV_SECRET};
 pub use edge::{EdgeConfig, ReplicaUrl};
 pub use error::ConfigError;
+pub use millis::as_millis;
 pub use server::ServerConfig;
 pub use source::{ConfigSource, DEFAULT_CONFIG_PATH, SHIPPED_DEFAULT};
 pub use store::{StoreBackend, StoreConfig, is_pg_schema_name};

@@ -3,10 +3,12 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use serde::Deserialize;
 
 use super::error::{ConfigError, invalid, tls_pair};
+use super::millis::millis;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -15,14 +17,19 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     pub allowed_origins: Vec<String>,
     pub allowed_hosts: Vec<String>,
-    pub keepalive_ms: u64,
+    #[serde(rename = "keepalive_ms", deserialize_with = "millis")]
+    pub keepalive: Duration,
     pub max_connections: usize,
-    pub header_timeout_ms: u64,
-    pub body_timeout_ms: u64,
+    #[serde(rename = "header_timeout_ms", deserialize_with = "millis")]
+    pub header_timeout: Duration,
+    #[serde(rename = "body_timeout_ms", deserialize_with = "millis")]
+    pub body_timeout: Duration,
     /// An HTTP/1 keep-alive or h2c connection with no request in flight is closed after
     /// this long (a stream sending SSE is in flight, never idle).
-    pub idle_timeout_ms: u64,
-    pub drain_grace_ms: u64,
+    #[serde(rename = "idle_timeout_ms", deserialize_with = "millis")]
+    pub idle_timeout: Duration,
+    #[serde(rename = "drain_grace_ms", deserialize_with = "millis")]
+    pub drain_grace: Duration,
     pub metrics_listen: Option<String>,
     /// Public base URL (for RFC 9728 metadata); default `http://{listen}`.
     pub public_url: Option<String>,
@@ -49,12 +56,12 @@ impl Default for ServerConfig {
             max_body_bytes: 1_048_576,
             allowed_origins: Vec::new(),
             allowed_hosts: Vec::new(),
-            keepalive_ms: 15_000,
+            keepalive: Duration::from_millis(15_000),
             max_connections: 10_000,
-            header_timeout_ms: 10_000,
-            body_timeout_ms: 30_000,
-            idle_timeout_ms: 60_000,
-            drain_grace_ms: 30_000,
+            header_timeout: Duration::from_millis(10_000),
+            body_timeout: Duration::from_millis(30_000),
+            idle_timeout: Duration::from_millis(60_000),
+            drain_grace: Duration::from_millis(30_000),
             metrics_listen: None,
             public_url: None,
             log_format: "text".into(),
@@ -177,16 +184,16 @@ impl ServerConfig {
         if self.max_body_bytes == 0 {
             return Err(invalid("server.max_body_bytes", "must be > 0"));
         }
-        if self.keepalive_ms == 0 {
+        if self.keepalive.is_zero() {
             return Err(invalid("server.keepalive_ms", "must be > 0"));
         }
         if self.max_connections == 0 {
             return Err(invalid("server.max_connections", "must be > 0"));
         }
-        if self.header_timeout_ms == 0 {
+        if self.header_timeout.is_zero() {
             return Err(invalid("server.header_timeout_ms", "must be > 0"));
         }
-        if self.idle_timeout_ms == 0 {
+        if self.idle_timeout.is_zero() {
             return Err(invalid("server.idle_timeout_ms", "must be > 0"));
         }
         if !matches!(self.log_format.as_str(), "text" | "json") {

@@ -1,10 +1,12 @@
 //! `[store]`: which backend keeps the tasks, and its settings.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use serde::Deserialize;
 
 use super::error::{ConfigError, invalid};
+use super::millis::millis;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -16,8 +18,10 @@ pub struct StoreConfig {
     pub path: PathBuf,
     pub strict_fsync: bool,
     pub cache_capacity_bytes: u64,
-    pub sweep_interval_ms: u64,
-    pub tombstone_ttl_ms: u64,
+    #[serde(rename = "sweep_interval_ms", deserialize_with = "millis")]
+    pub sweep_interval: Duration,
+    #[serde(rename = "tombstone_ttl_ms", deserialize_with = "millis")]
+    pub tombstone_ttl: Duration,
     /// Where stdio pid records live (one directory per replica id). Default
     /// `<path>/run`: see [`StoreConfig::runtime_dir`].
     pub runtime_dir: Option<PathBuf>,
@@ -32,9 +36,11 @@ pub struct StoreConfig {
     /// postgres: how long a replica's lease lasts past each renewal, on the database
     /// clock. A replica silent for this long loses its in-flight calls to the others
     /// (README "Several replicas").
-    pub lease_ms: u64,
+    #[serde(rename = "lease_ms", deserialize_with = "millis")]
+    pub lease: Duration,
     /// postgres: how often a replica renews its lease.
-    pub lease_renew_ms: u64,
+    #[serde(rename = "lease_renew_ms", deserialize_with = "millis")]
+    pub lease_renew: Duration,
 }
 
 /// `[store] backend`.
@@ -91,15 +97,15 @@ impl Default for StoreConfig {
             path: PathBuf::from("data"),
             strict_fsync: false,
             cache_capacity_bytes: 268_435_456,
-            sweep_interval_ms: 5_000,
-            tombstone_ttl_ms: 86_400_000,
+            sweep_interval: Duration::from_millis(5_000),
+            tombstone_ttl: Duration::from_millis(86_400_000),
             runtime_dir: None,
             url: None,
             url_env: None,
             pool_size: 16,
             schema: "taskgate".into(),
-            lease_ms: 10_000,
-            lease_renew_ms: 2_000,
+            lease: Duration::from_millis(10_000),
+            lease_renew: Duration::from_millis(2_000),
         }
     }
 }
@@ -142,11 +148,11 @@ impl StoreConfig {
             if self.pool_size == 0 {
                 return Err(invalid("store.pool_size", "must be > 0"));
             }
-            if self.lease_renew_ms == 0 {
+            if self.lease_renew.is_zero() {
                 return Err(invalid("store.lease_renew_ms", "must be > 0"));
             }
             // At least two renewals per lease: one slow round trip must not lose it.
-            if self.lease_ms < 2 * self.lease_renew_ms {
+            if self.lease < self.lease_renew.saturating_mul(2) {
                 return Err(invalid(
                     "store.lease_ms",
                     "must be at least twice store.lease_renew_ms",

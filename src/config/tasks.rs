@@ -1,35 +1,46 @@
 //! `[tasks]` (promotion, lifetimes, poll intervals, timeouts) and `[limits]` (flow
 //! control).
 
+use std::time::Duration;
+
 use serde::Deserialize;
 
 use super::error::{ConfigError, invalid};
+use super::millis::millis;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TasksConfig {
-    pub promote_after_ms: u64,
-    pub ttl_ms: u64,
-    pub result_retention_ms: u64,
-    pub poll_interval_ms: u64,
-    pub max_poll_interval_ms: u64,
-    pub sync_timeout_ms: u64,
-    pub input_timeout_ms: u64,
-    pub input_gather_ms: u64,
+    #[serde(rename = "promote_after_ms", deserialize_with = "millis")]
+    pub promote_after: Duration,
+    #[serde(rename = "ttl_ms", deserialize_with = "millis")]
+    pub ttl: Duration,
+    #[serde(rename = "result_retention_ms", deserialize_with = "millis")]
+    pub result_retention: Duration,
+    #[serde(rename = "poll_interval_ms", deserialize_with = "millis")]
+    pub poll_interval: Duration,
+    #[serde(rename = "max_poll_interval_ms", deserialize_with = "millis")]
+    pub max_poll_interval: Duration,
+    #[serde(rename = "sync_timeout_ms", deserialize_with = "millis")]
+    pub sync_timeout: Duration,
+    #[serde(rename = "input_timeout_ms", deserialize_with = "millis")]
+    pub input_timeout: Duration,
+    #[serde(rename = "input_gather_ms", deserialize_with = "millis")]
+    pub input_gather: Duration,
     pub max_result_bytes: usize,
 }
 
 impl Default for TasksConfig {
     fn default() -> Self {
         Self {
-            promote_after_ms: 1_000,
-            ttl_ms: 3_600_000,
-            result_retention_ms: 3_600_000,
-            poll_interval_ms: 1_000,
-            max_poll_interval_ms: 30_000,
-            sync_timeout_ms: 300_000,
-            input_timeout_ms: 600_000,
-            input_gather_ms: 50,
+            promote_after: Duration::from_millis(1_000),
+            ttl: Duration::from_millis(3_600_000),
+            result_retention: Duration::from_millis(3_600_000),
+            poll_interval: Duration::from_millis(1_000),
+            max_poll_interval: Duration::from_millis(30_000),
+            sync_timeout: Duration::from_millis(300_000),
+            input_timeout: Duration::from_millis(600_000),
+            input_gather: Duration::from_millis(50),
             max_result_bytes: 16_777_216,
         }
     }
@@ -57,19 +68,19 @@ impl Default for LimitsConfig {
 
 impl TasksConfig {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
-        if self.ttl_ms == 0 {
+        if self.ttl.is_zero() {
             return Err(invalid("tasks.ttl_ms", "must be > 0"));
         }
-        if self.poll_interval_ms == 0 {
+        if self.poll_interval.is_zero() {
             return Err(invalid("tasks.poll_interval_ms", "must be > 0"));
         }
-        if self.max_poll_interval_ms < self.poll_interval_ms {
+        if self.max_poll_interval < self.poll_interval {
             return Err(invalid(
                 "tasks.max_poll_interval_ms",
                 "must be >= tasks.poll_interval_ms",
             ));
         }
-        if self.sync_timeout_ms == 0 {
+        if self.sync_timeout.is_zero() {
             return Err(invalid("tasks.sync_timeout_ms", "must be > 0"));
         }
         Ok(())

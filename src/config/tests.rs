@@ -1,3 +1,5 @@
+use std::time::Duration;
+
 use super::server::{MAX_REPLICA_ID, is_replica_id, sanitize_replica_id};
 use super::*;
 
@@ -26,7 +28,7 @@ fn no_upstream_on_an_operational_path() {
 #[test]
 fn edge_table_gets_defaults_and_parses_replicas() {
     let e = EdgeConfig::parse(EDGE).unwrap();
-    assert_eq!(e.health_interval_ms, 1000);
+    assert_eq!(e.health_interval, Duration::from_millis(1000));
     assert_eq!(e.grace_period_s, 30);
     assert_eq!(e.max_connections, 10_000);
     assert_eq!(e.log_format, "text");
@@ -93,7 +95,7 @@ fn edge_errors_name_the_key() {
 fn minimal_config_gets_defaults() {
     let c = Config::parse(MIN).unwrap();
     assert_eq!(c.server.listen, "127.0.0.1:8080");
-    assert_eq!(c.tasks.promote_after_ms, 1000);
+    assert_eq!(c.tasks.promote_after, Duration::from_millis(1000));
     assert_eq!(c.upstreams[0].path, "/mcp");
     assert_eq!(c.upstreams[0].stdio_processes(), 16);
     assert_eq!(c.upstreams[0].stdio_spares(), 1);

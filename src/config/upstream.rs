@@ -3,10 +3,12 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
+use std::time::Duration;
 
 use serde::Deserialize;
 
 use super::error::{ConfigError, invalid};
+use super::millis::{millis, opt_millis};
 
 /// The paths the front answers itself before any upstream route (its path step,
 /// and the `metrics_listen` listener): an upstream configured on one would be
@@ -55,20 +57,28 @@ pub struct UpstreamConfig {
     pub env: BTreeMap<String, String>,
     #[serde(default = "default_max_concurrency")]
     pub max_concurrency: usize,
-    #[serde(default)]
-    pub promote_after_ms: Option<u64>,
-    #[serde(default)]
-    pub call_timeout_ms: Option<u64>,
+    #[serde(default, rename = "promote_after_ms", deserialize_with = "opt_millis")]
+    pub promote_after: Option<Duration>,
+    #[serde(default, rename = "call_timeout_ms", deserialize_with = "opt_millis")]
+    pub call_timeout: Option<Duration>,
     #[serde(default)]
     pub stdio_processes: Option<usize>,
     /// Initialised idle children a stdio pool keeps ready beyond those in use
     /// (default 1; counted within `stdio_processes`, 0 when that is 1).
     #[serde(default)]
     pub stdio_spares: Option<usize>,
-    #[serde(default = "default_cancel_grace_ms")]
-    pub cancel_grace_ms: u64,
-    #[serde(default = "default_idle_reap_ms")]
-    pub idle_reap_ms: u64,
+    #[serde(
+        default = "default_cancel_grace",
+        rename = "cancel_grace_ms",
+        deserialize_with = "millis"
+    )]
+    pub cancel_grace: Duration,
+    #[serde(
+        default = "default_idle_reap",
+        rename = "idle_reap_ms",
+        deserialize_with = "millis"
+    )]
+    pub idle_reap: Duration,
     #[serde(default)]
     pub isolation: Isolation,
     /// Upper bound for one stdio line or SSE event from this upstream.
@@ -92,11 +102,11 @@ fn default_path() -> String {
 fn default_max_concurrency() -> usize {
     16
 }
-fn default_cancel_grace_ms() -> u64 {
-    5_000
+fn default_cancel_grace() -> Duration {
+    Duration::from_millis(5_000)
 }
-fn default_idle_reap_ms() -> u64 {
-    300_000
+fn default_idle_reap() -> Duration {
+    Duration::from_millis(300_000)
 }
 fn default_max_message_bytes() -> usize {
     32 * 1024 * 1024
@@ -105,13 +115,15 @@ fn default_max_message_bytes() -> usize {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ToolConfig {
-    pub promote_after_ms: Option<u64>,
+    #[serde(default, rename = "promote_after_ms", deserialize_with = "opt_millis")]
+    pub promote_after: Option<Duration>,
     #[serde(default)]
     pub task: TaskMode,
     #[serde(default)]
     pub on_input: OnInput,
     pub idempotency_argument: Option<String>,
-    pub call_timeout_ms: Option<u64>,
+    #[serde(default, rename = "call_timeout_ms", deserialize_with = "opt_millis")]
+    pub call_timeout: Option<Duration>,
 }
 
 /// Where an upstream lives, after validation.

@@ -39,6 +39,7 @@ use pingora_load_balancing::health_check::HealthCheck;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::EdgeConfig;
+use crate::config::as_millis;
 use crate::tls::server::ReloadingCert;
 use proxy::{EdgeProxy, Replica};
 
@@ -307,7 +308,7 @@ pub fn run(cfg: EdgeConfig, start: EdgeStart) -> Result<()> {
     let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
 
-    let interval = Duration::from_millis(cfg.health_interval_ms);
+    let interval = cfg.health_interval;
     let registry = Arc::new(HealthRegistry::new());
     // Two failed probes in a row take a replica out, so one slow answer on a busy
     // host does not move its tasks; a dead replica also fails its first connect,
@@ -375,7 +376,7 @@ pub fn run(cfg: EdgeConfig, start: EdgeStart) -> Result<()> {
         ListeningLog {
             listen,
             scheme,
-            health_interval_ms: cfg.health_interval_ms,
+            health_interval_ms: as_millis(cfg.health_interval),
             grace_period_s: cfg.grace_period_s,
         },
     ));

@@ -55,10 +55,10 @@ pub struct ConnPolicy {
 impl ConnPolicy {
     pub fn from_config(s: &ServerConfig) -> Self {
         Self {
-            header_timeout: Duration::from_millis(s.header_timeout_ms),
-            idle_timeout: Duration::from_millis(s.idle_timeout_ms),
+            header_timeout: s.header_timeout,
+            idle_timeout: s.idle_timeout,
             max_connections: s.max_connections,
-            drain_grace: Duration::from_millis(s.drain_grace_ms),
+            drain_grace: s.drain_grace,
         }
     }
 }

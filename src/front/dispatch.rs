@@ -405,21 +405,21 @@ async fn tools_call(
 /// When `sync_timeout_ms` runs out for a request that arrived at `received` (README
 /// "Tasks walkthrough": clients without the extension are held up to it).
 fn sync_deadline(gw: &Gateway, received: Instant) -> Instant {
-    received + std::time::Duration::from_millis(gw.cfg.tasks.sync_timeout_ms)
+    received + gw.cfg.tasks.sync_timeout
 }
 
 /// The answer once `sync_timeout_ms` passed outside the inline race.
 fn sync_timed_out(gw: &Gateway, req: &ValidRequest, upstream: &Upstream) -> Response<Body> {
-    let after = std::time::Duration::from_millis(gw.cfg.tasks.sync_timeout_ms);
+    let after = gw.cfg.tasks.sync_timeout;
     inline::Final::failed(&req.id, upstream.name(), CallFailure::SyncTimeout(after)).into_response()
 }
 
 impl Gateway {
     pub fn inline_timing(&self) -> InlineTiming {
         InlineTiming {
-            keepalive: std::time::Duration::from_millis(self.cfg.server.keepalive_ms),
-            sync_timeout: std::time::Duration::from_millis(self.cfg.tasks.sync_timeout_ms),
-            input_gather: std::time::Duration::from_millis(self.cfg.tasks.input_gather_ms),
+            keepalive: self.cfg.server.keepalive,
+            sync_timeout: self.cfg.tasks.sync_timeout,
+            input_gather: self.cfg.tasks.input_gather,
         }
     }
 }

@@ -374,7 +374,7 @@ impl AsyncStep<Req> for ReadBody {
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<usize>().ok());
-        let body_timeout = Duration::from_millis(self.0.cfg.server.body_timeout_ms);
+        let body_timeout = self.0.cfg.server.body_timeout;
         if let Some(n) = declared_len
             && n > max
         {

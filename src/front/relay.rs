@@ -62,7 +62,7 @@ pub(super) async fn retry_at(
     let Ok(request) = serde_json::to_value(&retry) else {
         return invalid_state(req);
     };
-    let wait = Duration::from_millis(gw.cfg.tasks.sync_timeout_ms) + RELAY_MARGIN;
+    let wait = gw.cfg.tasks.sync_timeout + RELAY_MARGIN;
     let Some(v) = gw.engine.relay_mrtr(replica, request, wait).await else {
         return invalid_state(req);
     };

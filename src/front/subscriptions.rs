@@ -101,7 +101,7 @@ pub fn open(
     let who = principal.clone();
     let mut task_rx = gw.engine.subscribe_changes();
     let engine = gw.engine.clone();
-    let keepalive = Duration::from_millis(gw.cfg.server.keepalive_ms);
+    let keepalive = gw.cfg.server.keepalive;
     let (tx, out) = mpsc::channel::<Bytes>(32);
     tokio::spawn(async move {
         // Only the caller's own tasks are acknowledged; others are dropped silently.

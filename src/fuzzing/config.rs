@@ -232,7 +232,10 @@ fn check_built(cfg: &Built, fault: usize) {
                 c.server.max_body_bytes as u64,
                 u64::from(cfg.max_body_bytes)
             );
-            assert_eq!(c.tasks.poll_interval_ms, u64::from(cfg.poll_interval_ms));
+            assert_eq!(
+                c.tasks.poll_interval,
+                std::time::Duration::from_millis(u64::from(cfg.poll_interval_ms))
+            );
             assert_eq!(c.upstreams.len(), cfg.upstreams.len());
             for (i, (u, b)) in c.upstreams.iter().zip(&cfg.upstreams).enumerate() {
                 assert_eq!(u.name, format!("u{i}"));

@@ -26,6 +26,7 @@ use parking_lot::Mutex;
 use serde_json::json;
 
 use crate::auth::Principal;
+use crate::config::as_millis;
 use crate::config::{Config, LimitsConfig, TasksConfig, UpstreamConfig};
 use crate::protocol::RpcError;
 use crate::protocol::error::THROTTLED;
@@ -132,14 +133,14 @@ impl Limits {
             .map(|u| (u.name.clone(), Gate::new(u.max_concurrency, l.queue_size)))
             .collect();
         Self {
-            base_ms: t.poll_interval_ms,
-            max_ms: t.max_poll_interval_ms,
+            base_ms: as_millis(t.poll_interval),
+            max_ms: as_millis(t.max_poll_interval),
             max_live_per_tenant: l.max_live_tasks_per_tenant,
             queue_size: l.queue_size,
             poll_keys: PollKeys::default(),
             polls: PollLimiter::new(
-                t.poll_interval_ms,
-                t.max_poll_interval_ms,
+                as_millis(t.poll_interval),
+                as_millis(t.max_poll_interval),
                 l.poll_burst,
                 MAX_ENTRIES,
             ),

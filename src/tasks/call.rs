@@ -148,7 +148,7 @@ fn store_failed_after_send(upstream: &str, e: impl std::fmt::Display) -> Reply {
 impl Engine {
     fn new_record(&self, c: &ToolCall, tool: &str, fp: String, idem: Option<String>) -> TaskRecord {
         let now = now_ms();
-        let ttl = self.cfg.tasks.ttl_ms;
+        let ttl = crate::config::as_millis(self.cfg.tasks.ttl);
         TaskRecord {
             v: SCHEMA_VERSION,
             task_id: ids::new_task_id(),
@@ -163,7 +163,7 @@ impl Engine {
             created_at_ms: now,
             last_updated_at_ms: now,
             ttl_ms: ttl,
-            poll_interval_ms: self.cfg.tasks.poll_interval_ms,
+            poll_interval_ms: crate::config::as_millis(self.cfg.tasks.poll_interval),
             expires_at_ms: now + ttl,
             result: None,
             error: None,
@@ -183,7 +183,7 @@ impl Engine {
             subject: c.principal.subject.clone(),
             method: c.req.method.as_str().to_string(),
             started_at_ms: now,
-            deadline_ms: now + self.cfg.tasks.ttl_ms,
+            deadline_ms: now + crate::config::as_millis(self.cfg.tasks.ttl),
             task_id: Some(task_id.to_string()),
         }
     }

@@ -118,7 +118,7 @@ impl Engine {
         route_id: &str,
         apply: impl Fn(&mut TaskRecord) + Send + Sync,
     ) -> bool {
-        let retention = self.cfg.tasks.result_retention_ms;
+        let retention = crate::config::as_millis(self.cfg.tasks.result_retention);
         self.terminal_writing(task_id);
         let mut backoff = SETTLE_RETRY_FIRST;
         let updated = loop {
@@ -230,8 +230,8 @@ impl Engine {
             mut events,
             awaiting_input,
         } = d;
-        let input_timeout = Duration::from_millis(self.cfg.tasks.input_timeout_ms);
-        let gather = Duration::from_millis(self.cfg.tasks.input_gather_ms);
+        let input_timeout = self.cfg.tasks.input_timeout;
+        let gather = self.cfg.tasks.input_gather;
         let far = Instant::now() + Duration::from_secs(86_400 * 365);
         let mut input_deadline = if awaiting_input {
             Instant::now() + input_timeout

@@ -139,11 +139,7 @@ fn rig_with(config: &str, handler: Handler) -> Rig {
         notes: broadcast::channel(4).0,
     });
     let upstream = Upstream::from_transport(cfg.upstreams[0].clone(), transport.clone());
-    let holds = Holds::new(
-        [7; 32],
-        Duration::from_millis(cfg.tasks.input_timeout_ms),
-        None,
-    );
+    let holds = Holds::new([7; 32], cfg.tasks.input_timeout, None);
     let engine = Engine::new(store.clone(), Arc::new(cfg), limits);
     Rig {
         engine,
@@ -489,8 +485,8 @@ async fn expiry_leaves_a_tombstone_and_stops_a_running_call() {
     let r = rig(sleep_then(60_000, "never"));
     // Short-lived tasks: a few wall-clock milliseconds.
     let mut cfg = (*r.engine.cfg).clone();
-    cfg.tasks.ttl_ms = 5;
-    cfg.tasks.result_retention_ms = 5;
+    cfg.tasks.ttl = Duration::from_millis(5);
+    cfg.tasks.result_retention = Duration::from_millis(5);
     let engine = Engine::new(r.store.clone(), Arc::new(cfg), r.engine.limits.clone());
     let r = Rig { engine, ..r };
     let id = task_id(&r.tools_call(json!({}), 0).await);

@@ -9,6 +9,7 @@ use super::driver::conclude;
 use super::failure::Failure;
 use super::{Engine, ids, snapshot};
 use crate::auth::Principal;
+use crate::config::as_millis;
 use crate::protocol::RpcError;
 use crate::protocol::params::{Field, TaskRef, TaskUpdate};
 use crate::protocol::results::add_server_info;
@@ -185,7 +186,7 @@ impl Engine {
             self.durable(&rec).await.map_err(unavailable)?;
             return Ok(ack(server_info));
         }
-        let retention = self.cfg.tasks.result_retention_ms;
+        let retention = as_millis(self.cfg.tasks.result_retention);
         self.terminal_writing(&rec.task_id);
         let r = self
             .update_task(&rec.task_id, &mut |r| {

@@ -23,19 +23,17 @@ pub struct Promotion {
 impl Promotion {
     pub fn resolve(tasks: &TasksConfig, upstream: &UpstreamConfig, tool: &str) -> Self {
         let t = upstream.tools.get(tool);
-        let promote_after_ms = t
-            .and_then(|t| t.promote_after_ms)
-            .or(upstream.promote_after_ms)
-            .unwrap_or(tasks.promote_after_ms);
-        let call_timeout_ms = t
-            .and_then(|t| t.call_timeout_ms)
-            .or(upstream.call_timeout_ms);
+        let promote_after = t
+            .and_then(|t| t.promote_after)
+            .or(upstream.promote_after)
+            .unwrap_or(tasks.promote_after);
+        let call_timeout = t.and_then(|t| t.call_timeout).or(upstream.call_timeout);
         Self {
             mode: t.map(|t| t.task).unwrap_or_default(),
-            promote_after: Duration::from_millis(promote_after_ms),
+            promote_after,
             on_input: t.map(|t| t.on_input).unwrap_or_default(),
             idempotency_argument: t.and_then(|t| t.idempotency_argument.clone()),
-            call_timeout: call_timeout_ms.map(Duration::from_millis),
+            call_timeout,
         }
     }
 }

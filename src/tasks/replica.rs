@@ -31,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 use super::driver::{conclude, fail};
 pub use super::replica_state::MrtrHandler;
 use super::{Engine, Transition};
+use crate::config::as_millis;
 use crate::protocol::RpcError;
 use crate::store::StoreError;
 use crate::store::cluster::{Cluster, ClusterEvent, Relay, RelayKind, Seat, TakenRelay};
@@ -179,8 +180,8 @@ impl Engine {
     /// out. A lease counted lost is never resumed: the replica comes back under a new
     /// epoch, so the calls it stopped go to the takeover.
     async fn lease_loop(self: Arc<Self>, cluster: Arc<dyn Cluster>, shutdown: CancellationToken) {
-        let every = Duration::from_millis(self.cfg.store.lease_renew_ms.max(1));
-        let lease = Duration::from_millis(self.cfg.store.lease_ms);
+        let every = self.cfg.store.lease_renew.max(Duration::from_millis(1));
+        let lease = self.cfg.store.lease;
         let joined = self
             .replica
             .joined
@@ -271,7 +272,7 @@ impl Engine {
         let Some(cluster) = self.cluster() else {
             return Ok(0);
         };
-        let retention = self.cfg.tasks.result_retention_ms;
+        let retention = as_millis(self.cfg.tasks.result_retention);
         let err = RpcError::internal(LOST);
         let taken = cluster
             .take_over(&mut |rec| {

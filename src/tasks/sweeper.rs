@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Engine;
 use super::driver::{conclude, fail};
+use crate::config::as_millis;
 use crate::protocol::RpcError;
 use crate::store::{OPERATION_LIMIT, StoreError, TaskRecord, TaskStatus, now_ms};
 
@@ -25,7 +26,7 @@ impl Engine {
             if let Some(task_id) = &route.task_id {
                 let err = RpcError::internal("gateway restarted while the call was in flight")
                     .with_data(json!({ "upstream": route.upstream }));
-                let retention = self.cfg.tasks.result_retention_ms;
+                let retention = as_millis(self.cfg.tasks.result_retention);
                 let r = self
                     .update_task(task_id, &mut |rec| {
                         if rec.status.is_terminal() {
@@ -57,7 +58,7 @@ impl Engine {
         }
         let limit = u64::try_from(OPERATION_LIMIT.as_millis()).unwrap_or(u64::MAX);
         let cutoff = now_ms().saturating_sub(limit);
-        let retention = self.cfg.tasks.result_retention_ms;
+        let retention = as_millis(self.cfg.tasks.result_retention);
         let mut resolved = 0;
         let mut done = Vec::new();
         for route in self.store.held_routes().await? {
@@ -117,7 +118,7 @@ impl Engine {
         // expiry is not counted as unread.
         self.write_seen().await;
         let now = now_ms();
-        let tomb_until = now + self.cfg.store.tombstone_ttl_ms;
+        let tomb_until = now + as_millis(self.cfg.store.tombstone_ttl);
         let mut n = 0;
         loop {
             let ids = self.store.expired(now, 512).await?;
@@ -157,7 +158,11 @@ impl Engine {
 
     pub fn spawn_sweeper(self: &Arc<Self>, shutdown: CancellationToken) {
         let engine = self.clone();
-        let every = Duration::from_millis(self.cfg.store.sweep_interval_ms.max(100));
+        let every = self
+            .cfg
+            .store
+            .sweep_interval
+            .max(Duration::from_millis(100));
         tokio::spawn(async move {
             loop {
                 tokio::select! {

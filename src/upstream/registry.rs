@@ -85,8 +85,8 @@ impl Upstream {
                 env: cfg.env.clone(),
                 processes: cfg.stdio_processes(),
                 spares: cfg.stdio_spares(),
-                cancel_grace_ms: cfg.cancel_grace_ms,
-                idle_reap_ms: cfg.idle_reap_ms,
+                cancel_grace: cfg.cancel_grace,
+                idle_reap: cfg.idle_reap,
                 max_message_bytes: cfg.max_message_bytes,
                 pid_dir: pid_dir.to_path_buf(),
                 identity: Some(identity.clone()),
@@ -339,7 +339,7 @@ impl Upstream {
 
     /// Drop scoped transports idle for longer than `idle_reap_ms`.
     pub async fn reap_idle(&self) {
-        let idle = Duration::from_millis(self.cfg.idle_reap_ms);
+        let idle = self.cfg.idle_reap;
         let stale: Vec<Arc<dyn LegacyTransport>> = {
             let mut scopes = self.scopes.lock();
             let keys: Vec<String> = scopes
@@ -409,7 +409,8 @@ impl UpstreamSet {
                 continue;
             }
             let u = u.clone();
-            let every = Duration::from_millis((u.cfg.idle_reap_ms / 4).clamp(1_000, 60_000));
+            let every =
+                (u.cfg.idle_reap / 4).clamp(Duration::from_secs(1), Duration::from_secs(60));
             tokio::spawn(async move {
                 loop {
                     tokio::time::sleep(every).await;

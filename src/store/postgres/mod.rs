@@ -50,6 +50,7 @@ use super::{
     Corruption, Created, Expired, IdempotencyEntry, IoError, Owned, RequestRoute, SCHEMA_VERSION,
     SetupError, StoreError, StoredIdentity, TaskRecord, TaskStatus, TaskStore, Tombstone, Update,
 };
+use crate::config::as_millis;
 use crate::config::{StoreConfig, is_pg_schema_name};
 use crate::protocol::UpstreamInfo;
 use futures_util::future::BoxFuture;
@@ -89,7 +90,7 @@ impl PgSettings {
             url,
             pool_size: cfg.pool_size.max(1),
             schema: cfg.schema.clone(),
-            lease_ms: cfg.lease_ms,
+            lease_ms: as_millis(cfg.lease),
         })
     }
 

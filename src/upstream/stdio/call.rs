@@ -2,7 +2,6 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use serde_json::{Map, Value};
 use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
@@ -182,7 +181,7 @@ impl Drop for CallGuard {
         let shared = self.shared.clone();
         let child = self.child.clone();
         let slot = self.slot;
-        let grace = Duration::from_millis(shared.opts.cancel_grace_ms);
+        let grace = shared.opts.cancel_grace;
         let settle = async move {
             // Either the child answers (discarded), dies (the reader fails the reply),
             // or it is killed once the grace period is over.

@@ -88,8 +88,8 @@ pub struct StdioOptions {
     /// Initialised idle children kept ready beyond those in use (counted within
     /// `processes`; 0 when `processes` is 1).
     pub spares: usize,
-    pub cancel_grace_ms: u64,
-    pub idle_reap_ms: u64,
+    pub cancel_grace: Duration,
+    pub idle_reap: Duration,
     /// Longest accepted stdout line; longer is a protocol error.
     pub max_message_bytes: usize,
     /// Directory where child pids are recorded so leftovers of a previous (kill -9'd)

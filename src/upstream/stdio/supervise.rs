@@ -86,7 +86,7 @@ pub(super) async fn watch_child(shared: &Shared, idx: usize, child: &Child) -> b
         child.gone.cancelled().await;
         return false;
     }
-    let reap_after = Duration::from_millis(shared.opts.idle_reap_ms.max(1));
+    let reap_after = shared.opts.idle_reap.max(Duration::from_millis(1));
     loop {
         let next_check = {
             let mut st = shared.state.lock();

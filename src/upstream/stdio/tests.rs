@@ -63,8 +63,8 @@ impl Fixture {
             env,
             processes,
             spares: 1,
-            cancel_grace_ms: 10_000,
-            idle_reap_ms: 600_000,
+            cancel_grace: Duration::from_millis(10_000),
+            idle_reap: Duration::from_millis(600_000),
             max_message_bytes: 1 << 20,
             pid_dir: self.pid_dir(),
             identity: None,
@@ -343,7 +343,7 @@ async fn cancelled_call_keeps_child_reserved_until_it_answers() {
 async fn cancelled_call_that_never_answers_kills_the_child() {
     let fx = Fixture::new();
     let mut opts = fx.opts(1);
-    opts.cancel_grace_ms = 300;
+    opts.cancel_grace = Duration::from_millis(300);
     let pool = StdioPool::start(opts);
     let (r, _) = call(&pool, tool("echo", json!({})), None).await;
     let first = pid_of(&r);
@@ -451,7 +451,7 @@ async fn missing_program_is_unavailable_with_reason() {
 async fn idle_extra_children_are_reaped() {
     let fx = Fixture::new();
     let mut opts = fx.opts(2);
-    opts.idle_reap_ms = 300;
+    opts.idle_reap = Duration::from_millis(300);
     let pool = StdioPool::start(opts);
     let gate = fx.gate();
     let calls = futures_util::future::join(
