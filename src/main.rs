@@ -11,7 +11,7 @@ use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
 use taskgate::auth::{self, Authenticator};
-use taskgate::config::{AuthOnly, Config, ConfigSource, StoreBackend};
+use taskgate::config::{AuthOnly, Config, ConfigSource, LogFormat, StoreBackend};
 use taskgate::front::{self, Gateway};
 use taskgate::store::TaskStore;
 use taskgate::store::cluster::Cluster;
@@ -201,7 +201,7 @@ fn edge(
         cfg.listen = listen;
         cfg.validate()?;
     }
-    init_tracing(cfg.log_format == "json");
+    init_tracing(cfg.log_format == LogFormat::Json);
     tracing::info!(config = %source.describe(), "edge configuration loaded");
     taskgate::edge::run(cfg, taskgate::edge::EdgeStart { upgrade, daemon })
 }
@@ -219,7 +219,7 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
         cfg.server.listen = listen;
         cfg.revalidate()?;
     }
-    init_tracing(cfg.server.log_format == "json");
+    init_tracing(cfg.server.log_format == LogFormat::Json);
     tracing::info!(config = %source.describe(), "configuration loaded");
     let listen = cfg.listen_addr()?;
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::error::{ConfigError, invalid, tls_pair};
+use super::log_format::LogFormat;
 use super::millis::millis;
 use super::source::ConfigSource;
 
@@ -31,8 +32,12 @@ pub struct EdgeConfig {
     pub upgrade_sock: PathBuf,
     /// Requests in flight at the edge at once; past it the edge answers 503.
     pub max_connections: usize,
+    /// `log_format` as written; [`Self::log_format`] is read from it at load.
+    #[serde(rename = "log_format")]
+    log_format_written: String,
     /// `"text"` or `"json"` lines on stderr, as `server.log_format` for a replica.
-    pub log_format: String,
+    #[serde(skip)]
+    pub log_format: LogFormat,
     /// TLS on the edge's listener: certificate chain and key, PEM.
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
@@ -51,7 +56,8 @@ impl Default for EdgeConfig {
             pid_file: PathBuf::from("data/edge.pid"),
             upgrade_sock: PathBuf::from("data/edge-upgrade.sock"),
             max_connections: 10_000,
-            log_format: "text".into(),
+            log_format_written: "text".into(),
+            log_format: LogFormat::Text,
             tls_cert: None,
             tls_key: None,
             replica_ca_file: None,
@@ -140,9 +146,10 @@ impl EdgeConfig {
             path: PathBuf::new(),
             message: e.to_string(),
         })?;
-        let edge = only
+        let mut edge = only
             .edge
             .ok_or_else(|| invalid("edge", "`taskgate edge` needs an [edge] table"))?;
+        edge.build()?;
         edge.validate()?;
         Ok(edge)
     }
@@ -165,6 +172,13 @@ impl EdgeConfig {
                 ReplicaUrl::parse(r).map_err(|p| invalid(format!("edge.replicas[{i}]"), p))
             })
             .collect()
+    }
+
+    /// Build the typed values from the keys read as written (once, after reading the
+    /// file).
+    pub(super) fn build(&mut self) -> Result<(), ConfigError> {
+        self.log_format = LogFormat::from_key("edge.log_format", &self.log_format_written)?;
+        Ok(())
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -214,9 +228,6 @@ impl EdgeConfig {
         }
         if self.max_connections == 0 {
             return Err(invalid("edge.max_connections", "must be > 0"));
-        }
-        if !matches!(self.log_format.as_str(), "text" | "json") {
-            return Err(invalid("edge.log_format", "must be \"text\" or \"json\""));
         }
         for (key, p) in [
             ("edge.pid_file", &self.pid_file),

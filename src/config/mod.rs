@@ -9,6 +9,7 @@
 mod auth;
 mod edge;
 mod error;
+mod log_format;
 mod millis;
 mod server;
 mod source;
@@ -26,13 +27,14 @@ use serde::Deserialize;
 pub use auth::{AuthConfig, AuthMode, SHIPPED_DEV_SECRET};
 pub use edge::{EdgeConfig, ReplicaUrl};
 pub use error::ConfigError;
+pub use log_format::LogFormat;
 pub use millis::as_millis;
 pub use server::ServerConfig;
 pub use source::{ConfigSource, DEFAULT_CONFIG_PATH, SHIPPED_DEFAULT};
 pub use store::{StoreBackend, StoreConfig, is_pg_schema_name};
 pub use tasks::{LimitsConfig, TasksConfig};
 pub use upstream::{
-    Isolation, OPERATIONAL_PATHS, OnInput, TaskMode, ToolConfig, UpstreamConfig, UpstreamTarget,
+    Isolation, OPERATIONAL_PATHS, OnInput, TaskMode, ToolConfig, UpstreamConfig, UpstreamTransport,
     interpolate_env,
 };
 
@@ -108,10 +110,11 @@ impl Config {
     }
 
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
-        let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+        let mut cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: PathBuf::new(),
             message: e.to_string(),
         })?;
+        cfg.build()?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -129,6 +132,19 @@ impl Config {
     /// The directory holding this replica's stdio pid records (README "Configuration").
     pub fn replica_run_dir(&self) -> PathBuf {
         self.store.runtime_dir().join(self.replica_id())
+    }
+
+    /// Build the typed values the file gives as strings or as a choice of keys (the log
+    /// formats, each upstream's transport), so a bad one is refused naming its key.
+    fn build(&mut self) -> Result<(), ConfigError> {
+        if let Some(e) = &mut self.edge {
+            e.build()?;
+        }
+        self.server.build()?;
+        for (i, u) in self.upstreams.iter_mut().enumerate() {
+            u.build(i)?;
+        }
+        Ok(())
     }
 
     /// Each table's check, in the order of the file's tables; the first problem found

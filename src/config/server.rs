@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::error::{ConfigError, invalid, tls_pair};
+use super::log_format::LogFormat;
 use super::millis::millis;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -33,10 +34,14 @@ pub struct ServerConfig {
     pub metrics_listen: Option<String>,
     /// Public base URL (for RFC 9728 metadata); default `http://{listen}`.
     pub public_url: Option<String>,
+    /// `log_format` as written; [`Self::log_format`] is read from it at load.
+    #[serde(rename = "log_format")]
+    log_format_written: String,
     /// `text` or `json` log lines.
-    pub log_format: String,
+    #[serde(skip)]
+    pub log_format: LogFormat,
     /// This gateway's stable identity across restarts; names its directory under
-    /// `store.runtime_dir`. Default: see [`Config::replica_id`].
+    /// `store.runtime_dir`. Default: see [`Self::replica_id()`].
     pub replica_id: Option<String>,
     /// TLS on the client listener: certificate chain and key, PEM (README "TLS").
     pub tls_cert: Option<PathBuf>,
@@ -64,7 +69,8 @@ impl Default for ServerConfig {
             drain_grace: Duration::from_millis(30_000),
             metrics_listen: None,
             public_url: None,
-            log_format: "text".into(),
+            log_format_written: "text".into(),
+            log_format: LogFormat::Text,
             replica_id: None,
             tls_cert: None,
             tls_key: None,
@@ -146,6 +152,13 @@ impl ServerConfig {
         sanitize_replica_id(&format!("{}-{port}", host_name()))
     }
 
+    /// Build the typed values from the keys read as written (once, after reading the
+    /// file).
+    pub(super) fn build(&mut self) -> Result<(), ConfigError> {
+        self.log_format = LogFormat::from_key("server.log_format", &self.log_format_written)?;
+        Ok(())
+    }
+
     /// Check `[server]`; the parsed `listen` address is what `[auth]` checks against.
     pub(super) fn validate(&self) -> Result<SocketAddr, ConfigError> {
         let listen = self.listen_addr()?;
@@ -195,9 +208,6 @@ impl ServerConfig {
         }
         if self.idle_timeout.is_zero() {
             return Err(invalid("server.idle_timeout_ms", "must be > 0"));
-        }
-        if !matches!(self.log_format.as_str(), "text" | "json") {
-            return Err(invalid("server.log_format", "must be \"text\" or \"json\""));
         }
         if let Some(id) = &self.replica_id
             && !is_replica_id(id)

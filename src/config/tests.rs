@@ -31,7 +31,7 @@ fn edge_table_gets_defaults_and_parses_replicas() {
     assert_eq!(e.health_interval, Duration::from_millis(1000));
     assert_eq!(e.grace_period_s, 30);
     assert_eq!(e.max_connections, 10_000);
-    assert_eq!(e.log_format, "text");
+    assert_eq!(e.log_format, LogFormat::Text);
     let urls = e.replica_urls().unwrap();
     assert_eq!(urls[0].authority(), "127.0.0.1:8081");
     assert_eq!(
@@ -238,4 +238,100 @@ fn store_backend_keys() {
         assert!(err.to_string().contains(named), "{keys}: {err}");
     }
     assert!(Config::parse(&pg("backend = \"mysql\"")).is_err());
+}
+
+#[test]
+fn millisecond_keys_are_durations() {
+    let text = MIN.replace(
+        "[auth]",
+        "[server]\nkeepalive_ms = 250\n[tasks]\nsync_timeout_ms = 1500\n[auth]",
+    ) + "call_timeout_ms = 700\n[upstream.tools.t]\npromote_after_ms = 0\n";
+    let c = Config::parse(&text).unwrap();
+    assert_eq!(c.server.keepalive, Duration::from_millis(250));
+    assert_eq!(c.tasks.sync_timeout, Duration::from_millis(1500));
+    assert_eq!(
+        c.upstreams[0].call_timeout,
+        Some(Duration::from_millis(700))
+    );
+    assert_eq!(c.upstreams[0].promote_after, None);
+    assert_eq!(
+        c.upstreams[0].tools["t"].promote_after,
+        Some(Duration::ZERO)
+    );
+    assert_eq!(as_millis(c.tasks.poll_interval), 1000);
+    let negative = MIN.replace("[auth]", "[server]\nkeepalive_ms = -1\n[auth]");
+    assert!(matches!(
+        Config::parse(&negative),
+        Err(ConfigError::Parse { .. })
+    ));
+}
+
+#[test]
+fn log_format_is_an_enum_and_unknown_values_name_the_key() {
+    assert_eq!(
+        Config::parse(MIN).unwrap().server.log_format,
+        LogFormat::Text
+    );
+    let json = MIN.replace("[auth]", "[server]\nlog_format = \"json\"\n[auth]");
+    assert_eq!(
+        Config::parse(&json).unwrap().server.log_format,
+        LogFormat::Json
+    );
+    let xml = MIN.replace("[auth]", "[server]\nlog_format = \"xml\"\n[auth]");
+    let err = Config::parse(&xml).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "config key `server.log_format`: must be \"text\" or \"json\""
+    );
+}
+
+#[test]
+fn upstream_transport_is_built_at_load() {
+    let c = Config::parse(MIN).unwrap();
+    match &c.upstreams[0].transport {
+        UpstreamTransport::Stdio { program, args } => {
+            assert_ne!(program, "@self", "resolved to the running executable");
+            assert_eq!(args, &["demo-upstream"]);
+        }
+        other => panic!("{other:?}"),
+    }
+    let http =
+        "[auth]\nmode = \"none\"\n[[upstream]]\nname = \"h\"\nurl = \"https://u.example/mcp\"\n";
+    let c = Config::parse(http).unwrap();
+    assert_eq!(
+        c.upstreams[0].transport,
+        UpstreamTransport::Http {
+            url: "https://u.example/mcp".into()
+        }
+    );
+    assert!(c.upstreams[0].transport.is_https());
+    for (extra, problem) in [("command = [\"x\"]\n", "not both"), ("", "is required")] {
+        let text = format!(
+            "[auth]\nmode = \"none\"\n[[upstream]]\nname = \"x\"\n{extra}url = \"http://a:1/\"\n"
+        );
+        let text = if extra.is_empty() {
+            text.replace("url = \"http://a:1/\"\n", "")
+        } else {
+            text
+        };
+        let err = Config::parse(&text).unwrap_err().to_string();
+        assert!(
+            err.contains("upstream[0].command") && err.contains(problem),
+            "{err}"
+        );
+    }
+    let empty = "[auth]\nmode = \"none\"\n[[upstream]]\nname = \"x\"\ncommand = [\"\"]\n";
+    assert!(
+        Config::parse(empty)
+            .unwrap_err()
+            .to_string()
+            .contains("must name a program")
+    );
+    let ftp = "[auth]\nmode = \"none\"\n[[upstream]]\nname = \"x\"\nurl = \"ftp://a/\"\n";
+    assert!(
+        Config::parse(ftp)
+            .unwrap_err()
+            .to_string()
+            .contains("upstream[0].url")
+    );
 }

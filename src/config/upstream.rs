@@ -47,10 +47,15 @@ pub struct UpstreamConfig {
     pub name: String,
     #[serde(default = "default_path")]
     pub path: String,
+    /// `command` and `url` as written (exactly one is set); [`Self::transport`] is
+    /// built from them at load, and they are empty from then on.
     #[serde(default)]
-    pub command: Option<Vec<String>>,
+    command: Option<Vec<String>>,
     #[serde(default)]
-    pub url: Option<String>,
+    url: Option<String>,
+    /// Where the upstream lives, from `command` or `url`.
+    #[serde(skip, default = "UpstreamTransport::not_built")]
+    pub transport: UpstreamTransport,
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
     #[serde(default)]
@@ -126,19 +131,55 @@ pub struct ToolConfig {
     pub call_timeout: Option<Duration>,
 }
 
-/// Where an upstream lives, after validation.
-#[derive(Debug, Clone)]
-pub enum UpstreamTarget {
+/// Where an upstream lives: an upstream table names exactly one of `command` and
+/// `url`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UpstreamTransport {
+    /// `command`: a child process spoken to over stdio; `"@self"` as the program is
+    /// the running executable.
     Stdio { program: String, args: Vec<String> },
+    /// `url`: an `http://` or `https://` MCP endpoint.
     Http { url: String },
 }
 
+impl UpstreamTransport {
+    /// What an upstream holds between reading the file and [`UpstreamConfig::build`]
+    /// (serde needs a value for a field no key fills); no loaded configuration keeps
+    /// it.
+    fn not_built() -> Self {
+        Self::Http { url: String::new() }
+    }
+
+    /// An `https://` url: the only transport TLS settings apply to.
+    pub fn is_https(&self) -> bool {
+        matches!(self, Self::Http { url } if url.starts_with("https://"))
+    }
+}
+
 impl UpstreamConfig {
-    pub fn target(&self) -> UpstreamTarget {
-        match (&self.command, &self.url) {
-            (Some(cmd), _) => {
-                let mut it = cmd.iter().cloned();
-                let program = it.next().unwrap_or_default();
+    /// Build [`Self::transport`] from the `command`/`url` keys of `upstream[i]`
+    /// (once, after reading the file).
+    pub(super) fn build(&mut self, i: usize) -> Result<(), ConfigError> {
+        let key = |k: &str| format!("upstream[{i}].{k}");
+        self.transport = match (self.command.take(), self.url.take()) {
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    key("command"),
+                    "set either `command` or `url`, not both",
+                ));
+            }
+            (None, None) => {
+                return Err(invalid(
+                    key("command"),
+                    "one of `command` or `url` is required",
+                ));
+            }
+            (Some(command), None) => {
+                let mut words = command.into_iter();
+                let program = match words.next() {
+                    Some(p) if !p.is_empty() => p,
+                    _ => return Err(invalid(key("command"), "must name a program")),
+                };
                 let program = if program == "@self" {
                     std::env::current_exe()
                         .map(|p| p.to_string_lossy().into_owned())
@@ -146,15 +187,19 @@ impl UpstreamConfig {
                 } else {
                     program
                 };
-                UpstreamTarget::Stdio {
+                UpstreamTransport::Stdio {
                     program,
-                    args: it.collect(),
+                    args: words.collect(),
                 }
             }
-            (None, url) => UpstreamTarget::Http {
-                url: url.clone().unwrap_or_default(),
-            },
-        }
+            (None, Some(url)) => {
+                if !url.starts_with("http://") && !url.starts_with("https://") {
+                    return Err(invalid(key("url"), "must be an http:// or https:// URL"));
+                }
+                UpstreamTransport::Http { url }
+            }
+        };
+        Ok(())
     }
 
     pub fn stdio_processes(&self) -> usize {
@@ -205,7 +250,7 @@ pub fn interpolate_env(value: &str) -> Result<String, String> {
     Ok(out)
 }
 
-/// Check every `[[upstream]]`: each on its own, then names and paths unique.
+/// Check every `[[upstream]]`: each on its own, and names and paths unique.
 pub(super) fn validate_upstreams(upstreams: &[UpstreamConfig]) -> Result<(), ConfigError> {
     if upstreams.is_empty() {
         return Err(invalid("upstream", "at least one [[upstream]] is required"));
@@ -220,79 +265,68 @@ pub(super) fn validate_upstreams(upstreams: &[UpstreamConfig]) -> Result<(), Con
         if !names.insert(u.name.clone()) {
             return Err(invalid(key("name"), format!("duplicate name {:?}", u.name)));
         }
-        if !u.path.starts_with('/') || u.path.starts_with("/.well-known") {
-            return Err(invalid(
-                key("path"),
-                "must start with '/' and not be under /.well-known",
-            ));
-        }
-        if OPERATIONAL_PATHS.contains(&u.path.as_str()) {
-            return Err(invalid(
-                key("path"),
-                "collides with an operational endpoint",
-            ));
-        }
+        u.validate_path(i)?;
         if !paths.insert(u.path.clone()) {
             return Err(invalid(key("path"), format!("duplicate path {:?}", u.path)));
         }
-        match (&u.command, &u.url) {
-            (Some(_), Some(_)) => {
-                return Err(invalid(
-                    key("command"),
-                    "set either `command` or `url`, not both",
-                ));
-            }
-            (None, None) => {
-                return Err(invalid(
-                    key("command"),
-                    "one of `command` or `url` is required",
-                ));
-            }
-            (Some(c), None) if c.is_empty() || c[0].is_empty() => {
-                return Err(invalid(key("command"), "must name a program"));
-            }
-            (None, Some(url)) if !url.starts_with("http://") && !url.starts_with("https://") => {
-                return Err(invalid(key("url"), "must be an http:// or https:// URL"));
-            }
-            _ => {}
+        u.validate(i)?;
+    }
+    Ok(())
+}
+
+impl UpstreamConfig {
+    fn validate_path(&self, i: usize) -> Result<(), ConfigError> {
+        let key = format!("upstream[{i}].path");
+        if !self.path.starts_with('/') || self.path.starts_with("/.well-known") {
+            return Err(invalid(
+                key,
+                "must start with '/' and not be under /.well-known",
+            ));
         }
-        let https = u
-            .url
-            .as_deref()
-            .is_some_and(|url| url.starts_with("https://"));
+        if OPERATIONAL_PATHS.contains(&self.path.as_str()) {
+            return Err(invalid(key, "collides with an operational endpoint"));
+        }
+        Ok(())
+    }
+
+    /// Check `upstream[i]` beyond its name and path (which [`validate_upstreams`]
+    /// checks against the other upstreams).
+    fn validate(&self, i: usize) -> Result<(), ConfigError> {
+        let key = |k: &str| format!("upstream[{i}].{k}");
+        let https = self.transport.is_https();
         for (name, set) in [
-            ("ca_file", u.ca_file.is_some()),
-            ("client_cert", u.client_cert.is_some()),
-            ("client_key", u.client_key.is_some()),
+            ("ca_file", self.ca_file.is_some()),
+            ("client_cert", self.client_cert.is_some()),
+            ("client_key", self.client_key.is_some()),
         ] {
             if set && !https {
                 return Err(invalid(key(name), "only applies to an https:// url"));
             }
         }
-        if u.client_cert.is_some() != u.client_key.is_some() {
+        if self.client_cert.is_some() != self.client_key.is_some() {
             return Err(invalid(
                 key("client_cert"),
                 "client_cert and client_key go together",
             ));
         }
-        if u.max_concurrency == 0 {
+        if self.max_concurrency == 0 {
             return Err(invalid(key("max_concurrency"), "must be > 0"));
         }
-        if u.stdio_processes == Some(0) {
+        if self.stdio_processes == Some(0) {
             return Err(invalid(key("stdio_processes"), "must be > 0"));
         }
-        if let Some(spares) = u.stdio_spares
-            && spares > u.stdio_processes()
+        if let Some(spares) = self.stdio_spares
+            && spares > self.stdio_processes()
         {
             return Err(invalid(
                 key("stdio_spares"),
                 "must be <= stdio_processes (spares are counted within the pool)",
             ));
         }
-        if u.max_message_bytes < 1024 {
+        if self.max_message_bytes < 1024 {
             return Err(invalid(key("max_message_bytes"), "must be >= 1024"));
         }
-        for (k, v) in &u.headers {
+        for (k, v) in &self.headers {
             if http::HeaderName::from_bytes(k.as_bytes()).is_err() {
                 return Err(invalid(
                     key(&format!("headers.{k}")),
@@ -301,6 +335,6 @@ pub(super) fn validate_upstreams(upstreams: &[UpstreamConfig]) -> Result<(), Con
             }
             interpolate_env(v).map_err(|p| invalid(key(&format!("headers.{k}")), p))?;
         }
+        Ok(())
     }
-    Ok(())
 }

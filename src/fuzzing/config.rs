@@ -8,7 +8,7 @@
 //!   unknown key is a parse error that names it).
 
 use super::Bytes;
-use crate::config::{AuthOnly, Config, ConfigError};
+use crate::config::{AuthOnly, Config, ConfigError, UpstreamTransport};
 
 #[derive(Debug, Clone)]
 pub enum Case {
@@ -240,7 +240,10 @@ fn check_built(cfg: &Built, fault: usize) {
             for (i, (u, b)) in c.upstreams.iter().zip(&cfg.upstreams).enumerate() {
                 assert_eq!(u.name, format!("u{i}"));
                 assert_eq!(u.path, format!("/p{i}"));
-                assert_eq!(u.command.is_some(), b.stdio);
+                assert_eq!(
+                    matches!(u.transport, UpstreamTransport::Stdio { .. }),
+                    b.stdio
+                );
                 assert_eq!(u.max_concurrency, usize::from(b.max_concurrency));
                 assert_eq!(
                     u.max_message_bytes as u64,

@@ -361,11 +361,9 @@ pub fn check_any(body: &[u8], headers: &HeaderMap) {
 
 /// Origin/Host, Content-Type and Accept.
 pub fn check_http(headers: &HeaderMap) {
-    let cfg = ServerConfig {
-        allowed_hosts: vec!["gw.example".into()],
-        allowed_origins: vec!["https://app.example".into()],
-        ..ServerConfig::default()
-    };
+    let mut cfg = ServerConfig::default();
+    cfg.allowed_hosts = vec!["gw.example".into()];
+    cfg.allowed_origins = vec!["https://app.example".into()];
     let uri = Uri::from_static("/mcp");
     let hosts: Vec<_> = headers.get_all(http::header::HOST).iter().collect();
     let origins = headers.get_all(http::header::ORIGIN).iter().count();

@@ -18,7 +18,7 @@ use super::{
     CallEvent, CallOutcome, CallSpec, LegacyTransport, TransportState, UpstreamError, UpstreamInfo,
 };
 use crate::auth::Principal;
-use crate::config::{Isolation, UpstreamConfig, UpstreamTarget};
+use crate::config::{Isolation, UpstreamConfig, UpstreamTransport};
 use crate::protocol::RpcError;
 
 /// An upstream that cannot be started as configured (its TLS files, so far).
@@ -77,11 +77,11 @@ impl Upstream {
         identity: &Arc<Identity>,
         tls: &Arc<rustls::ClientConfig>,
     ) -> Arc<dyn LegacyTransport> {
-        match cfg.target() {
-            UpstreamTarget::Stdio { program, args } => StdioPool::start(StdioOptions {
+        match &cfg.transport {
+            UpstreamTransport::Stdio { program, args } => StdioPool::start(StdioOptions {
                 name: cfg.name.clone(),
-                program,
-                args,
+                program: program.clone(),
+                args: args.clone(),
                 env: cfg.env.clone(),
                 processes: cfg.stdio_processes(),
                 spares: cfg.stdio_spares(),
@@ -91,9 +91,9 @@ impl Upstream {
                 pid_dir: pid_dir.to_path_buf(),
                 identity: Some(identity.clone()),
             }),
-            UpstreamTarget::Http { url } => HttpUpstream::start(HttpOptions {
+            UpstreamTransport::Http { url } => HttpUpstream::start(HttpOptions {
                 name: cfg.name.clone(),
-                url,
+                url: url.clone(),
                 // Validated at start-up (config::Config::parse), so resolution cannot fail
                 // here unless the environment changed in between.
                 headers: cfg.resolved_headers().unwrap_or_default(),
@@ -112,11 +112,7 @@ impl Upstream {
             key: format!("upstream {:?} {key}", cfg.name),
             reason: e.to_string(),
         };
-        if !cfg
-            .url
-            .as_deref()
-            .is_some_and(|u| u.starts_with("https://"))
-        {
+        if !cfg.transport.is_https() {
             return crate::tls::client::plaintext_only().map_err(|e| failed("url", e));
         }
         let identity = match (&cfg.client_cert, &cfg.client_key) {
@@ -180,13 +176,14 @@ impl Upstream {
     /// An upstream served by one given transport (every isolation scope shares it):
     /// for driving the engine against a scripted upstream.
     #[cfg(test)]
-    pub fn from_transport(cfg: UpstreamConfig, transport: Arc<dyn LegacyTransport>) -> Arc<Self> {
+    pub fn from_transport(
+        mut cfg: UpstreamConfig,
+        transport: Arc<dyn LegacyTransport>,
+    ) -> Arc<Self> {
         let identity = Identity::new(&cfg.name, None);
+        cfg.isolation = Isolation::Shared;
         Arc::new(Self {
-            cfg: UpstreamConfig {
-                isolation: Isolation::Shared,
-                ..cfg
-            },
+            cfg,
             boot: transport,
             boot_tools: Arc::new(Mutex::new(None)),
             scopes: Mutex::new(HashMap::new()),
