@@ -3,8 +3,10 @@
 //! problem.
 //!
 //! One file per table (or small group of tables), each holding its struct(s), their
-//! defaults and that table's validation; this file holds the whole [`Config`], loads it
-//! and runs each table's check in turn.
+//! defaults and that table's validation; this file holds the whole [`Config`] and loads
+//! it: serde reads the file, `Config::build` turns the values the file gives as
+//! strings or as a choice of keys into their types, and each table's `validate` checks
+//! the rest (ARCHITECTURE.md, `config/`).
 
 mod auth;
 mod edge;
