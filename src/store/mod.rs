@@ -146,12 +146,45 @@ pub struct Expired {
 /// record per upstream name): the record's schema version, then the
 /// [`UpstreamInfo`] fields inline, so the stored JSON is
 /// `{"v", "protocol_version", "server_info", "capabilities", "instructions"?}`. `I` is
-/// `&UpstreamInfo` when writing and `UpstreamInfo` when reading.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// `&UpstreamInfo` when writing and `UpstreamInfo` when reading. The fields are put
+/// inline by hand through a JSON map rather than with `serde(flatten)`, which buffers
+/// through serde's `Content` and loses the number text of `server_info`
+/// (tests/serde_buffering.rs).
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct StoredIdentity<I> {
     pub v: u32,
-    #[serde(flatten)]
     pub info: I,
+}
+
+impl Serialize for StoredIdentity<&UpstreamInfo> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut record = Map::new();
+        record.insert("v".into(), Value::from(self.v));
+        match serde_json::to_value(self.info).map_err(serde::ser::Error::custom)? {
+            Value::Object(fields) => record.extend(fields),
+            _ => return Err(serde::ser::Error::custom("not a JSON object")),
+        }
+        record.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for StoredIdentity<UpstreamInfo> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let mut record = Map::<String, Value>::deserialize(d)?;
+        let v = record
+            .remove("v")
+            .ok_or_else(|| D::Error::missing_field("v"))?;
+        let v = v
+            .as_u64()
+            .and_then(|v| u32::try_from(v).ok())
+            .ok_or_else(|| D::Error::custom(format!("schema version {v} is not a u32")))?;
+        // Through the JSON text, not `serde_json::from_value`: a `Value` read back
+        // through serde loses number text (`-0` comes out as `0`).
+        let text = serde_json::to_string(&record).map_err(D::Error::custom)?;
+        let info = serde_json::from_str(&text).map_err(D::Error::custom)?;
+        Ok(Self { v, info })
+    }
 }
 
 impl<'a> StoredIdentity<&'a UpstreamInfo> {
