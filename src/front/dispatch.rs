@@ -23,8 +23,9 @@ use crate::config::TaskMode;
 use crate::protocol::params::{TaskRef, TaskUpdate};
 use crate::protocol::{self, Method, PROTOCOL_VERSION, RpcError, TASKS_EXTENSION, results};
 use crate::tasks::call::ToolCall;
+use crate::tasks::events::Pending;
 use crate::tasks::failure::{CallFailure, Failure};
-use crate::tasks::mrtr::{Pending, Resumed};
+use crate::tasks::mrtr::Resumed;
 use crate::tasks::outcome::Reply;
 use crate::tasks::promote::Promotion;
 use crate::upstream::{Upstream, UpstreamInfo};
@@ -419,7 +420,6 @@ impl Gateway {
         InlineTiming {
             keepalive: std::time::Duration::from_millis(self.cfg.server.keepalive_ms),
             sync_timeout: std::time::Duration::from_millis(self.cfg.tasks.sync_timeout_ms),
-            input_gather: std::time::Duration::from_millis(self.cfg.tasks.input_gather_ms),
         }
     }
 }

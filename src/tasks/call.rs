@@ -7,12 +7,14 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
-use super::driver::{CallTask, Driven, key_inputs, split_inputs};
+use super::driver::{Driven, key_inputs, split_inputs};
+use super::events::{Event, Notice, Pending, Timers};
 use super::failure::Failure;
 use super::fingerprint::fingerprint;
-use super::inputs::{self, InlineTiming, InputVerdict, screen_inputs};
-use super::mrtr::{Holds, Pending};
+use super::inputs::{self, InlineTiming, InputVerdict};
+use super::mrtr::Holds;
 use super::outcome::{Reply, answer_of};
 use super::promote::Promotion;
 use super::{Engine, ids, snapshot};
@@ -21,7 +23,11 @@ use crate::config::OnInput;
 use crate::protocol::params::TaskRef;
 use crate::protocol::{RpcError, ValidRequest};
 use crate::store::{Created, RequestRoute, SCHEMA_VERSION, TaskRecord, TaskStatus, now_ms};
-use crate::upstream::{CallEvent, InputRequest, Upstream, UpstreamError};
+use crate::upstream::{Upstream, UpstreamError};
+
+/// The race's one timer: `promote_after_ms` passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Promote;
 
 /// One `tools/call` that may become a task.
 pub struct ToolCall {
@@ -82,7 +88,7 @@ fn start_call(
     principal: &Principal,
     req: &ValidRequest,
     promotion: &Promotion,
-) -> (CallTask, mpsc::Receiver<CallEvent>) {
+) -> Pending {
     // Progress always: it becomes the task's statusMessage once promoted.
     let spec = inputs::upstream_spec(req, true);
     let (tx, rx) = mpsc::channel(32);
@@ -90,6 +96,7 @@ fn start_call(
     let p = principal.clone();
     let limit = promotion.call_timeout;
     let name = upstream.name().to_string();
+    let gather = engine.input_gather();
     let engine = engine.clone();
     let task = tokio::spawn(async move {
         let call = engine.call_upstream(&up, &p, spec, tx);
@@ -104,7 +111,7 @@ fn start_call(
             }),
         }
     });
-    (task, rx)
+    Pending::new(task, rx, gather)
 }
 
 /// The tool name, its arguments (`{}` when absent) and their fingerprint.
@@ -274,8 +281,8 @@ impl Engine {
             let rec = self.new_record(&c, &tool, fp.clone(), None);
             return self.create_then_call(c, rec, None, fp).await;
         }
-        let (call, events) = start_call(self, &c.upstream, &c.principal, &c.req, &c.promotion);
-        self.race(c, tool, fp, Pending { call, events }).await
+        let call = start_call(self, &c.upstream, &c.principal, &c.req, &c.promotion);
+        self.race(c, tool, fp, call).await
     }
 
     /// Carry on with a call held for an MRTR round (`on_input = "mrtr"`): the race
@@ -313,8 +320,8 @@ impl Engine {
         if let Err(e) = self.flush().await {
             return store_failure(e);
         }
-        let (call, events) = start_call(self, &c.upstream, &c.principal, &c.req, &c.promotion);
-        self.launch(&c, &rec, &route, call, events, Vec::new());
+        let call = start_call(self, &c.upstream, &c.principal, &c.req, &c.promotion);
+        self.launch(&c, &rec, &route, call, Vec::new());
         crate::metrics::promoted(c.upstream.name(), &rec.task_id);
         Reply::Task(snapshot::create_result(&rec, &c.server_info))
     }
@@ -325,8 +332,7 @@ impl Engine {
         c: &ToolCall,
         rec: &TaskRecord,
         route: &RequestRoute,
-        call: CallTask,
-        events: mpsc::Receiver<CallEvent>,
+        call: Pending,
         responders: Vec<(
             String,
             tokio::sync::oneshot::Sender<crate::upstream::InputAnswer>,
@@ -344,7 +350,6 @@ impl Engine {
             upstream: c.upstream.name().to_string(),
             caps: c.req.meta.caps.clone(),
             call,
-            events,
             awaiting_input,
         }));
     }
@@ -356,66 +361,51 @@ impl Engine {
         fp: String,
         pending: Pending,
     ) -> Reply {
-        let Pending {
-            mut call,
-            mut events,
-        } = pending;
+        let mut call = pending;
         let mut armed = Armed(Some(call.abort_handle()));
-        let deadline = tokio::time::sleep(c.promotion.promote_after);
-        tokio::pin!(deadline);
-        let mut events_open = true;
-        let mut inputs: Vec<InputRequest> = Vec::new();
+        let mut timers = Timers::default();
+        timers.set(Promote, Instant::now() + c.promotion.promote_after);
         // The latest progress or queue position: the task starts with it, so a queued
         // call says so from its CreateTaskResult on.
         let mut status_message: Option<String> = None;
-        loop {
-            tokio::select! {
-                r = &mut call => {
+        let inputs = loop {
+            match call.next(&mut timers).await {
+                Event::Finished(r) => {
                     armed.disarm();
                     crate::metrics::inline_completion(c.upstream.name());
                     return answer_of(c.req.method, c.upstream.name(), &c.server_info, r);
                 }
-                ev = events.recv(), if events_open => match ev {
-                    None => events_open = false,
-                    Some(CallEvent::Input(ir)) => {
-                        match screen_inputs(&c.req, c.upstream.name(), ir, &mut events, c.timing.input_gather).await {
-                            InputVerdict::Missing(err) => {
-                                return Reply::Failed(Failure::refused(err));
-                            }
-                            InputVerdict::Relay(batch) if c.promotion.on_input == OnInput::Mrtr => {
-                                // MRTR rounds first; the retry resumes this race.
-                                armed.disarm();
-                                let v = c.holds.hold(
-                                    Pending { call, events },
-                                    batch,
-                                    &c.principal,
-                                    c.upstream.name(),
-                                    c.req.method,
-                                    &c.req.params,
-                                    &c.server_info,
-                                );
-                                return Reply::InputRequired(v);
-                            }
-                            InputVerdict::Relay(batch) => {
-                                // Input before the deadline promotes at once
-                                // (docs/design.md §1 "Promotion").
-                                inputs = batch;
-                                break;
-                            }
-                            InputVerdict::Refused => {}
+                Event::Notice(Notice::Progress(p)) => {
+                    status_message = Some(super::driver::progress_message(&p));
+                }
+                Event::Notice(Notice::Queue(q)) => status_message = Some(super::queue_status(q)),
+                Event::Notice(Notice::Log(_)) => {}
+                Event::Inputs(batch) => {
+                    match inputs::screen(&c.req.meta.caps, c.req.method, c.upstream.name(), batch) {
+                        InputVerdict::Missing(err) => return Reply::Failed(Failure::refused(err)),
+                        InputVerdict::Relay(batch) if c.promotion.on_input == OnInput::Mrtr => {
+                            // MRTR rounds first; the retry resumes this race.
+                            armed.disarm();
+                            let v = c.holds.hold(
+                                call,
+                                batch,
+                                &c.principal,
+                                c.upstream.name(),
+                                c.req.method,
+                                &c.req.params,
+                                &c.server_info,
+                            );
+                            return Reply::InputRequired(v);
                         }
+                        // Input before the deadline promotes at once (docs/design.md §1
+                        // "Promotion").
+                        InputVerdict::Relay(batch) => break batch,
+                        InputVerdict::Refused => {}
                     }
-                    Some(CallEvent::Progress(p)) => {
-                        status_message = Some(super::driver::progress_message(&p));
-                    }
-                    Some(CallEvent::Queue(q)) => {
-                        status_message = Some(super::queue_status(q));
-                    }
-                    Some(CallEvent::Log(_)) => {}
-                },
-                () = &mut deadline => break,
+                }
+                Event::Timer(Promote) => break Vec::new(),
             }
-        }
+        };
 
         let mut rec = self.new_record(&c, &tool, fp, None);
         if let Some(msg) = status_message {
@@ -446,7 +436,6 @@ impl Engine {
             &rec,
             &route,
             call,
-            events,
             keys.into_iter().zip(senders).collect(),
         );
         crate::metrics::promoted(c.upstream.name(), &rec.task_id);

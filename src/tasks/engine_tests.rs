@@ -215,7 +215,6 @@ impl Rig {
             timing: InlineTiming {
                 keepalive: Duration::from_secs(15),
                 sync_timeout: Duration::from_secs(300),
-                input_gather: Duration::from_millis(50),
             },
             holds: self.holds.clone(),
         }

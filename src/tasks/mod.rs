@@ -20,6 +20,7 @@
 pub mod call;
 pub mod clock;
 pub mod driver;
+pub mod events;
 pub mod failure;
 pub mod fingerprint;
 pub mod ids;
@@ -242,6 +243,12 @@ impl Engine {
         Ok(r)
     }
 
+    /// How long a batch of upstream input requests stays open for more
+    /// (`input_gather_ms`).
+    fn input_gather(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.cfg.tasks.input_gather_ms)
+    }
+
     /// A durable flush, timed for `taskgate_store_flush_duration_seconds`.
     pub async fn flush(&self) -> Result<(), StoreError> {
         let t = std::time::Instant::now();
@@ -386,14 +393,14 @@ impl Engine {
         upstream: &Arc<Upstream>,
         principal: &Principal,
         req: &crate::protocol::ValidRequest,
-    ) -> mrtr::Pending {
+    ) -> events::Pending {
         let spec = inputs::upstream_spec(req, req.meta.progress_token.is_some());
         let (ev_tx, events) = tokio::sync::mpsc::channel::<CallEvent>(32);
         let up = upstream.clone();
         let p = principal.clone();
         let engine = self.clone();
         let call = tokio::spawn(async move { engine.call_upstream(&up, &p, spec, ev_tx).await });
-        mrtr::Pending { call, events }
+        events::Pending::new(call, events, self.input_gather())
     }
 
     /// Before `rec` (just read) is shown to anyone: if it is terminal and that write

@@ -18,22 +18,14 @@ use base64::Engine as _;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
-use tokio::sync::{mpsc, oneshot};
-use tokio::task::JoinHandle;
+use tokio::sync::oneshot;
 
+use super::events::Pending;
 use crate::auth::Principal;
 use crate::protocol::results::add_server_info;
 use crate::protocol::{Method, RpcError};
 use crate::store::now_ms;
-use crate::upstream::{CallEvent, CallOutcome, InputAnswer, InputRequest, UpstreamError};
-
-pub type CallTask = JoinHandle<Result<CallOutcome, UpstreamError>>;
-
-/// An upstream call in progress, with the channel of what it says.
-pub struct Pending {
-    pub call: CallTask,
-    pub events: mpsc::Receiver<CallEvent>,
-}
+use crate::upstream::{InputAnswer, InputRequest};
 
 /// What a request must match for its `requestState` to be accepted.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -247,7 +239,7 @@ impl Holds {
             };
             if let Some(h) = expired {
                 tracing::info!(hold = %id, "MRTR retry did not arrive within input_timeout_ms; cancelling the upstream call");
-                h.pending.call.abort();
+                h.pending.abort();
             }
         });
     }
