@@ -217,7 +217,7 @@ impl Engine {
         match self.resolve(&c.principal, c.upstream.name(), &task).await {
             Ok(rec) => {
                 // It may have finished meanwhile: its status shows once durable.
-                match self.durable(&rec).await {
+                match self.tasks.durable(&rec).await {
                     Ok(()) => Reply::Task(snapshot::create_result(&rec, &c.server_info)),
                     // Nothing was sent for this duplicate: retry-safe.
                     Err(e) => store_failure(e),
@@ -234,7 +234,7 @@ impl Engine {
     /// A count the store cannot give refuses the call (503 + `Retry-After`: nothing was
     /// sent): an uncounted quota is no quota (docs/design.md §16 "Fail closed").
     async fn over_quota(&self, c: &ToolCall) -> Option<Reply> {
-        let live = match self.store.live_tasks(&c.principal.tenant).await {
+        let live = match self.tasks.live_tasks(&c.principal.tenant).await {
             Ok(n) => n,
             Err(e) => {
                 crate::metrics::fail_closed("quota_uncounted");
@@ -263,7 +263,7 @@ impl Engine {
             // so concurrent duplicates never reach the upstream twice (docs/design.md §9
             // "Idempotency").
             let index = idempotency_index(&c.principal, c.upstream.name(), &tool, key);
-            match self.store.idempotency_get(&index).await {
+            match self.tasks.idempotency_get(&index).await {
                 Ok(Some(entry)) => return self.existing(&c, entry, &fp).await,
                 Ok(None) => {}
                 Err(e) => return store_failure(e),
@@ -311,8 +311,8 @@ impl Engine {
             rec.status_message = Some(msg);
         }
         let route = self.new_route(&c, &rec.task_id);
-        let _creating = self.creating(&rec.task_id);
-        match self.create_task(&rec, &route, index.as_deref()).await {
+        let _creating = self.calls.creating(&rec.task_id);
+        match self.tasks.create(&rec, &route, index.as_deref()).await {
             Ok(Created::New) => {}
             Ok(Created::Existing(entry)) => return self.existing(&c, entry, &fp).await,
             Err(e) => return store_failure(e),
@@ -338,10 +338,10 @@ impl Engine {
             tokio::sync::oneshot::Sender<crate::upstream::InputAnswer>,
         )>,
     ) {
-        self.register_live(&rec.task_id, call.abort_handle());
+        self.calls.register(&rec.task_id, call.abort_handle());
         let awaiting_input = !responders.is_empty();
         for (key, tx) in responders {
-            self.add_responder(&rec.task_id, key, tx);
+            self.calls.add_responder(&rec.task_id, key, tx);
         }
         let engine = self.clone();
         tokio::spawn(engine.drive(Driven {
@@ -418,12 +418,12 @@ impl Engine {
             key_inputs(&mut rec, &requests)
         };
         let route = self.new_route(&c, &rec.task_id);
-        let _creating = self.creating(&rec.task_id);
+        let _creating = self.calls.creating(&rec.task_id);
         // The call is under way upstream: a store failure now is the request's outcome
         // (200), not a retry-safe 503, or a retry could run the call twice. Dropping
         // `armed` cancels the call upstream; a record that was written after all is
         // resolved as an orphan by the sweep (docs/design.md §16).
-        let stored = match self.create_task(&rec, &route, None).await {
+        let stored = match self.tasks.create(&rec, &route, None).await {
             Ok(_) => self.flush().await,
             Err(e) => Err(e),
         };

@@ -127,11 +127,12 @@ impl Engine {
         apply: impl Fn(&mut TaskRecord) + Send + Sync,
     ) -> bool {
         let retention = self.cfg.tasks.result_retention_ms;
-        self.terminal_writing(task_id);
+        self.tasks.terminal_writing(task_id);
         let mut backoff = SETTLE_RETRY_FIRST;
         let updated = loop {
             let r = self
-                .update_task_from(task_id, Some(route_id), &mut |rec| {
+                .tasks
+                .update(task_id, Some(route_id), &mut |rec| {
                     if rec.status.is_terminal() {
                         return false;
                     }
@@ -151,7 +152,7 @@ impl Engine {
         };
         match updated {
             Ok(_) => match self.flush().await {
-                Ok(()) => self.terminal_flushed(task_id),
+                Ok(()) => self.tasks.terminal_flushed(task_id),
                 // Still unflushed: readers flush (and fail) before showing it.
                 Err(e) => {
                     tracing::error!(task = task_id, error = %e, "flushing a terminal state failed");
@@ -300,7 +301,8 @@ impl Engine {
                     }
                 }
                 Event::Timer(DriverTimer::Input) => {
-                    let waiting = matches!(self.store.get(&task_id).await, Ok(Some(r)) if r.status == TaskStatus::InputRequired);
+                    let waiting =
+                        self.tasks.status(&task_id).await == Some(TaskStatus::InputRequired);
                     if waiting {
                         call.abort();
                         let err = RpcError::internal(format!(
@@ -318,18 +320,19 @@ impl Engine {
         // A call this replica no longer holds (fenced, or stopped with the lease) keeps
         // its route: the takeover resolves the task from it.
         if !held || !self.lease_held() || self.epoch() != epoch {
-            self.forget_live(&task_id);
+            self.calls.forget(&task_id);
             return;
         }
-        if let Err(e) = self.store.remove_route(&route_id).await {
+        if let Err(e) = self.tasks.remove_route(&route_id).await {
             tracing::warn!(task = %task_id, error = %e, "removing a request route failed");
         }
-        self.forget_live(&task_id);
+        self.calls.forget(&task_id);
     }
 
     async fn write_progress(&self, task_id: &str, route_id: &str, msg: String) {
         let r = self
-            .update_task_from(task_id, Some(route_id), &mut |rec| {
+            .tasks
+            .update(task_id, Some(route_id), &mut |rec| {
                 if rec.status.is_terminal() {
                     return false;
                 }
@@ -347,7 +350,8 @@ impl Engine {
         let (requests, responders) = split_inputs(batch);
         let mut keys = Vec::new();
         let r = self
-            .update_task_from(task_id, Some(route_id), &mut |rec| {
+            .tasks
+            .update(task_id, Some(route_id), &mut |rec| {
                 // `update` may run this more than once: only the last run's keys count.
                 keys.clear();
                 if rec.status.is_terminal() {
@@ -362,7 +366,7 @@ impl Engine {
         }
         // Responders dropped here (terminal task) answer the upstream with an error.
         for (key, tx) in keys.into_iter().zip(responders) {
-            self.add_responder(task_id, key, tx);
+            self.calls.add_responder(task_id, key, tx);
         }
         self.changed(task_id);
     }
