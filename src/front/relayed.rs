@@ -44,9 +44,10 @@ async fn serve(gw: &Gateway, r: RelayedRetry) -> RelayedReply {
         tenant: r.tenant,
         subject: r.subject,
     };
+    let req = r.req.into_request();
     let resp = match gw.upstreams.by_name(&r.upstream).cloned() {
-        Some(up) => super::dispatch::dispatch(gw, &up, principal, r.req, Instant::now()).await,
-        None => invalid_state(&r.req),
+        Some(up) => super::dispatch::dispatch(gw, &up, principal, req, Instant::now()).await,
+        None => invalid_state(&req.id),
     };
     let status = resp.status().as_u16();
     let content_type = resp

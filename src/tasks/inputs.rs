@@ -8,7 +8,8 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use crate::protocol::meta::InputKind;
-use crate::protocol::{ClientCaps, RpcError, ValidRequest};
+use crate::protocol::params::Forward;
+use crate::protocol::{ClientCaps, Method, Request, RpcError};
 use crate::upstream::{CallEvent, CallSpec, InputAnswer, InputRequest};
 
 /// Timing knobs for one inline call.
@@ -62,8 +63,8 @@ pub enum InputVerdict {
 
 /// Screen a first input request, gathering the ones that arrive within
 /// `input_gather_ms` of it so they are surfaced together.
-pub async fn screen_inputs(
-    req: &ValidRequest,
+pub async fn screen_inputs<P>(
+    req: &Request<P>,
     upstream: &str,
     first: InputRequest,
     events: &mut mpsc::Receiver<CallEvent>,
@@ -98,15 +99,13 @@ pub async fn screen_inputs(
     InputVerdict::Relay(batch)
 }
 
-/// The upstream request for `req`: its params minus the MRTR fields, which are the
-/// gateway's business, never the upstream's.
-pub fn upstream_spec(req: &ValidRequest, want_progress: bool) -> CallSpec {
-    let mut params = req.params.clone();
-    params.remove("inputResponses");
-    params.remove("requestState");
+/// The upstream request for a `method` request: its params minus `_meta` and the
+/// MRTR fields, which are the gateway's business, never the upstream's.
+pub fn upstream_spec(method: Method, fwd: &Forward, want_progress: bool) -> CallSpec {
     CallSpec {
-        method: req.method.as_str().to_string(),
-        params,
+        method: method.as_str().to_string(),
+        tool: fwd.upstream.name().map(str::to_string),
+        params: fwd.upstream.as_map().clone(),
         want_progress,
         tenant: None,
     }
