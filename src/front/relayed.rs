@@ -23,11 +23,8 @@ pub fn handler(gw: Weak<Gateway>) -> MrtrHandler {
     Arc::new(move |request: Value| {
         let gw = gw.clone();
         Box::pin(async move {
-            let reply = match (
-                gw.upgrade(),
-                serde_json::from_value::<RelayedRetry>(request),
-            ) {
-                (Some(gw), Ok(r)) => serve(&gw, r).await,
+            let reply = match (gw.upgrade(), decode_retry(&request)) {
+                (Some(gw), Some(r)) => serve(&gw, r).await,
                 _ => RelayedReply {
                     status: 503,
                     content_type: None,
@@ -37,6 +34,14 @@ pub fn handler(gw: Weak<Gateway>) -> MrtrHandler {
             serde_json::to_value(reply).unwrap_or(Value::Null)
         })
     })
+}
+
+/// The retry in a relayed request. Read from its text, not with `from_value`: a
+/// `Value` deserializer hands a number that parses as an integer over as one, so an
+/// answer's `-0` would arrive as `0`; the text parser keeps every number's text.
+pub(super) fn decode_retry(request: &Value) -> Option<RelayedRetry> {
+    let text = serde_json::to_vec(request).ok()?;
+    serde_json::from_slice(&text).ok()
 }
 
 async fn serve(gw: &Gateway, r: RelayedRetry) -> RelayedReply {
