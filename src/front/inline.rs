@@ -24,7 +24,8 @@ use tokio::time::Instant;
 use super::reply::{self, Body};
 use crate::auth::Principal;
 use crate::protocol::meta::log_level_rank;
-use crate::protocol::{self, ValidRequest};
+use crate::protocol::params::Forward;
+use crate::protocol::{self, Request};
 use crate::tasks::Engine;
 use crate::tasks::events::{Event, Notice, Pending, Timers};
 use crate::tasks::failure::{CallFailure, ErrorClass, failure};
@@ -107,7 +108,7 @@ pub fn upstream_failure(id: &Value, upstream: &str, err: &UpstreamError) -> Fina
 
 /// A progress or log notification for the client, or `None` when the request did not
 /// opt in (MCP 2026-07-28 "Progress": a `progressToken`; "Logging": a `logLevel`).
-fn client_notification(req: &ValidRequest, notice: Notice) -> Option<Value> {
+fn client_notification<P>(req: &Request<P>, notice: Notice) -> Option<Value> {
     match notice {
         Notice::Progress(mut p) => {
             let token = req.meta.progress_token.clone()?;
@@ -138,7 +139,7 @@ pub struct Inline {
     pub engine: Arc<Engine>,
     pub upstream: Arc<Upstream>,
     pub principal: Principal,
-    pub req: ValidRequest,
+    pub req: Request<Forward>,
     pub server_info: Value,
     pub timing: InlineTiming,
     pub holds: Arc<Holds>,

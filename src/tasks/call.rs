@@ -20,8 +20,8 @@ use super::promote::Promotion;
 use super::{Engine, ids, snapshot};
 use crate::auth::Principal;
 use crate::config::OnInput;
-use crate::protocol::params::TaskRef;
-use crate::protocol::{RpcError, ValidRequest};
+use crate::protocol::params::{TaskRef, ToolCallParams};
+use crate::protocol::{Request, RpcError};
 use crate::store::{Created, RequestRoute, SCHEMA_VERSION, TaskRecord, TaskStatus, now_ms};
 use crate::upstream::{Upstream, UpstreamError};
 
@@ -33,7 +33,9 @@ struct Promote;
 pub struct ToolCall {
     pub upstream: Arc<Upstream>,
     pub principal: Principal,
-    pub req: ValidRequest,
+    pub req: Request<ToolCallParams>,
+    /// `params.name`, which the front checked is a string.
+    pub tool: String,
     pub server_info: Value,
     pub promotion: Promotion,
     pub timing: InlineTiming,
@@ -86,11 +88,11 @@ fn start_call(
     engine: &Arc<Engine>,
     upstream: &Arc<Upstream>,
     principal: &Principal,
-    req: &ValidRequest,
+    req: &Request<ToolCallParams>,
     promotion: &Promotion,
 ) -> Pending {
     // Progress always: it becomes the task's statusMessage once promoted.
-    let spec = inputs::upstream_spec(req, true);
+    let spec = inputs::upstream_spec(req.method, &req.params.fwd, true);
     let (tx, rx) = mpsc::channel(32);
     let up = upstream.clone();
     let p = principal.clone();
@@ -114,21 +116,13 @@ fn start_call(
     Pending::new(task, rx, gather)
 }
 
-/// The tool name, its arguments (`{}` when absent) and their fingerprint.
-fn tool_args(req: &ValidRequest) -> (String, Value, String) {
-    let tool = req
-        .params
-        .get("name")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_string();
-    let args = req
-        .params
-        .get("arguments")
-        .cloned()
-        .unwrap_or_else(|| json!({}));
-    let fp = fingerprint(&args);
-    (tool, args, fp)
+/// The fingerprint of a call's arguments (`{}` when absent), which an idempotency
+/// record keeps to tell a replay from a conflicting reuse of its key.
+pub(super) fn arguments_fingerprint(p: &ToolCallParams) -> String {
+    match p.arguments().into_valid() {
+        Some(args) => fingerprint(args),
+        None => fingerprint(&json!({})),
+    }
 }
 
 fn store_failure(e: impl std::fmt::Display) -> Reply {
@@ -252,9 +246,11 @@ impl Engine {
 
     /// Serve a `tools/call` from a client that declared the tasks extension.
     pub async fn tools_call(self: &Arc<Self>, c: ToolCall) -> Reply {
-        let (tool, args, fp) = tool_args(&c.req);
+        let tool = c.tool.clone();
+        let fp = arguments_fingerprint(&c.req.params);
         let idem = c.req.idempotency_key.clone().or_else(|| {
             let arg = c.promotion.idempotency_argument.as_deref()?;
+            let args = c.req.params.arguments().into_valid()?;
             args.get(arg).and_then(Value::as_str).map(str::to_string)
         });
 
@@ -289,7 +285,8 @@ impl Engine {
     /// against the deadline starts again now (MCP Tasks extension, "Task Creation":
     /// MRTR first, then the task).
     pub async fn resume(self: &Arc<Self>, c: ToolCall, pending: Pending) -> Reply {
-        let (tool, _, fp) = tool_args(&c.req);
+        let tool = c.tool.clone();
+        let fp = arguments_fingerprint(&c.req.params);
         self.race(c, tool, fp, pending).await
     }
 

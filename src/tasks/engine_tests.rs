@@ -17,8 +17,8 @@ use super::promote::Promotion;
 use crate::auth::Principal;
 use crate::config::{Config, OnInput, TaskMode};
 use crate::limits::Limits;
-use crate::protocol::params::{Field, TaskRef, TaskUpdate};
-use crate::protocol::{ClientCaps, RequestMeta, ValidRequest};
+use crate::protocol::params::{Field, TaskRef, TaskUpdate, ToolCallParams};
+use crate::protocol::{ClientCaps, Request, RequestMeta};
 use crate::store::faulty::FaultyStore;
 use crate::store::memory::MemoryStore;
 use crate::store::{StoreError, TaskStatus, TaskStore};
@@ -173,15 +173,15 @@ fn alice() -> Principal {
     }
 }
 
-fn request(args: Value, key: Option<&str>) -> ValidRequest {
+fn request(args: Value, key: Option<&str>) -> Request<ToolCallParams> {
     let mut params = Map::new();
     params.insert("name".into(), Value::from("tool"));
     params.insert("arguments".into(), args);
     let caps = json!({"elicitation": {}, "extensions": {"io.modelcontextprotocol/tasks": {}}});
-    ValidRequest {
+    Request {
         id: json!(1),
         method: crate::protocol::Method::ToolsCall,
-        params,
+        params: ToolCallParams::parse(params),
         meta: RequestMeta {
             protocol_version: "2026-07-28".into(),
             caps: ClientCaps(caps.as_object().cloned().unwrap_or_default()),
@@ -196,7 +196,7 @@ fn request(args: Value, key: Option<&str>) -> ValidRequest {
 impl Rig {
     fn call(
         &self,
-        req: ValidRequest,
+        req: Request<ToolCallParams>,
         promote_after_ms: u64,
         call_timeout: Option<u64>,
     ) -> ToolCall {
@@ -204,6 +204,7 @@ impl Rig {
             upstream: self.upstream.clone(),
             principal: alice(),
             req,
+            tool: "tool".into(),
             server_info: json!({"name": "scripted", "version": "1"}),
             promotion: Promotion {
                 mode: TaskMode::Optional,

@@ -8,7 +8,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::protocol::meta::InputKind;
-use crate::protocol::{ClientCaps, Method, RpcError, ValidRequest};
+use crate::protocol::params::Forward;
+use crate::protocol::{ClientCaps, Method, RpcError};
 use crate::upstream::{CallSpec, InputAnswer, InputRequest};
 
 /// Timing knobs for one inline call.
@@ -89,15 +90,13 @@ fn refuse(batch: Vec<InputRequest>, why: &str) {
     }
 }
 
-/// The upstream request for `req`: its params minus the MRTR fields, which are the
-/// gateway's business, never the upstream's.
-pub fn upstream_spec(req: &ValidRequest, want_progress: bool) -> CallSpec {
-    let mut params = req.params.clone();
-    params.remove("inputResponses");
-    params.remove("requestState");
+/// The upstream request for a `method` request: its params minus `_meta` and the
+/// MRTR fields, which are the gateway's business, never the upstream's.
+pub fn upstream_spec(method: Method, fwd: &Forward, want_progress: bool) -> CallSpec {
     CallSpec {
-        method: req.method.as_str().to_string(),
-        params,
+        method: method.as_str().to_string(),
+        tool: fwd.upstream.name().map(str::to_string),
+        params: fwd.upstream.as_map().clone(),
         want_progress,
         tenant: None,
     }

@@ -216,9 +216,10 @@ impl Engine {
         self: &Arc<Self>,
         upstream: &Arc<Upstream>,
         principal: &Principal,
-        req: &crate::protocol::ValidRequest,
+        req: &crate::protocol::Request<crate::protocol::params::Forward>,
     ) -> events::Pending {
-        let spec = inputs::upstream_spec(req, req.meta.progress_token.is_some());
+        let want_progress = req.meta.progress_token.is_some();
+        let spec = inputs::upstream_spec(req.method, &req.params, want_progress);
         let (ev_tx, events) = tokio::sync::mpsc::channel::<CallEvent>(32);
         let up = upstream.clone();
         let p = principal.clone();

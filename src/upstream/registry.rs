@@ -304,6 +304,7 @@ impl Upstream {
             .call(
                 CallSpec {
                     method: "tools/list".into(),
+                    tool: None,
                     params: Map::new(),
                     want_progress: false,
                     tenant: None,
