@@ -20,11 +20,14 @@ use super::stack::{LogFields, ReadRequest, Received, Resp, RespFuture, Target};
 use super::wire::{self, ValidRequest};
 use crate::auth::Principal;
 use crate::config::TaskMode;
-use crate::protocol::params::{TaskRef, TaskUpdate};
-use crate::protocol::{self, Method, PROTOCOL_VERSION, RpcError, TASKS_EXTENSION, results};
+use crate::protocol::params::{Field, Forward, Params, ToolCallParams};
+use crate::protocol::{
+    self, Method, PROTOCOL_VERSION, Request, RpcError, TASKS_EXTENSION, results,
+};
 use crate::tasks::call::ToolCall;
+use crate::tasks::events::Pending;
 use crate::tasks::failure::{CallFailure, Failure};
-use crate::tasks::mrtr::{Pending, Resumed};
+use crate::tasks::mrtr::Resumed;
 use crate::tasks::outcome::Reply;
 use crate::tasks::promote::Promotion;
 use crate::upstream::{Upstream, UpstreamInfo};
@@ -76,11 +79,7 @@ async fn serve_rpc(gw: &Gateway, req: ReadRequest) -> Resp {
         log.update(|l| {
             l.method = Some(valid.method);
             if valid.method.is_task_method() {
-                l.task_id = valid
-                    .params
-                    .get("taskId")
-                    .and_then(Value::as_str)
-                    .map(|t| t.chars().take(64).collect());
+                l.task_id = valid.params.task_id().map(|t| t.chars().take(64).collect());
             }
         });
     }
@@ -113,7 +112,7 @@ pub fn discover_result(info: &UpstreamInfo) -> Value {
     results::complete(Method::ServerDiscover, Value::Object(r), &info.server_info)
 }
 
-fn error_200(req: &ValidRequest, err: RpcError) -> Response<Body> {
+fn error_200<P>(req: &Request<P>, err: RpcError) -> Response<Body> {
     reply::rpc_error(StatusCode::OK, Some(&req.id), &err)
 }
 
@@ -139,21 +138,17 @@ pub async fn dispatch(
             )),
         );
     }
-    if req.method == Method::SubscriptionsListen {
-        let wants_tasks = req
-            .params
-            .get("notifications")
-            .and_then(|n| n.get("taskIds"))
-            .is_some();
-        if wants_tasks && !req.meta.caps.declares_tasks() {
-            return reply::rpc_error(
-                StatusCode::BAD_REQUEST,
-                Some(&req.id),
-                &RpcError::tasks_extension_required(
-                    "subscriptions/listen with taskIds requires the tasks extension",
-                ),
-            );
-        }
+    if let Params::Listen(listen) = &req.params
+        && listen.asks_task_ids
+        && !req.meta.caps.declares_tasks()
+    {
+        return reply::rpc_error(
+            StatusCode::BAD_REQUEST,
+            Some(&req.id),
+            &RpcError::tasks_extension_required(
+                "subscriptions/listen with taskIds requires the tasks extension",
+            ),
+        );
     }
 
     // The task plane never depends on the upstream plane (README "Task plane and
@@ -201,26 +196,38 @@ pub async fn dispatch(
     }
     // ---- end limits ----
 
-    match req.method {
-        Method::ServerDiscover => reply::json(
+    let (req, params) = req.split();
+    match params {
+        Params::Discover => reply::json(
             StatusCode::OK,
             &protocol::response(&req.id, discover_result(&info)),
         ),
-        Method::TasksGet | Method::TasksUpdate | Method::TasksCancel => {
-            tasks_method(gw, upstream, &principal, &req, &info.server_info).await
+        Params::TaskGet(task) => {
+            let r = gw
+                .engine
+                .get(&principal, upstream.name(), &task, &info.server_info);
+            task_reply(&req, r.await)
         }
-        Method::SubscriptionsListen => {
-            super::subscriptions::open(upstream, &principal, &req, &info, gw)
+        Params::TaskUpdate(update) => {
+            let r = gw
+                .engine
+                .update(&principal, upstream.name(), update, &info.server_info);
+            task_reply(&req, r.await)
         }
-        Method::ToolsCall => tools_call(gw, upstream, principal, req, info, received).await,
-        Method::ToolsList
-        | Method::PromptsList
-        | Method::PromptsGet
-        | Method::ResourcesList
-        | Method::ResourcesTemplatesList
-        | Method::ResourcesRead
-        | Method::CompletionComplete => {
-            if req.method == Method::ToolsList && !req.params.contains_key("cursor") {
+        Params::TaskCancel(task) => {
+            let r = gw
+                .engine
+                .cancel(&principal, upstream.name(), &task, &info.server_info);
+            task_reply(&req, r.await)
+        }
+        Params::Listen(listen) => {
+            super::subscriptions::open(upstream, &principal, &req.id, &listen, &info, gw)
+        }
+        Params::ToolsCall(p) => {
+            tools_call(gw, upstream, principal, req.with(p), info, received).await
+        }
+        Params::Forward(fwd) => {
+            if req.method == Method::ToolsList && !fwd.asks_page() {
                 // Served from the session's cache, outside the inline race: bounded by
                 // the same `sync_timeout_ms` here, or a stalled upstream would hold
                 // the request forever.
@@ -247,7 +254,15 @@ pub async fn dispatch(
                     }
                 };
             }
-            inline_or_resume(gw, upstream, principal, req, info.server_info, received).await
+            inline_or_resume(
+                gw,
+                upstream,
+                principal,
+                req.with(fwd),
+                info.server_info,
+                received,
+            )
+            .await
         }
     }
 }
@@ -264,42 +279,26 @@ fn check_limits(
 ) -> Result<(), crate::limits::Throttled> {
     let limits = &gw.limits;
     limits.check_request(principal)?;
-    if req.method == Method::TasksGet {
-        if let Some(id) = req.params.get("taskId").and_then(Value::as_str)
+    if let Params::TaskGet(task) = &req.params {
+        if let Some(id) = task.task_id.valid()
             && crate::tasks::ids::is_well_formed(id)
         {
             limits.check_poll(principal, id)?;
         }
-    } else if req.method.takes_queue_slot() && !req.params.contains_key("requestState") {
+    } else if req.method.takes_queue_slot()
+        && req
+            .params
+            .forward()
+            .is_none_or(|f| f.mrtr.request_state == Field::Absent)
+    {
         // An MRTR retry resumes a call that already holds its slot.
         limits.check_queue(upstream.name(), upstream.cfg.max_concurrency, principal)?;
     }
     Ok(())
 }
 
-async fn tasks_method(
-    gw: &Gateway,
-    upstream: &Arc<Upstream>,
-    principal: &Principal,
-    req: &ValidRequest,
-    server_info: &Value,
-) -> Response<Body> {
-    let e = &gw.engine;
-    let name = upstream.name();
-    let r = match req.method {
-        Method::TasksGet => {
-            let task = TaskRef::parse(&req.params);
-            e.get(principal, name, &task, server_info).await
-        }
-        Method::TasksUpdate => {
-            let update = TaskUpdate::parse(&req.params);
-            e.update(principal, name, update, server_info).await
-        }
-        _ => {
-            let task = TaskRef::parse(&req.params);
-            e.cancel(principal, name, &task, server_info).await
-        }
-    };
+/// The answer of a tasks method.
+fn task_reply(req: &Request<()>, r: Result<Value, Failure>) -> Response<Body> {
     match r {
         Ok(v) => reply::json(StatusCode::OK, &protocol::response(&req.id, v)),
         Err(f) => inline::render(&req.id, Reply::Failed(f)),
@@ -310,22 +309,17 @@ async fn tools_call(
     gw: &Gateway,
     upstream: &Arc<Upstream>,
     principal: Principal,
-    req: ValidRequest,
+    req: Request<ToolCallParams>,
     info: UpstreamInfo,
     received: Instant,
 ) -> Response<Body> {
-    let Some(tool) = req
-        .params
-        .get("name")
-        .and_then(Value::as_str)
-        .map(str::to_string)
-    else {
+    let Field::Valid(tool) = req.params.name.clone() else {
         return error_200(
             &req,
             RpcError::invalid_params("params.name must be a string"),
         );
     };
-    if req.params.get("arguments").is_some_and(|a| !a.is_object()) {
+    if req.params.arguments() == Field::Invalid {
         return error_200(
             &req,
             RpcError::invalid_params("params.arguments must be an object"),
@@ -355,10 +349,12 @@ async fn tools_call(
                 == Some("required"));
     let promotion = Promotion::resolve(&gw.cfg.tasks, &upstream.cfg, &tool);
     let keyed = req.idempotency_key.is_some()
-        || promotion
-            .idempotency_argument
-            .as_deref()
-            .is_some_and(|a| req.params.get("arguments").and_then(|x| x.get(a)).is_some());
+        || promotion.idempotency_argument.as_deref().is_some_and(|a| {
+            req.params
+                .arguments()
+                .into_valid()
+                .is_some_and(|x| x.get(a).is_some())
+        });
     if keyed && !req.meta.caps.declares_tasks() {
         return reply::rpc_error(
             StatusCode::BAD_REQUEST,
@@ -373,6 +369,7 @@ async fn tools_call(
             upstream: upstream.clone(),
             principal,
             req,
+            tool: tool.clone(),
             server_info: info.server_info,
             promotion,
             timing: gw.inline_timing(),
@@ -399,6 +396,9 @@ async fn tools_call(
             )),
         );
     }
+    // Served inline: the call is forwarded like any other method.
+    let (req, params) = req.split();
+    let req = req.with(params.fwd);
     inline_or_resume(gw, upstream, principal, req, info.server_info, received).await
 }
 
@@ -409,7 +409,7 @@ fn sync_deadline(gw: &Gateway, received: Instant) -> Instant {
 }
 
 /// The answer once `sync_timeout_ms` passed outside the inline race.
-fn sync_timed_out(gw: &Gateway, req: &ValidRequest, upstream: &Upstream) -> Response<Body> {
+fn sync_timed_out<P>(gw: &Gateway, req: &Request<P>, upstream: &Upstream) -> Response<Body> {
     let after = gw.cfg.tasks.sync_timeout;
     inline::Final::failed(&req.id, upstream.name(), CallFailure::SyncTimeout(after)).into_response()
 }
@@ -419,7 +419,6 @@ impl Gateway {
         InlineTiming {
             keepalive: self.cfg.server.keepalive,
             sync_timeout: self.cfg.tasks.sync_timeout,
-            input_gather: self.cfg.tasks.input_gather,
         }
     }
 }
@@ -435,22 +434,24 @@ enum Retry {
 }
 
 /// An MRTR retry (`params.requestState`): `None` when this is a first request.
-fn resume_state(
+fn resume_state<P: AsRef<Forward>>(
     gw: &Gateway,
     upstream: &Arc<Upstream>,
     principal: &Principal,
-    req: &ValidRequest,
+    req: &Request<P>,
     server_info: &Value,
 ) -> Option<Retry> {
-    let state = req.params.get("requestState")?;
-    if !req.method.is_mrtr_eligible() {
-        return None;
-    }
-    let Some(state) = state.as_str() else {
-        return Some(Retry::Answer(error_200(
-            req,
-            RpcError::invalid_params("requestState must be a string"),
-        )));
+    let fwd = req.params.as_ref();
+    let state = match &fwd.mrtr.request_state {
+        Field::Absent => return None,
+        _ if !req.method.is_mrtr_eligible() => return None,
+        Field::Invalid => {
+            return Some(Retry::Answer(error_200(
+                req,
+                RpcError::invalid_params("requestState must be a string"),
+            )));
+        }
+        Field::Valid(state) => state,
     };
     Some(
         match gw.holds.resume(
@@ -458,7 +459,7 @@ fn resume_state(
             principal,
             upstream.name(),
             req.method,
-            &req.params,
+            fwd,
             server_info,
         ) {
             Ok(Resumed::Call(p)) => Retry::Resumed(p),
@@ -476,7 +477,7 @@ async fn inline_or_resume(
     gw: &Gateway,
     upstream: &Arc<Upstream>,
     principal: Principal,
-    req: ValidRequest,
+    req: Request<Forward>,
     server_info: Value,
     received: Instant,
 ) -> Response<Body> {

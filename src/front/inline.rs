@@ -24,14 +24,16 @@ use tokio::time::Instant;
 use super::reply::{self, Body};
 use crate::auth::Principal;
 use crate::protocol::meta::log_level_rank;
-use crate::protocol::{self, ValidRequest};
+use crate::protocol::params::Forward;
+use crate::protocol::{self, Request};
 use crate::tasks::Engine;
+use crate::tasks::events::{Event, Notice, Pending, Timers};
 use crate::tasks::failure::{CallFailure, ErrorClass, failure};
 pub use crate::tasks::inputs::InlineTiming;
-use crate::tasks::inputs::{InputVerdict, screen_inputs};
-use crate::tasks::mrtr::{Holds, Pending};
+use crate::tasks::inputs::{self, InputVerdict};
+use crate::tasks::mrtr::Holds;
 use crate::tasks::outcome::{JoinedCall, Reply, answer_of};
-use crate::upstream::{CallEvent, InputRequest, Upstream, UpstreamError};
+use crate::upstream::{InputRequest, Upstream, UpstreamError};
 
 /// The final answer for the client: HTTP status + JSON-RPC message.
 pub struct Final {
@@ -106,9 +108,9 @@ pub fn upstream_failure(id: &Value, upstream: &str, err: &UpstreamError) -> Fina
 
 /// A progress or log notification for the client, or `None` when the request did not
 /// opt in (MCP 2026-07-28 "Progress": a `progressToken`; "Logging": a `logLevel`).
-fn client_notification(req: &ValidRequest, ev: CallEvent) -> Option<Value> {
-    match ev {
-        CallEvent::Progress(mut p) => {
+fn client_notification<P>(req: &Request<P>, notice: Notice) -> Option<Value> {
+    match notice {
+        Notice::Progress(mut p) => {
             let token = req.meta.progress_token.clone()?;
             let mut params = Map::with_capacity(p.len() + 1);
             params.insert("progressToken".into(), token);
@@ -118,7 +120,7 @@ fn client_notification(req: &ValidRequest, ev: CallEvent) -> Option<Value> {
                 Value::Object(params),
             ))
         }
-        CallEvent::Log(p) => {
+        Notice::Log(p) => {
             let want = log_level_rank(req.meta.log_level.as_deref()?)?;
             let level = p
                 .get("level")
@@ -128,7 +130,7 @@ fn client_notification(req: &ValidRequest, ev: CallEvent) -> Option<Value> {
                 .then(|| protocol::notification("notifications/message", Value::Object(p)))
         }
         // Queue-position reports are for task status, not client progress.
-        CallEvent::Input(_) | CallEvent::Queue(_) => None,
+        Notice::Queue(_) => None,
     }
 }
 
@@ -137,7 +139,7 @@ pub struct Inline {
     pub engine: Arc<Engine>,
     pub upstream: Arc<Upstream>,
     pub principal: Principal,
-    pub req: ValidRequest,
+    pub req: Request<Forward>,
     pub server_info: Value,
     pub timing: InlineTiming,
     pub holds: Arc<Holds>,
@@ -180,56 +182,53 @@ impl Drop for CallGuard {
     }
 }
 
+/// The timers of an inline call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Timer {
+    /// `keepalive_ms` passed with headers held: switch to SSE.
+    Hold,
+    /// `sync_timeout_ms` passed since the request arrived.
+    Sync,
+    /// Time for an SSE keep-alive comment.
+    KeepAlive,
+}
+
 /// Wait for a running call and answer inline (JSON, or SSE once it takes longer
 /// than `keepalive_ms` or the client asked for notifications).
-pub async fn serve(c: Inline, pending: Pending) -> Response<Body> {
-    let Pending {
-        mut call,
-        events: mut ev_rx,
-    } = pending;
-    let guard = CallGuard::new(call.abort_handle());
-    // Armed from the request's start and raced in both phases below: while headers are
-    // held (then it is a 400) and once the SSE stream is open (then it is the final
+pub async fn serve(c: Inline, mut pending: Pending) -> Response<Body> {
+    let guard = CallGuard::new(pending.abort_handle());
+    let mut timers = Timers::default();
+    // Armed from the request's start and watched in both phases below: while headers
+    // are held (then it is a 400) and once the SSE stream is open (then it is the final
     // event). Only arming it in the SSE phase made a `sync_timeout_ms` shorter than
     // `keepalive_ms` fire after the hold window instead.
-    let sync_deadline = c.received + c.timing.sync_timeout;
-    let gather = c.timing.input_gather;
+    timers.set(Timer::Sync, c.received + c.timing.sync_timeout);
 
     let wants_stream = c.req.meta.progress_token.is_some() || c.req.meta.log_level.is_some();
     if !wants_stream {
-        let hold = tokio::time::sleep(c.timing.keepalive);
-        tokio::pin!(hold);
-        let sync_timer = tokio::time::sleep_until(sync_deadline);
-        tokio::pin!(sync_timer);
-        let mut events_open = true;
+        timers.set(Timer::Hold, Instant::now() + c.timing.keepalive);
         loop {
-            tokio::select! {
-                r = &mut call => {
-                    return final_of(&c, r).into_response();
-                }
-                () = &mut sync_timer => {
+            match pending.next(&mut timers).await {
+                Event::Finished(r) => return final_of(&c, r).into_response(),
+                Event::Timer(Timer::Sync) => {
                     // Cancels the upstream call (the guard would too, when dropped).
-                    call.abort();
+                    pending.abort();
                     return sync_timeout(&c).into_response();
                 }
-                ev = ev_rx.recv(), if events_open => match ev {
-                    Some(CallEvent::Input(ir)) => {
-                        match screen_inputs(&c.req, c.upstream.name(), ir, &mut ev_rx, gather).await {
-                            InputVerdict::Missing(err) => {
-                                return reply::rpc_error(StatusCode::BAD_REQUEST, Some(&c.req.id), &err);
-                            }
-                            InputVerdict::Relay(batch) => {
-                                guard.disarm();
-                                let v = hold_call(&c, Pending { call, events: ev_rx }, batch);
-                                return reply::json(StatusCode::OK, &protocol::response(&c.req.id, v));
-                            }
-                            InputVerdict::Refused => {}
-                        }
+                Event::Timer(_) => break,
+                // Not asked for: nothing to tell the client.
+                Event::Notice(_) => {}
+                Event::Inputs(batch) => match screen(&c, batch) {
+                    InputVerdict::Missing(err) => {
+                        return reply::rpc_error(StatusCode::BAD_REQUEST, Some(&c.req.id), &err);
                     }
-                    Some(_) => {}
-                    None => events_open = false,
+                    InputVerdict::Relay(batch) => {
+                        guard.disarm();
+                        let v = hold_call(&c, pending, batch);
+                        return reply::json(StatusCode::OK, &protocol::response(&c.req.id, v));
+                    }
+                    InputVerdict::Refused => {}
                 },
-                () = &mut hold => break,
             }
         }
     }
@@ -239,64 +238,55 @@ pub async fn serve(c: Inline, pending: Pending) -> Response<Body> {
     let (tx, rx) = mpsc::channel::<Bytes>(32);
     let body_guard = guard.clone();
     tokio::spawn(async move {
-        let mut ticker = tokio::time::interval(c.timing.keepalive);
-        ticker.tick().await;
-        let sync_timer = tokio::time::sleep_until(sync_deadline);
-        tokio::pin!(sync_timer);
-        let mut events_open = true;
+        timers.set(Timer::KeepAlive, Instant::now() + c.timing.keepalive);
         loop {
-            tokio::select! {
-                r = &mut call => {
-                    // Notifications queued before the answer go first.
-                    while let Ok(ev) = ev_rx.try_recv() {
-                        if let Some(n) = client_notification(&c.req, ev) {
-                            let _ = tx.send(reply::sse_event(&n)).await;
-                        }
-                    }
-                    let f = final_of(&c, r);
-                    let _ = tx.send(reply::sse_event(&f.message)).await;
+            let sent = match pending.next(&mut timers).await {
+                Event::Finished(r) => {
+                    let _ = tx.send(reply::sse_event(&final_of(&c, r).message)).await;
                     break;
                 }
-                ev = ev_rx.recv(), if events_open => match ev {
-                    Some(CallEvent::Input(ir)) => {
-                        match screen_inputs(&c.req, c.upstream.name(), ir, &mut ev_rx, gather).await {
-                            InputVerdict::Missing(err) => {
-                                call.abort();
-                                let msg = protocol::error_response(Some(&c.req.id), &err);
-                                let _ = tx.send(reply::sse_event(&msg)).await;
-                                break;
-                            }
-                            InputVerdict::Relay(batch) => {
-                                guard.disarm();
-                                let v = hold_call(&c, Pending { call, events: ev_rx }, batch);
-                                let _ = tx.send(reply::sse_event(&protocol::response(&c.req.id, v))).await;
-                                break;
-                            }
-                            InputVerdict::Refused => {}
-                        }
-                    }
-                    Some(ev) => {
-                        if let Some(n) = client_notification(&c.req, ev)
-                            && tx.send(reply::sse_event(&n)).await.is_err() {
-                                break;
-                            }
-                    }
-                    None => events_open = false,
+                Event::Notice(n) => match client_notification(&c.req, n) {
+                    Some(n) => tx.send(reply::sse_event(&n)).await,
+                    None => Ok(()),
                 },
-                _ = ticker.tick() => {
-                    if tx.send(reply::sse_keepalive()).await.is_err() {
+                Event::Inputs(batch) => match screen(&c, batch) {
+                    InputVerdict::Missing(err) => {
+                        pending.abort();
+                        let msg = protocol::error_response(Some(&c.req.id), &err);
+                        let _ = tx.send(reply::sse_event(&msg)).await;
                         break;
                     }
-                }
-                () = &mut sync_timer => {
-                    call.abort();
+                    InputVerdict::Relay(batch) => {
+                        guard.disarm();
+                        let v = hold_call(&c, pending, batch);
+                        let _ = tx
+                            .send(reply::sse_event(&protocol::response(&c.req.id, v)))
+                            .await;
+                        break;
+                    }
+                    InputVerdict::Refused => Ok(()),
+                },
+                Event::Timer(Timer::Sync) => {
+                    pending.abort();
                     let _ = tx.send(reply::sse_event(&sync_timeout(&c).message)).await;
                     break;
                 }
+                Event::Timer(_) => {
+                    timers.set(Timer::KeepAlive, Instant::now() + c.timing.keepalive);
+                    tx.send(reply::sse_keepalive()).await
+                }
+            };
+            // The client went away: the guard, dropped with the body, cancels the call.
+            if sent.is_err() {
+                break;
             }
         }
     });
     reply::sse(rx, body_guard)
+}
+
+fn screen(c: &Inline, batch: Vec<InputRequest>) -> InputVerdict {
+    inputs::screen(&c.req.meta.caps, c.req.method, c.upstream.name(), batch)
 }
 
 /// The HTTP response for an engine [`Reply`] to request `id`.

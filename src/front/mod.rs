@@ -21,6 +21,9 @@ mod stack;
 pub mod subscriptions;
 pub mod wire;
 
+#[cfg(test)]
+mod passthrough_tests;
+
 pub use gateway::Gateway;
 pub use paths::REPLICA_HEADER;
 

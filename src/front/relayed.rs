@@ -23,11 +23,8 @@ pub fn handler(gw: Weak<Gateway>) -> MrtrHandler {
     Arc::new(move |request: Value| {
         let gw = gw.clone();
         Box::pin(async move {
-            let reply = match (
-                gw.upgrade(),
-                serde_json::from_value::<RelayedRetry>(request),
-            ) {
-                (Some(gw), Ok(r)) => serve(&gw, r).await,
+            let reply = match (gw.upgrade(), decode_retry(&request)) {
+                (Some(gw), Some(r)) => serve(&gw, r).await,
                 _ => RelayedReply {
                     status: 503,
                     content_type: None,
@@ -39,14 +36,23 @@ pub fn handler(gw: Weak<Gateway>) -> MrtrHandler {
     })
 }
 
+/// The retry in a relayed request. Read from its text, not with `from_value`: a
+/// `Value` deserializer hands a number that parses as an integer over as one, so an
+/// answer's `-0` would arrive as `0`; the text parser keeps every number's text.
+pub(super) fn decode_retry(request: &Value) -> Option<RelayedRetry> {
+    let text = serde_json::to_vec(request).ok()?;
+    serde_json::from_slice(&text).ok()
+}
+
 async fn serve(gw: &Gateway, r: RelayedRetry) -> RelayedReply {
     let principal = Principal {
         tenant: r.tenant,
         subject: r.subject,
     };
+    let req = r.req.into_request();
     let resp = match gw.upstreams.by_name(&r.upstream).cloned() {
-        Some(up) => super::dispatch::dispatch(gw, &up, principal, r.req, Instant::now()).await,
-        None => invalid_state(&r.req),
+        Some(up) => super::dispatch::dispatch(gw, &up, principal, req, Instant::now()).await,
+        None => invalid_state(&req.id),
     };
     let status = resp.status().as_u16();
     let content_type = resp

@@ -13,22 +13,28 @@ use tokio::sync::{broadcast, mpsc};
 use super::gateway::Gateway;
 use super::reply::{self, Body};
 use crate::auth::Principal;
-use crate::protocol::ValidRequest;
-use crate::protocol::params::TaskRef;
+use crate::protocol::RequestId;
+use crate::protocol::params::{ListenParams, TaskRef};
 use crate::protocol::{self, META_SUBSCRIPTION_ID};
 use crate::tasks::Change;
 use crate::tasks::snapshot;
 use crate::upstream::{TransportState, Upstream, UpstreamInfo};
 
-/// List-changed filter flags and the server capability each needs: an upstream that
-/// does not declare the feature never sends its list changes, so the flag is not
-/// acknowledged (nor is any while the identity is the placeholder of an upstream that
-/// never answered).
-const LIST_FLAGS: [(&str, &str); 3] = [
-    ("toolsListChanged", "tools"),
-    ("promptsListChanged", "prompts"),
-    ("resourcesListChanged", "resources"),
-];
+/// List-changed filter flags asked for, with the server capability each needs: an
+/// upstream that does not declare the feature never sends its list changes, so the
+/// flag is not acknowledged (nor is any while the identity is the placeholder of an
+/// upstream that never answered).
+fn list_flags(p: &ListenParams) -> [(bool, &'static str, &'static str); 3] {
+    [
+        (p.tools_list_changed, "toolsListChanged", "tools"),
+        (p.prompts_list_changed, "promptsListChanged", "prompts"),
+        (
+            p.resources_list_changed,
+            "resourcesListChanged",
+            "resources",
+        ),
+    ]
+}
 
 /// The filter flag that admits an upstream session notification.
 fn flag_for(method: &str) -> Option<&'static str> {
@@ -55,7 +61,8 @@ fn tagged(method: &str, params: Option<Value>, sub_id: &Value) -> Value {
 pub fn open(
     upstream: &Arc<Upstream>,
     principal: &Principal,
-    req: &ValidRequest,
+    id: &RequestId,
+    filter: &ListenParams,
     info: &UpstreamInfo,
     gw: &Gateway,
 ) -> Response<Body> {
@@ -66,17 +73,9 @@ pub fn open(
         .and_then(|r| r.get("subscribe"))
         .and_then(Value::as_bool)
         == Some(true);
-    let filter = req
-        .params
-        .get("notifications")
-        .and_then(Value::as_object)
-        .cloned()
-        .unwrap_or_default();
     let mut honoured = Map::new();
-    for (flag, capability) in LIST_FLAGS {
-        if filter.get(flag).and_then(Value::as_bool) == Some(true)
-            && info.capabilities.contains_key(capability)
-        {
+    for (asked, flag, capability) in list_flags(filter) {
+        if asked && info.capabilities.contains_key(capability) {
             honoured.insert(flag.into(), Value::Bool(true));
         }
     }
@@ -85,17 +84,10 @@ pub fn open(
     // "Task plane and upstream plane"): its resources are then acknowledged as not
     // subscribed, and the client may listen again later.
     let can_subscribe = can_subscribe && upstream.state() == TransportState::Ready;
-    let wanted_uris: Vec<String> = filter
-        .get("resourceSubscriptions")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_str)
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default();
-    let sub_id = req.id.clone();
+    let names_uris = filter.resource_subscriptions.is_some();
+    let wanted_uris = filter.resource_subscriptions.clone().unwrap_or_default();
+    let wanted_tasks = filter.task_ids.clone();
+    let sub_id = id.clone();
     let mut rx = upstream.session_notifications(principal);
     let up = upstream.clone();
     let who = principal.clone();
@@ -106,15 +98,15 @@ pub fn open(
     tokio::spawn(async move {
         // Only the caller's own tasks are acknowledged; others are dropped silently.
         let mut task_ids: Vec<String> = Vec::new();
-        if let Some(ids) = filter.get("taskIds").and_then(Value::as_array) {
-            for id in ids.iter().filter_map(Value::as_str) {
+        if let Some(ids) = wanted_tasks {
+            for id in ids {
                 if engine
-                    .resolve(&who, up.name(), &TaskRef::to(id))
+                    .resolve(&who, up.name(), &TaskRef::to(&id))
                     .await
                     .is_ok()
-                    && !task_ids.iter().any(|t| t == id)
+                    && !task_ids.contains(&id)
                 {
-                    task_ids.push(id.to_string());
+                    task_ids.push(id);
                 }
             }
             honoured.insert("taskIds".into(), json!(task_ids));
@@ -130,7 +122,7 @@ pub fn open(
                 }
             }
         }
-        if !uris.is_empty() || filter.contains_key("resourceSubscriptions") {
+        if !uris.is_empty() || names_uris {
             honoured.insert("resourceSubscriptions".into(), json!(uris));
         }
         let ack = tagged(
@@ -174,6 +166,7 @@ async fn subscribe(
     let (tx, _rx) = mpsc::channel(1);
     let spec = crate::upstream::CallSpec {
         method: method.into(),
+        tool: None,
         params,
         want_progress: false,
         tenant: None,

@@ -7,6 +7,7 @@ use base64::Engine;
 use http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
 
+use crate::protocol::params::Params;
 use crate::protocol::{self, Method, PROTOCOL_VERSION, RequestId, RequestMeta, RpcError, error};
 
 pub use crate::protocol::ValidRequest;
@@ -304,6 +305,10 @@ fn validate_inner(body: &[u8], headers: &HeaderMap) -> Result<Incoming, Reject> 
     let idempotency_key = idempotency_key.filter(|k| !k.is_empty());
     let mut params = params.unwrap_or_default();
     params.remove("_meta");
+    // The method is known: it picks the parser of its params. Parsing refuses nothing;
+    // a malformed field is refused later, after the capability and limit checks
+    // (docs/design.md §12 "Order of checks").
+    let params = Params::parse(method, params);
     Ok(Incoming::Request(Box::new(ValidRequest {
         id,
         method,
@@ -368,7 +373,10 @@ mod tests {
             panic!("not a request")
         };
         assert_eq!(r.method, Method::ToolsList);
-        assert!(!r.params.contains_key("_meta"));
+        let Params::Forward(f) = &r.params else {
+            panic!("{:?}", r.params)
+        };
+        assert!(f.upstream.as_map().is_empty());
     }
 
     #[test]
@@ -455,8 +463,11 @@ mod tests {
         };
         // Digits, sign and trailing zeros are kept; only the exponent is spelled the
         // parser's one way (`e+`), which is the same JSON number.
+        let Params::ToolsCall(p) = &r.params else {
+            panic!("{:?}", r.params)
+        };
         assert_eq!(
-            serde_json::to_string(&r.params["arguments"]).unwrap(),
+            serde_json::to_string(&p.fwd.upstream.as_map()["arguments"]).unwrap(),
             r#"{"big":1e+999,"neg":-0,"long":123456789012345678901234567890,"f":1.10}"#
         );
     }

@@ -31,6 +31,7 @@ use crate::config::ServerConfig;
 use crate::front::http_checks;
 use crate::front::wire::{self, Incoming};
 use crate::protocol::Method;
+use crate::protocol::params::Params;
 use crate::protocol::{self, PROTOCOL_VERSION, error};
 
 /// Header names the fuzzer picks from (by index).
@@ -321,7 +322,7 @@ pub fn check_any(body: &[u8], headers: &HeaderMap) {
         other => panic!("accepted params {other:?}"),
     };
     let meta = params.remove("_meta").expect("accepted without _meta");
-    assert_eq!(params, v.params);
+    assert_eq!(Params::parse(v.method, params.clone()), v.params);
     assert_eq!(
         meta.get(protocol::META_PROTOCOL_VERSION),
         Some(&json!(PROTOCOL_VERSION))
@@ -336,7 +337,7 @@ pub fn check_any(body: &[u8], headers: &HeaderMap) {
         Some(PROTOCOL_VERSION)
     );
     if let Some(field) = v.method.name_field()
-        && let Some(body_name) = v.params.get(field)
+        && let Some(body_name) = params.get(field)
     {
         assert_eq!(
             decoded(headers, "mcp-name").map(Value::String).as_ref(),
@@ -586,7 +587,7 @@ fn check_built(req: &Request, fault: Fault) {
             assert_ne!(fault, Fault::NoId);
             assert_eq!(Some(&v.id), id.as_ref());
             assert_eq!(v.method.as_str(), method);
-            assert_eq!(v.params, req.params());
+            assert_eq!(v.params, Params::parse(v.method, req.params()));
             assert_eq!(v.meta.caps.declares_tasks(), req.tasks);
             let key = req.idempotency_key.clone().filter(|k| !k.is_empty());
             assert_eq!(v.idempotency_key, key);

@@ -38,16 +38,54 @@ pub const META_RELATED_TASK: &str = "io.modelcontextprotocol/related-task";
 /// "Requests"). Kept as the raw value so it is echoed exactly as the client sent it.
 pub type RequestId = Value;
 
-/// A request that passed wire validation (the front's `wire` module builds it).
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct ValidRequest {
+/// A request that passed wire validation (the front's `wire` module builds it), with
+/// the params its method takes: [`ValidRequest`] until the front routes it, then the
+/// one method's params.
+#[derive(Debug, Clone)]
+pub struct Request<P> {
     pub id: RequestId,
     pub method: Method,
-    /// `params` without `_meta`.
-    pub params: Map<String, Value>,
+    pub params: P,
     pub meta: RequestMeta,
     /// The `Idempotency-Key` header, if sent.
     pub idempotency_key: Option<String>,
+}
+
+/// A validated request of any served method.
+pub type ValidRequest = Request<params::Params>;
+
+impl<P> Request<P> {
+    /// The params apart from the rest of the request, so a route can take them by
+    /// value.
+    pub fn split(self) -> (Request<()>, P) {
+        let Request {
+            id,
+            method,
+            params,
+            meta,
+            idempotency_key,
+        } = self;
+        let head = Request {
+            id,
+            method,
+            params: (),
+            meta,
+            idempotency_key,
+        };
+        (head, params)
+    }
+}
+
+impl Request<()> {
+    pub fn with<P>(self, params: P) -> Request<P> {
+        Request {
+            id: self.id,
+            method: self.method,
+            params,
+            meta: self.meta,
+            idempotency_key: self.idempotency_key,
+        }
+    }
 }
 
 /// Build a JSON-RPC success response.

@@ -7,27 +7,35 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 use super::driver::{Driven, key_inputs, split_inputs};
+use super::events::{Event, Notice, Pending, Timers};
 use super::failure::Failure;
 use super::fingerprint::fingerprint;
-use super::inputs::{self, InlineTiming, InputVerdict, screen_inputs};
-use super::mrtr::{CallTask, Holds, Pending};
+use super::inputs::{self, InlineTiming, InputVerdict};
+use super::mrtr::Holds;
 use super::outcome::{Reply, answer_of};
 use super::promote::Promotion;
 use super::{Engine, ids, snapshot};
 use crate::auth::Principal;
 use crate::config::OnInput;
-use crate::protocol::params::TaskRef;
-use crate::protocol::{RpcError, ValidRequest};
+use crate::protocol::params::{TaskRef, ToolCallParams};
+use crate::protocol::{Request, RpcError};
 use crate::store::{Created, RequestRoute, SCHEMA_VERSION, TaskRecord, TaskStatus, now_ms};
-use crate::upstream::{CallEvent, InputRequest, Upstream, UpstreamError};
+use crate::upstream::{Upstream, UpstreamError};
+
+/// The race's one timer: `promote_after_ms` passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Promote;
 
 /// One `tools/call` that may become a task.
 pub struct ToolCall {
     pub upstream: Arc<Upstream>,
     pub principal: Principal,
-    pub req: ValidRequest,
+    pub req: Request<ToolCallParams>,
+    /// `params.name`, which the front checked is a string.
+    pub tool: String,
     pub server_info: Value,
     pub promotion: Promotion,
     pub timing: InlineTiming,
@@ -80,16 +88,17 @@ fn start_call(
     engine: &Arc<Engine>,
     upstream: &Arc<Upstream>,
     principal: &Principal,
-    req: &ValidRequest,
+    req: &Request<ToolCallParams>,
     promotion: &Promotion,
-) -> (CallTask, mpsc::Receiver<CallEvent>) {
+) -> Pending {
     // Progress always: it becomes the task's statusMessage once promoted.
-    let spec = inputs::upstream_spec(req, true);
+    let spec = inputs::upstream_spec(req.method, &req.params.fwd, true);
     let (tx, rx) = mpsc::channel(32);
     let up = upstream.clone();
     let p = principal.clone();
     let limit = promotion.call_timeout;
     let name = upstream.name().to_string();
+    let gather = engine.input_gather();
     let engine = engine.clone();
     let task = tokio::spawn(async move {
         let call = engine.call_upstream(&up, &p, spec, tx);
@@ -104,24 +113,16 @@ fn start_call(
             }),
         }
     });
-    (task, rx)
+    Pending::new(task, rx, gather)
 }
 
-/// The tool name, its arguments (`{}` when absent) and their fingerprint.
-fn tool_args(req: &ValidRequest) -> (String, Value, String) {
-    let tool = req
-        .params
-        .get("name")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_string();
-    let args = req
-        .params
-        .get("arguments")
-        .cloned()
-        .unwrap_or_else(|| json!({}));
-    let fp = fingerprint(&args);
-    (tool, args, fp)
+/// The fingerprint of a call's arguments (`{}` when absent), which an idempotency
+/// record keeps to tell a replay from a conflicting reuse of its key.
+pub(super) fn arguments_fingerprint(p: &ToolCallParams) -> String {
+    match p.arguments().into_valid() {
+        Some(args) => fingerprint(args),
+        None => fingerprint(&json!({})),
+    }
 }
 
 fn store_failure(e: impl std::fmt::Display) -> Reply {
@@ -210,7 +211,7 @@ impl Engine {
         match self.resolve(&c.principal, c.upstream.name(), &task).await {
             Ok(rec) => {
                 // It may have finished meanwhile: its status shows once durable.
-                match self.durable(&rec).await {
+                match self.tasks.durable(&rec).await {
                     Ok(()) => Reply::Task(snapshot::create_result(&rec, &c.server_info)),
                     // Nothing was sent for this duplicate: retry-safe.
                     Err(e) => store_failure(e),
@@ -227,7 +228,7 @@ impl Engine {
     /// A count the store cannot give refuses the call (503 + `Retry-After`: nothing was
     /// sent): an uncounted quota is no quota (docs/design.md §16 "Fail closed").
     async fn over_quota(&self, c: &ToolCall) -> Option<Reply> {
-        let live = match self.store.live_tasks(&c.principal.tenant).await {
+        let live = match self.tasks.live_tasks(&c.principal.tenant).await {
             Ok(n) => n,
             Err(e) => {
                 crate::metrics::fail_closed("quota_uncounted");
@@ -245,9 +246,11 @@ impl Engine {
 
     /// Serve a `tools/call` from a client that declared the tasks extension.
     pub async fn tools_call(self: &Arc<Self>, c: ToolCall) -> Reply {
-        let (tool, args, fp) = tool_args(&c.req);
+        let tool = c.tool.clone();
+        let fp = arguments_fingerprint(&c.req.params);
         let idem = c.req.idempotency_key.clone().or_else(|| {
             let arg = c.promotion.idempotency_argument.as_deref()?;
+            let args = c.req.params.arguments().into_valid()?;
             args.get(arg).and_then(Value::as_str).map(str::to_string)
         });
 
@@ -256,7 +259,7 @@ impl Engine {
             // so concurrent duplicates never reach the upstream twice (docs/design.md §9
             // "Idempotency").
             let index = idempotency_index(&c.principal, c.upstream.name(), &tool, key);
-            match self.store.idempotency_get(&index).await {
+            match self.tasks.idempotency_get(&index).await {
                 Ok(Some(entry)) => return self.existing(&c, entry, &fp).await,
                 Ok(None) => {}
                 Err(e) => return store_failure(e),
@@ -274,15 +277,16 @@ impl Engine {
             let rec = self.new_record(&c, &tool, fp.clone(), None);
             return self.create_then_call(c, rec, None, fp).await;
         }
-        let (call, events) = start_call(self, &c.upstream, &c.principal, &c.req, &c.promotion);
-        self.race(c, tool, fp, Pending { call, events }).await
+        let call = start_call(self, &c.upstream, &c.principal, &c.req, &c.promotion);
+        self.race(c, tool, fp, call).await
     }
 
     /// Carry on with a call held for an MRTR round (`on_input = "mrtr"`): the race
     /// against the deadline starts again now (MCP Tasks extension, "Task Creation":
     /// MRTR first, then the task).
     pub async fn resume(self: &Arc<Self>, c: ToolCall, pending: Pending) -> Reply {
-        let (tool, _, fp) = tool_args(&c.req);
+        let tool = c.tool.clone();
+        let fp = arguments_fingerprint(&c.req.params);
         self.race(c, tool, fp, pending).await
     }
 
@@ -304,8 +308,8 @@ impl Engine {
             rec.status_message = Some(msg);
         }
         let route = self.new_route(&c, &rec.task_id);
-        let _creating = self.creating(&rec.task_id);
-        match self.create_task(&rec, &route, index.as_deref()).await {
+        let _creating = self.calls.creating(&rec.task_id);
+        match self.tasks.create(&rec, &route, index.as_deref()).await {
             Ok(Created::New) => {}
             Ok(Created::Existing(entry)) => return self.existing(&c, entry, &fp).await,
             Err(e) => return store_failure(e),
@@ -313,8 +317,8 @@ impl Engine {
         if let Err(e) = self.flush().await {
             return store_failure(e);
         }
-        let (call, events) = start_call(self, &c.upstream, &c.principal, &c.req, &c.promotion);
-        self.launch(&c, &rec, &route, call, events, Vec::new());
+        let call = start_call(self, &c.upstream, &c.principal, &c.req, &c.promotion);
+        self.launch(&c, &rec, &route, call, Vec::new());
         crate::metrics::promoted(c.upstream.name(), &rec.task_id);
         Reply::Task(snapshot::create_result(&rec, &c.server_info))
     }
@@ -325,17 +329,16 @@ impl Engine {
         c: &ToolCall,
         rec: &TaskRecord,
         route: &RequestRoute,
-        call: CallTask,
-        events: mpsc::Receiver<CallEvent>,
+        call: Pending,
         responders: Vec<(
             String,
             tokio::sync::oneshot::Sender<crate::upstream::InputAnswer>,
         )>,
     ) {
-        self.register_live(&rec.task_id, call.abort_handle());
+        self.calls.register(&rec.task_id, call.abort_handle());
         let awaiting_input = !responders.is_empty();
         for (key, tx) in responders {
-            self.add_responder(&rec.task_id, key, tx);
+            self.calls.add_responder(&rec.task_id, key, tx);
         }
         let engine = self.clone();
         tokio::spawn(engine.drive(Driven {
@@ -344,7 +347,6 @@ impl Engine {
             upstream: c.upstream.name().to_string(),
             caps: c.req.meta.caps.clone(),
             call,
-            events,
             awaiting_input,
         }));
     }
@@ -356,66 +358,51 @@ impl Engine {
         fp: String,
         pending: Pending,
     ) -> Reply {
-        let Pending {
-            mut call,
-            mut events,
-        } = pending;
+        let mut call = pending;
         let mut armed = Armed(Some(call.abort_handle()));
-        let deadline = tokio::time::sleep(c.promotion.promote_after);
-        tokio::pin!(deadline);
-        let mut events_open = true;
-        let mut inputs: Vec<InputRequest> = Vec::new();
+        let mut timers = Timers::default();
+        timers.set(Promote, Instant::now() + c.promotion.promote_after);
         // The latest progress or queue position: the task starts with it, so a queued
         // call says so from its CreateTaskResult on.
         let mut status_message: Option<String> = None;
-        loop {
-            tokio::select! {
-                r = &mut call => {
+        let inputs = loop {
+            match call.next(&mut timers).await {
+                Event::Finished(r) => {
                     armed.disarm();
                     crate::metrics::inline_completion(c.upstream.name());
                     return answer_of(c.req.method, c.upstream.name(), &c.server_info, r);
                 }
-                ev = events.recv(), if events_open => match ev {
-                    None => events_open = false,
-                    Some(CallEvent::Input(ir)) => {
-                        match screen_inputs(&c.req, c.upstream.name(), ir, &mut events, c.timing.input_gather).await {
-                            InputVerdict::Missing(err) => {
-                                return Reply::Failed(Failure::refused(err));
-                            }
-                            InputVerdict::Relay(batch) if c.promotion.on_input == OnInput::Mrtr => {
-                                // MRTR rounds first; the retry resumes this race.
-                                armed.disarm();
-                                let v = c.holds.hold(
-                                    Pending { call, events },
-                                    batch,
-                                    &c.principal,
-                                    c.upstream.name(),
-                                    c.req.method,
-                                    &c.req.params,
-                                    &c.server_info,
-                                );
-                                return Reply::InputRequired(v);
-                            }
-                            InputVerdict::Relay(batch) => {
-                                // Input before the deadline promotes at once
-                                // (docs/design.md §1 "Promotion").
-                                inputs = batch;
-                                break;
-                            }
-                            InputVerdict::Refused => {}
+                Event::Notice(Notice::Progress(p)) => {
+                    status_message = Some(super::driver::progress_message(&p));
+                }
+                Event::Notice(Notice::Queue(q)) => status_message = Some(super::queue_status(q)),
+                Event::Notice(Notice::Log(_)) => {}
+                Event::Inputs(batch) => {
+                    match inputs::screen(&c.req.meta.caps, c.req.method, c.upstream.name(), batch) {
+                        InputVerdict::Missing(err) => return Reply::Failed(Failure::refused(err)),
+                        InputVerdict::Relay(batch) if c.promotion.on_input == OnInput::Mrtr => {
+                            // MRTR rounds first; the retry resumes this race.
+                            armed.disarm();
+                            let v = c.holds.hold(
+                                call,
+                                batch,
+                                &c.principal,
+                                c.upstream.name(),
+                                c.req.method,
+                                &c.req.params,
+                                &c.server_info,
+                            );
+                            return Reply::InputRequired(v);
                         }
+                        // Input before the deadline promotes at once (docs/design.md §1
+                        // "Promotion").
+                        InputVerdict::Relay(batch) => break batch,
+                        InputVerdict::Refused => {}
                     }
-                    Some(CallEvent::Progress(p)) => {
-                        status_message = Some(super::driver::progress_message(&p));
-                    }
-                    Some(CallEvent::Queue(q)) => {
-                        status_message = Some(super::queue_status(q));
-                    }
-                    Some(CallEvent::Log(_)) => {}
-                },
-                () = &mut deadline => break,
+                }
+                Event::Timer(Promote) => break Vec::new(),
             }
-        }
+        };
 
         let mut rec = self.new_record(&c, &tool, fp, None);
         if let Some(msg) = status_message {
@@ -428,12 +415,12 @@ impl Engine {
             key_inputs(&mut rec, &requests)
         };
         let route = self.new_route(&c, &rec.task_id);
-        let _creating = self.creating(&rec.task_id);
+        let _creating = self.calls.creating(&rec.task_id);
         // The call is under way upstream: a store failure now is the request's outcome
         // (200), not a retry-safe 503, or a retry could run the call twice. Dropping
         // `armed` cancels the call upstream; a record that was written after all is
         // resolved as an orphan by the sweep (docs/design.md §16).
-        let stored = match self.create_task(&rec, &route, None).await {
+        let stored = match self.tasks.create(&rec, &route, None).await {
             Ok(_) => self.flush().await,
             Err(e) => Err(e),
         };
@@ -446,7 +433,6 @@ impl Engine {
             &rec,
             &route,
             call,
-            events,
             keys.into_iter().zip(senders).collect(),
         );
         crate::metrics::promoted(c.upstream.name(), &rec.task_id);

@@ -8,18 +8,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Map, Value};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::Engine;
+use super::events::{Event, Notice, Pending, Timers};
 use super::failure::{CallFailure, failure};
-use super::inputs::missing_capability;
-use super::mrtr::CallTask;
+use super::inputs::{self, InputVerdict};
 use super::outcome::JoinedCall;
 use crate::protocol::results;
-use crate::protocol::{ClientCaps, META_RELATED_TASK, RpcError};
+use crate::protocol::{ClientCaps, META_RELATED_TASK, Method, RpcError};
 use crate::store::{StoreError, TaskRecord, TaskStatus, now_ms};
-use crate::upstream::{CallEvent, CallOutcome, InputAnswer, InputRequest};
+use crate::upstream::{CallOutcome, InputAnswer, InputRequest};
 
 type Applier = Box<dyn Fn(&mut TaskRecord) + Send + Sync>;
 /// An input request as recorded: `(method, params)`.
@@ -37,14 +37,22 @@ const PROGRESS_COALESCE: Duration = Duration::from_millis(50);
 const SETTLE_RETRY_FIRST: Duration = Duration::from_millis(100);
 const SETTLE_RETRY_MAX: Duration = Duration::from_secs(2);
 
+/// The driver's timers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DriverTimer {
+    /// Write the coalesced progress (`PROGRESS_COALESCE` after the first of a burst).
+    Progress,
+    /// `input_timeout_ms` passed since the task last asked for input.
+    Input,
+}
+
 /// Everything the driver needs for one task.
 pub struct Driven {
     pub task_id: String,
     pub route_id: String,
     pub upstream: String,
     pub caps: ClientCaps,
-    pub call: CallTask,
-    pub events: mpsc::Receiver<CallEvent>,
+    pub call: Pending,
     /// Set when the task was created in `input_required`.
     pub awaiting_input: bool,
 }
@@ -119,11 +127,12 @@ impl Engine {
         apply: impl Fn(&mut TaskRecord) + Send + Sync,
     ) -> bool {
         let retention = crate::config::as_millis(self.cfg.tasks.result_retention);
-        self.terminal_writing(task_id);
+        self.tasks.terminal_writing(task_id);
         let mut backoff = SETTLE_RETRY_FIRST;
         let updated = loop {
             let r = self
-                .update_task_from(task_id, Some(route_id), &mut |rec| {
+                .tasks
+                .update(task_id, Some(route_id), &mut |rec| {
                     if rec.status.is_terminal() {
                         return false;
                     }
@@ -143,7 +152,7 @@ impl Engine {
         };
         match updated {
             Ok(_) => match self.flush().await {
-                Ok(()) => self.terminal_flushed(task_id),
+                Ok(()) => self.tasks.terminal_flushed(task_id),
                 // Still unflushed: readers flush (and fail) before showing it.
                 Err(e) => {
                     tracing::error!(task = task_id, error = %e, "flushing a terminal state failed");
@@ -227,25 +236,20 @@ impl Engine {
             upstream,
             caps,
             mut call,
-            mut events,
             awaiting_input,
         } = d;
         let input_timeout = self.cfg.tasks.input_timeout;
-        let gather = self.cfg.tasks.input_gather;
-        let far = Instant::now() + Duration::from_secs(86_400 * 365);
-        let mut input_deadline = if awaiting_input {
-            Instant::now() + input_timeout
-        } else {
-            far
-        };
-        let mut events_open = true;
+        let mut timers = Timers::default();
+        if awaiting_input {
+            timers.set(DriverTimer::Input, Instant::now() + input_timeout);
+        }
         let mut held = true;
         let epoch = self.epoch();
+        // The latest progress or queue position not yet written.
         let mut progress: Option<String> = None;
-        let mut progress_at = far;
         loop {
-            tokio::select! {
-                r = &mut call => {
+            match call.next(&mut timers).await {
+                Event::Finished(r) => {
                     // Stopping: keep the request route so the next start resolves
                     // the task (docs/design.md §10 "Restart").
                     if self.shutting_down() {
@@ -256,64 +260,58 @@ impl Engine {
                     }
                     break;
                 }
-                () = tokio::time::sleep_until(progress_at), if progress.is_some() => {
-                    progress_at = far;
+                Event::Notice(n) => {
+                    let msg = match n {
+                        Notice::Progress(p) => {
+                            self.limits.progress_seen(&task_id);
+                            progress_message(&p)
+                        }
+                        Notice::Queue(q) => super::queue_status(q),
+                        Notice::Log(_) => continue,
+                    };
+                    if progress.replace(msg).is_none() {
+                        timers.set(DriverTimer::Progress, Instant::now() + PROGRESS_COALESCE);
+                    }
+                }
+                Event::Timer(DriverTimer::Progress) => {
                     if let Some(msg) = progress.take() {
                         self.write_progress(&task_id, &route_id, msg).await;
                     }
                 }
-                ev = events.recv(), if events_open => match ev {
-                    None => events_open = false,
-                    Some(CallEvent::Log(_)) => {}
-                    Some(CallEvent::Progress(p)) => {
-                        self.limits.progress_seen(&task_id);
-                        if progress.replace(progress_message(&p)).is_none() {
-                            progress_at = Instant::now() + PROGRESS_COALESCE;
-                        }
+                Event::Inputs(batch) => {
+                    // Progress reported before the input request lands first.
+                    if let Some(msg) = progress.take() {
+                        timers.clear(DriverTimer::Progress);
+                        self.write_progress(&task_id, &route_id, msg).await;
                     }
-                    Some(CallEvent::Queue(q)) => {
-                        if progress.replace(super::queue_status(q)).is_none() {
-                            progress_at = Instant::now() + PROGRESS_COALESCE;
-                        }
-                    }
-                    Some(CallEvent::Input(first)) => {
-                        let mut batch = vec![first];
-                        // Surface requests that arrive close together as one set.
-                        while let Ok(Some(ev)) = tokio::time::timeout(gather, events.recv()).await {
-                            match ev {
-                                CallEvent::Input(ir) => batch.push(ir),
-                                CallEvent::Progress(p) => {
-                                    self.limits.progress_seen(&task_id);
-                                    progress = Some(progress_message(&p));
-                                }
-                                CallEvent::Queue(q) => progress = Some(super::queue_status(q)),
-                                CallEvent::Log(_) => {}
-                            }
-                        }
-                        // Progress reported before the input request lands first.
-                        if let Some(msg) = progress.take() {
-                            progress_at = far;
-                            self.write_progress(&task_id, &route_id, msg).await;
-                        }
-                        if let Some(err) = batch.iter().find_map(|ir| missing_capability(&caps, &ir.method, ir.params.as_ref())) {
+                    match inputs::screen(&caps, Method::ToolsCall, &upstream, batch) {
+                        InputVerdict::Missing(err) => {
                             call.abort();
-                            held = self.settle(&task_id, &route_id, move |rec| fail(rec, &err)).await;
+                            held = self
+                                .settle(&task_id, &route_id, move |rec| fail(rec, &err))
+                                .await;
                             break;
                         }
-                        self.on_inputs(&task_id, &route_id, batch).await;
-                        input_deadline = Instant::now() + input_timeout;
+                        InputVerdict::Relay(batch) => {
+                            self.on_inputs(&task_id, &route_id, batch).await;
+                            timers.set(DriverTimer::Input, Instant::now() + input_timeout);
+                        }
+                        // Only a promoted `tools/call` is driven, and it may ask.
+                        InputVerdict::Refused => {}
                     }
-                },
-                () = tokio::time::sleep_until(input_deadline) => {
-                    input_deadline = far;
-                    let waiting = matches!(self.store.get(&task_id).await, Ok(Some(r)) if r.status == TaskStatus::InputRequired);
+                }
+                Event::Timer(DriverTimer::Input) => {
+                    let waiting =
+                        self.tasks.status(&task_id).await == Some(TaskStatus::InputRequired);
                     if waiting {
                         call.abort();
                         let err = RpcError::internal(format!(
                             "input was not provided within input_timeout_ms ({} ms)",
                             input_timeout.as_millis()
                         ));
-                        held = self.settle(&task_id, &route_id, move |rec| fail(rec, &err)).await;
+                        held = self
+                            .settle(&task_id, &route_id, move |rec| fail(rec, &err))
+                            .await;
                         break;
                     }
                 }
@@ -322,18 +320,19 @@ impl Engine {
         // A call this replica no longer holds (fenced, or stopped with the lease) keeps
         // its route: the takeover resolves the task from it.
         if !held || !self.lease_held() || self.epoch() != epoch {
-            self.forget_live(&task_id);
+            self.calls.forget(&task_id);
             return;
         }
-        if let Err(e) = self.store.remove_route(&route_id).await {
+        if let Err(e) = self.tasks.remove_route(&route_id).await {
             tracing::warn!(task = %task_id, error = %e, "removing a request route failed");
         }
-        self.forget_live(&task_id);
+        self.calls.forget(&task_id);
     }
 
     async fn write_progress(&self, task_id: &str, route_id: &str, msg: String) {
         let r = self
-            .update_task_from(task_id, Some(route_id), &mut |rec| {
+            .tasks
+            .update(task_id, Some(route_id), &mut |rec| {
                 if rec.status.is_terminal() {
                     return false;
                 }
@@ -351,7 +350,8 @@ impl Engine {
         let (requests, responders) = split_inputs(batch);
         let mut keys = Vec::new();
         let r = self
-            .update_task_from(task_id, Some(route_id), &mut |rec| {
+            .tasks
+            .update(task_id, Some(route_id), &mut |rec| {
                 // `update` may run this more than once: only the last run's keys count.
                 keys.clear();
                 if rec.status.is_terminal() {
@@ -366,7 +366,7 @@ impl Engine {
         }
         // Responders dropped here (terminal task) answer the upstream with an error.
         for (key, tx) in keys.into_iter().zip(responders) {
-            self.add_responder(task_id, key, tx);
+            self.calls.add_responder(task_id, key, tx);
         }
         self.changed(task_id);
     }

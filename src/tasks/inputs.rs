@@ -1,22 +1,22 @@
 //! Upstream input requests (elicitation, sampling, roots) while a call is answered
-//! inline or raced against its promotion deadline: which the client can be asked, and
-//! gathering those that arrive together into one set.
+//! inline or raced against its promotion deadline: which the client can be asked
+//! (gathering those that arrive together is the call's event loop,
+//! `src/tasks/events.rs`).
 
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
 
 use crate::protocol::meta::InputKind;
-use crate::protocol::{ClientCaps, RpcError, ValidRequest};
-use crate::upstream::{CallEvent, CallSpec, InputAnswer, InputRequest};
+use crate::protocol::params::Forward;
+use crate::protocol::{ClientCaps, Method, RpcError};
+use crate::upstream::{CallSpec, InputAnswer, InputRequest};
 
 /// Timing knobs for one inline call.
 #[derive(Debug, Clone, Copy)]
 pub struct InlineTiming {
     pub keepalive: Duration,
     pub sync_timeout: Duration,
-    pub input_gather: Duration,
 }
 
 /// The `requiredCapabilities` an input request needs that `caps` lacks, if any.
@@ -60,53 +60,43 @@ pub enum InputVerdict {
     Refused,
 }
 
-/// Screen a first input request, gathering the ones that arrive within
-/// `input_gather_ms` of it so they are surfaced together.
-pub async fn screen_inputs(
-    req: &ValidRequest,
+/// Screen a batch of upstream input requests for a client with `caps`, during a
+/// `method` request (only some may return `input_required`). The requests it does not
+/// relay are answered upstream with an error here.
+pub fn screen(
+    caps: &ClientCaps,
+    method: Method,
     upstream: &str,
-    first: InputRequest,
-    events: &mut mpsc::Receiver<CallEvent>,
-    gather: Duration,
+    batch: Vec<InputRequest>,
 ) -> InputVerdict {
-    let mut batch = vec![first];
-    while let Ok(Some(ev)) = tokio::time::timeout(gather, events.recv()).await {
-        if let CallEvent::Input(ir) = ev {
-            batch.push(ir);
-        }
-    }
     if let Some(err) = batch
         .iter()
-        .find_map(|ir| missing_capability(&req.meta.caps, &ir.method, ir.params.as_ref()))
+        .find_map(|ir| missing_capability(caps, &ir.method, ir.params.as_ref()))
     {
-        for ir in batch {
-            let _ = ir.respond.send(InputAnswer::Error(RpcError::internal(
-                "the client did not declare this capability",
-            )));
-        }
+        refuse(batch, "the client did not declare this capability");
         return InputVerdict::Missing(err);
     }
-    if !req.method.is_mrtr_eligible() {
-        tracing::warn!(upstream, method = %req.method, "upstream input request during a method that cannot return input_required");
-        for ir in batch {
-            let _ = ir.respond.send(InputAnswer::Error(RpcError::internal(
-                "this request cannot ask the client for input",
-            )));
-        }
+    if !method.is_mrtr_eligible() {
+        tracing::warn!(upstream, method = %method, "upstream input request during a method that cannot return input_required");
+        refuse(batch, "this request cannot ask the client for input");
         return InputVerdict::Refused;
     }
     InputVerdict::Relay(batch)
 }
 
-/// The upstream request for `req`: its params minus the MRTR fields, which are the
-/// gateway's business, never the upstream's.
-pub fn upstream_spec(req: &ValidRequest, want_progress: bool) -> CallSpec {
-    let mut params = req.params.clone();
-    params.remove("inputResponses");
-    params.remove("requestState");
+fn refuse(batch: Vec<InputRequest>, why: &str) {
+    for ir in batch {
+        let _ = ir.respond.send(InputAnswer::Error(RpcError::internal(why)));
+    }
+}
+
+/// The upstream request for a `method` request: its params minus `_meta` and the
+/// MRTR fields, which are the gateway's business, never the upstream's.
+pub fn upstream_spec(method: Method, fwd: &Forward, want_progress: bool) -> CallSpec {
     CallSpec {
-        method: req.method.as_str().to_string(),
-        params,
+        method: method.as_str().to_string(),
+        tool: fwd.upstream.name().map(str::to_string),
+        params: fwd.upstream.as_map().clone(),
         want_progress,
         tenant: None,
     }

@@ -63,7 +63,7 @@ impl Engine {
         // One lookup under the caller's (tenant, subject): a foreign id and one never
         // issued cost the same reads and no decode (docs/design.md §7 "Ownership").
         let found = self
-            .store
+            .tasks
             .lookup_owned(task_id, &principal.tenant, &principal.subject)
             .await
             .map_err(unavailable)?;
@@ -107,7 +107,7 @@ impl Engine {
     ) -> Result<TaskRecord, Failure> {
         let mut rec = self.resolve(principal, upstream, task).await?;
         // A terminal state is shown only once it is durable.
-        self.durable(&rec).await.map_err(unavailable)?;
+        self.tasks.durable(&rec).await.map_err(unavailable)?;
         // Adaptive pollIntervalMs, remembered as advertised (docs/design.md §8 "Flow
         // control").
         self.limits.adapt(principal, &mut rec);
@@ -145,7 +145,8 @@ impl Engine {
         }
         let keys: Vec<String> = answered.iter().map(|(k, _)| k.clone()).collect();
         let r = self
-            .update_task(&rec.task_id, &mut |r| {
+            .tasks
+            .update(&rec.task_id, None, &mut |r| {
                 if r.status != TaskStatus::InputRequired {
                     return false;
                 }
@@ -183,13 +184,14 @@ impl Engine {
         if rec.status.is_terminal() {
             // The ack says the task is over: a crash must not bring it back, so the
             // terminal write it saw has to be durable first.
-            self.durable(&rec).await.map_err(unavailable)?;
+            self.tasks.durable(&rec).await.map_err(unavailable)?;
             return Ok(ack(server_info));
         }
         let retention = as_millis(self.cfg.tasks.result_retention);
-        self.terminal_writing(&rec.task_id);
+        self.tasks.terminal_writing(&rec.task_id);
         let r = self
-            .update_task(&rec.task_id, &mut |r| {
+            .tasks
+            .update(&rec.task_id, None, &mut |r| {
                 if r.status.is_terminal() {
                     return false;
                 }
@@ -202,7 +204,7 @@ impl Engine {
             .await;
         r.map_err(unavailable)?;
         self.flush().await.map_err(unavailable)?;
-        self.terminal_flushed(&rec.task_id);
+        self.tasks.terminal_flushed(&rec.task_id);
         // Dropping the call sends `notifications/cancelled` upstream (here, or at the
         // replica holding it, by a relay).
         self.stop_call(&rec.task_id).await;

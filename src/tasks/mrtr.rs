@@ -18,23 +18,15 @@ use base64::Engine as _;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
-use tokio::sync::{mpsc, oneshot};
-use tokio::task::JoinHandle;
+use tokio::sync::oneshot;
 
+use super::events::Pending;
 use crate::auth::Principal;
+use crate::protocol::params::{Forward, UpstreamParams};
 use crate::protocol::results::add_server_info;
 use crate::protocol::{Method, RpcError};
 use crate::store::now_ms;
-use crate::upstream::{CallEvent, CallOutcome, InputAnswer, InputRequest, UpstreamError};
-
-/// A spawned upstream call and the outcome it ends with.
-pub type CallTask = JoinHandle<Result<CallOutcome, UpstreamError>>;
-
-/// An upstream call in progress, with the channel of what it says.
-pub struct Pending {
-    pub call: CallTask,
-    pub events: mpsc::Receiver<CallEvent>,
-}
+use crate::upstream::{InputAnswer, InputRequest};
 
 /// What a request must match for its `requestState` to be accepted.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -86,15 +78,13 @@ pub struct Holds {
     held: Mutex<HashMap<String, Held>>,
 }
 
-/// Params minus the MRTR fields, fingerprinted to bind a state to its request.
-pub fn params_fingerprint(method: Method, params: &Map<String, Value>) -> String {
-    let mut p = params.clone();
-    p.remove("inputResponses");
-    p.remove("requestState");
-    p.remove("_meta");
-    super::fingerprint::fingerprint(
-        &serde_json::json!({"method": method.as_str(), "params": Value::Object(p)}),
-    )
+/// Params minus `_meta` and the MRTR fields, fingerprinted to bind a state to its
+/// request. States already issued carry this value: its input never changes.
+pub fn params_fingerprint(method: Method, params: &UpstreamParams) -> String {
+    super::fingerprint::fingerprint(&serde_json::json!({
+        "method": method.as_str(),
+        "params": Value::Object(params.as_map().clone()),
+    }))
 }
 
 fn b64(bytes: &[u8]) -> String {
@@ -198,7 +188,7 @@ impl Holds {
         principal: &Principal,
         upstream: &str,
         method: Method,
-        params: &Map<String, Value>,
+        params: &impl AsRef<Forward>,
         server_info: &Value,
     ) -> Value {
         let claims = StateClaims {
@@ -208,7 +198,7 @@ impl Holds {
             s: principal.subject.clone(),
             u: upstream.to_string(),
             m: method.as_str().to_string(),
-            f: params_fingerprint(method, params),
+            f: params_fingerprint(method, &params.as_ref().upstream),
             e: now_ms() + self.input_timeout.as_millis() as u64,
             p: self.replica_id.clone(),
         };
@@ -248,7 +238,7 @@ impl Holds {
             };
             if let Some(h) = expired {
                 tracing::info!(hold = %id, "MRTR retry did not arrive within input_timeout_ms; cancelling the upstream call");
-                h.pending.call.abort();
+                h.pending.abort();
             }
         });
     }
@@ -260,7 +250,7 @@ impl Holds {
         principal: &Principal,
         upstream: &str,
         method: Method,
-        params: &Map<String, Value>,
+        params: &Forward,
         server_info: &Value,
     ) -> Result<Resumed, RpcError> {
         let claims = self.verify(state).ok_or_else(invalid_state)?;
@@ -268,7 +258,7 @@ impl Holds {
             && claims.s == principal.subject
             && claims.u == upstream
             && claims.m == method.as_str()
-            && claims.f == params_fingerprint(method, params)
+            && claims.f == params_fingerprint(method, &params.upstream)
             && claims.e > now_ms();
         if !matches {
             return Err(invalid_state());
@@ -284,9 +274,11 @@ impl Holds {
             }
             map.remove(&claims.h).ok_or_else(invalid_state)?
         };
+        // Malformed answers count as none: the round is asked again.
         let responses = params
-            .get("inputResponses")
-            .and_then(Value::as_object)
+            .mrtr
+            .input_responses
+            .valid()
             .cloned()
             .unwrap_or_default();
         for (key, answer) in responses {
@@ -335,6 +327,31 @@ mod tests {
         assert!(holds.verify(&format!("{s}-TAMPERED")).is_none());
         let other = Holds::new([8u8; 32], Duration::from_secs(1), None);
         assert!(other.verify(&s).is_none());
+    }
+
+    /// A `requestState` binds the fingerprint of its request's params, and a task's
+    /// idempotency record the fingerprint of its arguments: both are stored, so their
+    /// values must never change (pinned from the code before typed params).
+    #[test]
+    fn fingerprints_are_pinned() {
+        let body = r#"{"name":"echo","requestState":"s","arguments":{"b":[1.50,-0,1e999,1234567890123456789012345678901234567890],"a":{"z":null}},"inputResponses":{"k":{"action":"accept"}},"zeta":true}"#;
+        let params: Map<String, Value> = serde_json::from_str(body).unwrap();
+        let call = crate::protocol::params::ToolCallParams::parse(params);
+        assert_eq!(
+            params_fingerprint(Method::ToolsCall, &call.fwd.upstream),
+            "c86e3567b3989838eb1a697dc7f724cdc3ecdd6ef011d9272dd2445aca1d07ef"
+        );
+        assert_eq!(
+            super::super::call::arguments_fingerprint(&call),
+            "33a81f60a8b75d0185a3b9913cdf3a3706a6fe209530d03e40b59b311dd265a6"
+        );
+        let bare = crate::protocol::params::ToolCallParams::parse(
+            serde_json::from_str(r#"{"name":"echo"}"#).unwrap(),
+        );
+        assert_eq!(
+            super::super::call::arguments_fingerprint(&bare),
+            "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
+        );
     }
 
     #[test]

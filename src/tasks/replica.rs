@@ -19,12 +19,11 @@
 //! With sled none of this runs: one gateway, the lease is always held.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -90,39 +89,34 @@ fn payload(p: &impl Serialize) -> Vec<u8> {
 impl Engine {
     /// This replica's id (`server.replica_id` or its default).
     pub fn replica_id(&self) -> &str {
-        &self.replica.id
+        self.replica.id()
     }
 
     /// Whether this replica may take calls: always with one gateway; on a shared
     /// store, while its lease is renewed.
     pub fn lease_held(&self) -> bool {
-        self.replica.lease_held.load(Ordering::SeqCst)
+        self.replica.lease_held()
     }
 
     /// The epoch of this replica's seat (`None` with one gateway): a call started
     /// under another epoch is no longer this replica's.
     pub(super) fn epoch(&self) -> Option<i64> {
-        self.replica.seat().map(|s| s.epoch)
+        self.replica.epoch()
     }
 
     fn cluster(&self) -> Option<&Arc<dyn Cluster>> {
-        self.replica.cluster.get()
+        self.replica.cluster()
     }
 
     /// Take a seat on a shared store: a new epoch and a lease. Call before recovery
     /// (which then resolves this replica's earlier epochs only).
     pub async fn join_cluster(&self, cluster: Arc<dyn Cluster>) -> Result<Seat, StoreError> {
-        let sent = Instant::now();
-        let seat = cluster.register(&self.replica.id).await?;
-        let _ = self.replica.joined.set(sent);
-        self.replica.set_seat(seat.clone());
-        let _ = self.replica.cluster.set(cluster);
-        Ok(seat)
+        self.replica.join(cluster).await
     }
 
     /// Install what runs an MRTR retry relayed to this replica.
     pub fn on_relayed_mrtr(&self, h: MrtrHandler) {
-        let _ = self.replica.mrtr.set(h);
+        self.replica.set_mrtr_handler(h);
     }
 
     /// Start the lease, relay, publish and listen loops (nothing with one gateway).
@@ -133,15 +127,15 @@ impl Engine {
         tokio::spawn(self.clone().lease_loop(cluster.clone(), shutdown.clone()));
         tokio::spawn(self.clone().relay_loop(cluster.clone(), shutdown.clone()));
         let (tx, rx) = mpsc::unbounded_channel();
-        let _ = self.replica.publish.set(tx);
+        self.replica.publish_to(tx);
         tokio::spawn(publish_loop(
             cluster.clone(),
-            self.replica.id.clone(),
+            self.replica.id().to_string(),
             rx,
             shutdown.clone(),
         ));
         let (ev_tx, mut events) = mpsc::channel(256);
-        cluster.listen(self.replica.id.clone(), ev_tx);
+        cluster.listen(self.replica.id().to_string(), ev_tx);
         let engine = self.clone();
         tokio::spawn(async move {
             loop {
@@ -153,21 +147,14 @@ impl Engine {
                     None => return,
                     Some(ClusterEvent::Changed(ids)) => {
                         for id in ids {
-                            engine.changed_here(&id);
+                            engine.tasks.changed_here(&id);
                         }
                     }
-                    Some(ClusterEvent::Resync) => engine.resync_here(),
-                    Some(ClusterEvent::Wake) => engine.replica.wake.notify_one(),
+                    Some(ClusterEvent::Resync) => engine.tasks.resync_here(),
+                    Some(ClusterEvent::Wake) => engine.replica.wake(),
                 }
             }
         });
-    }
-
-    /// Publish a change to the other replicas (batched, in the background).
-    pub(super) fn publish_change(&self, task_id: &str) {
-        if let Some(tx) = self.replica.publish.get() {
-            let _ = tx.send(task_id.to_string());
-        }
     }
 
     /// Renew the lease every `lease_renew_ms`, and count it lost by this replica's own
@@ -182,12 +169,7 @@ impl Engine {
     async fn lease_loop(self: Arc<Self>, cluster: Arc<dyn Cluster>, shutdown: CancellationToken) {
         let every = self.cfg.store.lease_renew.max(Duration::from_millis(1));
         let lease = self.cfg.store.lease;
-        let joined = self
-            .replica
-            .joined
-            .get()
-            .copied()
-            .unwrap_or_else(Instant::now);
+        let joined = self.replica.joined();
         // `Some(until)` while the lease is held: the watchdog's deadline.
         let mut held_until = Some(joined + lease);
         let mut last_sent = joined;
@@ -237,14 +219,13 @@ impl Engine {
                 last_sent = sent;
                 let registered = tokio::select! {
                     () = shutdown.cancelled() => return,
-                    r = cluster.register(&self.replica.id) => r,
+                    r = cluster.register(self.replica.id()) => r,
                 };
                 match registered {
                     Ok(new) => {
                         tracing::warn!(replica = %new.replica_id, epoch = new.epoch, "registered again with a new epoch");
-                        self.replica.set_seat(new);
+                        self.replica.reseat(new);
                         held_until = Some(sent + lease);
-                        self.replica.lease_held.store(true, Ordering::SeqCst);
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "registering a new epoch failed; retrying")
@@ -257,13 +238,10 @@ impl Engine {
     /// Stop taking calls and stop the calls in flight here: once the lease may have
     /// run out another replica may fail their tasks, and their writes are fenced.
     fn lose_lease(&self, why: &str) {
-        if self.replica.lease_held.swap(false, Ordering::SeqCst) {
+        if self.replica.lose_lease() {
             tracing::error!(reason = why, "replica lease lost: not taking calls");
         }
-        let live: Vec<_> = self.live.lock().drain().map(|(_, v)| v).collect();
-        for l in live {
-            l.abort.abort();
-        }
+        self.calls.abort_all();
     }
 
     /// Fail the tasks of calls whose replica lost its lease. Exactly one replica
@@ -286,7 +264,7 @@ impl Engine {
             })
             .await?;
         for t in &taken {
-            self.notify(Transition {
+            self.tasks.notify(Transition {
                 task_id: &t.record.task_id,
                 from: Some(t.from),
                 to: Some(t.record.status),
@@ -301,7 +279,7 @@ impl Engine {
     /// Stop the upstream call of `task_id`: here if it runs here, else by a relay to
     /// the replica holding it.
     pub(super) async fn stop_call(&self, task_id: &str) {
-        if self.abort_live(task_id) {
+        if self.calls.abort(task_id) {
             return;
         }
         self.relay_to_holder(task_id, RelayKind::Cancel, b"null".to_vec())
@@ -310,7 +288,7 @@ impl Engine {
 
     /// Hand an input answer to the upstream call of `task_id`, wherever it runs.
     pub(super) async fn deliver_input(&self, task_id: &str, key: &str, answer: Value) {
-        let Err(answer) = self.offer_answer(task_id, key, answer) else {
+        let Err(answer) = self.calls.offer_answer(task_id, key, answer) else {
             return;
         };
         let input = InputRelay {
@@ -366,11 +344,7 @@ impl Engine {
             }
         };
         let corr = correlation_id();
-        let (tx, rx) = oneshot::channel();
-        {
-            let mut w = self.replica.waiting.lock();
-            w.insert(corr.clone(), tx);
-        }
+        let rx = self.replica.await_reply(&corr);
         let relay = Relay {
             kind: RelayKind::Mrtr,
             task_id: None,
@@ -394,10 +368,7 @@ impl Engine {
                 None
             }
         };
-        {
-            let mut w = self.replica.waiting.lock();
-            w.remove(&corr);
-        }
+        self.replica.stop_waiting(&corr);
         reply
     }
 
@@ -406,7 +377,7 @@ impl Engine {
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 () = tokio::time::sleep(RELAY_POLL) => {}
-                () = self.replica.wake.notified() => {}
+                () = self.replica.woken() => {}
             }
             let Some(seat) = self.replica.seat() else {
                 continue;
@@ -431,7 +402,7 @@ impl Engine {
         };
         match relayed {
             Relayed::Cancel { task_id } => {
-                self.abort_live(&task_id);
+                self.calls.abort(&task_id);
             }
             Relayed::Input {
                 task_id,
@@ -439,27 +410,21 @@ impl Engine {
                 answer,
             } => {
                 // Not here any more: the call ended, and the task says how.
-                if self.offer_answer(&task_id, &key, answer).is_err() {
+                if self.calls.offer_answer(&task_id, &key, answer).is_err() {
                     tracing::debug!(task = %task_id, key, "relayed input answer has no running call here");
                 }
             }
             Relayed::Reply { corr, reply } => {
-                let waiter = self.replica.waiting.lock().remove(&corr);
-                match waiter {
-                    Some(tx) => {
-                        let _ = tx.send(reply);
-                    }
-                    // The retry it answers already timed out and was told so.
-                    None => {
-                        tracing::info!(
-                            relay = taken.id,
-                            "an MRTR reply arrived after its retry stopped waiting"
-                        )
-                    }
+                // The retry it answers may have timed out already, and was told so.
+                if !self.replica.reply(&corr, reply) {
+                    tracing::info!(
+                        relay = taken.id,
+                        "an MRTR reply arrived after its retry stopped waiting"
+                    );
                 }
             }
             Relayed::Mrtr { to, corr, request } => {
-                let Some(h) = self.replica.mrtr.get().cloned() else {
+                let Some(h) = self.replica.mrtr_handler() else {
                     return dead_letter(&taken, "no MRTR handler is installed on this replica");
                 };
                 let cluster = cluster.clone();

@@ -20,7 +20,7 @@ impl Engine {
     /// Resolve request routes left by a previous process: their calls are gone, so
     /// their tasks fail with a reason; nothing stays `working` forever.
     pub async fn recover(&self) -> Result<usize, StoreError> {
-        let routes = self.store.routes().await?;
+        let routes = self.tasks.routes().await?;
         let mut failed = 0;
         for route in &routes {
             if let Some(task_id) = &route.task_id {
@@ -28,7 +28,8 @@ impl Engine {
                     .with_data(json!({ "upstream": route.upstream }));
                 let retention = as_millis(self.cfg.tasks.result_retention);
                 let r = self
-                    .update_task(task_id, &mut |rec| {
+                    .tasks
+                    .update(task_id, None, &mut |rec| {
                         if rec.status.is_terminal() {
                             return false;
                         }
@@ -41,7 +42,7 @@ impl Engine {
                     failed += 1;
                 }
             }
-            self.store.remove_route(&route.route_id).await?;
+            self.tasks.remove_route(&route.route_id).await?;
         }
         self.flush().await?;
         Ok(failed)
@@ -61,19 +62,20 @@ impl Engine {
         let retention = as_millis(self.cfg.tasks.result_retention);
         let mut resolved = 0;
         let mut done = Vec::new();
-        for route in self.store.held_routes().await? {
+        for route in self.tasks.held_routes().await? {
             if route.started_at_ms > cutoff {
                 continue;
             }
             if let Some(task_id) = &route.task_id {
-                if self.knows_call(task_id) {
+                if self.calls.knows(task_id) {
                     continue;
                 }
                 let err =
                     RpcError::internal(ORPHANED).with_data(json!({ "upstream": route.upstream }));
                 let mut failed = false;
                 let r = self
-                    .update_task_from(task_id, Some(&route.route_id), &mut |rec| {
+                    .tasks
+                    .update(task_id, Some(&route.route_id), &mut |rec| {
                         failed = !rec.status.is_terminal();
                         if failed {
                             fail(rec, &err);
@@ -106,7 +108,7 @@ impl Engine {
             self.flush().await?;
         }
         for route_id in &done {
-            self.store.remove_route(route_id).await?;
+            self.tasks.remove_route(route_id).await?;
         }
         Ok(resolved)
     }
@@ -121,14 +123,14 @@ impl Engine {
         let tomb_until = now + as_millis(self.cfg.store.tombstone_ttl);
         let mut n = 0;
         loop {
-            let ids = self.store.expired(now, 512).await?;
+            let ids = self.tasks.expired(now, 512).await?;
             if ids.is_empty() {
                 break;
             }
             for id in &ids {
                 // Only a task still due is expired (an update may have extended it
                 // since it was listed); its call, if any, stops then.
-                if let Some(gone) = self.expire_task(id, now, tomb_until).await? {
+                if let Some(gone) = self.tasks.expire(id, now, tomb_until).await? {
                     self.stop_call(id).await;
                     self.changed(id);
                     if !gone.seen {
@@ -141,7 +143,7 @@ impl Engine {
                 break;
             }
         }
-        self.store.sweep_tombstones(now).await?;
+        self.tasks.sweep_tombstones(now).await?;
         match self.resolve_orphans().await {
             Ok(0) => {}
             Ok(o) => tracing::warn!(tasks = o, "failed the tasks of orphaned routes"),

@@ -35,6 +35,9 @@ pub use crate::protocol::UpstreamInfo;
 pub struct CallSpec {
     /// Legacy method name (`tools/call`, `resources/read`, …).
     pub method: String,
+    /// `params.name` when it is a string (the tool of a `tools/call`, the prompt of a
+    /// `prompts/get`), parsed once by the front: what a stdio pool throttles by.
+    pub tool: Option<String>,
     /// Params as the client sent them, *without* `_meta` (the transport adds its own
     /// `_meta.progressToken` when `want_progress` is set; client tokens never go
     /// upstream).

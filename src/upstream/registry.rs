@@ -301,6 +301,7 @@ impl Upstream {
             .call(
                 CallSpec {
                     method: "tools/list".into(),
+                    tool: None,
                     params: Map::new(),
                     want_progress: false,
                     tenant: None,

@@ -29,6 +29,7 @@ fn spec(tool: &str, want_progress: bool) -> CallSpec {
     params.insert("arguments".into(), json!({"x": 1}));
     CallSpec {
         method: "tools/call".into(),
+        tool: Some(tool.into()),
         params,
         want_progress,
         tenant: None,

@@ -23,12 +23,7 @@ impl Shared {
         }
         let caller = spec.tenant.as_ref().map(|tenant| Caller {
             tenant: tenant.clone(),
-            tool: spec
-                .params
-                .get("name")
-                .and_then(Value::as_str)
-                .unwrap_or(&spec.method)
-                .to_string(),
+            tool: spec.tool.as_deref().unwrap_or(&spec.method).to_string(),
         });
         // Held for the whole call: a throttled caller runs one call at a time.
         let _throttled = match &caller {

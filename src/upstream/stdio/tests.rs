@@ -100,6 +100,7 @@ fn tool(name: &str, args: Value) -> CallSpec {
     params.insert("arguments".into(), args);
     CallSpec {
         method: "tools/call".into(),
+        tool: Some(name.into()),
         params,
         want_progress: false,
         tenant: None,
