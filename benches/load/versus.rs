@@ -10,7 +10,8 @@
 //! build since the first schema does).
 //!
 //! Points: `tasks/get` at c=32 and c=64 (10,000 tasks × 1,000 principals), durable
-//! creation at c=64 (`sleep {ms:100}`, promoted at once), then the largest `--scale`
+//! creation at c=64 (`sleep {ms:100}`, promoted at once), an inline `tools/call` echo
+//! at c=1 and c=32 (answered inline by the demo upstream), then the largest `--scale`
 //! store: RSS after random `tasks/get` at c=32 (as the `scale` scenario measures it).
 
 use std::net::SocketAddr;
@@ -20,12 +21,14 @@ use std::time::Duration;
 
 use http::HeaderValue;
 
-use super::harness::{Stats, check_completed, check_task_created, cpu_us_per, run_load};
+use super::harness::{
+    Stats, check_completed, check_echo, check_task_created, cpu_us_per, run_load,
+};
 use super::processes::{
     Gateway, gateway_config, start_gateway_bin, taskgate_bin, user_sys_secs_of,
 };
 use super::report::{Report, ms};
-use super::requests::{gw_req, seed, token};
+use super::requests::{echo_body_2026, gw_req, seed, token};
 use super::scenarios::get_maker;
 use super::{HttpClient, META_TASKS, MakeReq, Opts};
 
@@ -143,8 +146,18 @@ pub(super) fn versus(
             gw_req(addr, &b, "tools/call", "sleep", body)
         })
     };
+    let echo_maker = |addr: SocketAddr| -> MakeReq {
+        let b = bearer.clone();
+        Arc::new(move |n| gw_req(addr, &b, "tools/call", "echo", echo_body_2026(n)))
+    };
     // samples[point][build]
-    let points = ["tasks/get c=32", "tasks/get c=64", "creation c=64"];
+    let points = [
+        "tasks/get c=32",
+        "tasks/get c=64",
+        "creation c=64",
+        "inline echo c=1",
+        "inline echo c=32",
+    ];
     let mut samples: Vec<[Vec<Sample>; 2]> = points.iter().map(|_| [vec![], vec![]]).collect();
     let rounds = rounds();
     for round in 0..rounds {
@@ -175,6 +188,19 @@ pub(super) fn versus(
                 ))
             });
             samples[2][b].push(s);
+            for (p, conc) in [(3, 1usize), (4, 32)] {
+                let s = sample(gw, Duration::ZERO, || {
+                    rt.block_on(run_load(
+                        c,
+                        conc,
+                        o.warmup,
+                        o.duration,
+                        echo_maker(gw.addr),
+                        check_echo,
+                    ))
+                });
+                samples[p][b].push(s);
+            }
         }
     }
     rep.section(
