@@ -841,3 +841,51 @@ fn the_file_scanner_reads_paths_groups_children_and_reexports() {
     ];
     assert_eq!(file_cycles(&file_edges(&files)), [["x::p", "x::q"]]);
 }
+
+/// Issue 27's first part: the wire names of the methods the gateway serves are spelled
+/// in one table (`src/protocol/method.rs`); everything else names a `Method`. Test
+/// modules and files, the mock upstream, the demo upstream and the fuzzing corpus
+/// (which speak the wire on purpose) are not counted.
+#[test]
+fn served_method_names_are_spelled_once() {
+    let table = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("src/protocol/method.rs"),
+    )
+    .unwrap_or_default();
+    let names: Vec<String> = table
+        .split("spec(")
+        .skip(1)
+        .filter(|s| s.trim_start().starts_with("Method::"))
+        .filter_map(|s| s.split('"').nth(1).map(str::to_string))
+        .collect();
+    assert!(
+        names.len() >= 10 && names.iter().any(|n| n == "tasks/get"),
+        "the method table was not found: {names:?}"
+    );
+    let mut spelled = Vec::new();
+    for (module, path, text) in source_files() {
+        let exempt = module == "protocol::method"
+            || module.starts_with("demo")
+            || module.starts_with("fuzzing")
+            || module.contains("test")
+            || module.ends_with("mock_server");
+        if exempt {
+            continue;
+        }
+        let code: String = without_test_modules(&text)
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        for n in &names {
+            if code.contains(&format!("\"{n}\"")) {
+                spelled.push(format!("{} spells \"{n}\"", path.display()));
+            }
+        }
+    }
+    assert!(
+        spelled.is_empty(),
+        "name the Method instead:\n{}",
+        spelled.join("\n")
+    );
+}

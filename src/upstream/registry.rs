@@ -19,7 +19,7 @@ use super::{
 };
 use crate::auth::Principal;
 use crate::config::{Isolation, UpstreamConfig, UpstreamTransport};
-use crate::protocol::RpcError;
+use crate::protocol::{Method, RpcError};
 
 /// An upstream that cannot be started as configured (its TLS files, so far).
 #[derive(Debug, thiserror::Error)]
@@ -300,7 +300,7 @@ impl Upstream {
         let out = transport
             .call(
                 CallSpec {
-                    method: "tools/list".into(),
+                    method: Method::ToolsList.as_str().into(),
                     tool: None,
                     params: Map::new(),
                     want_progress: false,
