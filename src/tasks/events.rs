@@ -5,7 +5,7 @@
 //! waits for the same things: the call's end, its progress, log and queue reports, the
 //! upstream's input requests, and a timer or two of its own. [`Pending::next`] is the
 //! one loop over them; each site only says what an event means to it. A new kind of
-//! event (another dialect's input request, say) is one arm in [`Pending::accept`].
+//! event (another dialect's input request, say) is one arm in `Pending::accept`.
 //!
 //! Order (ARCHITECTURE.md "One call-event loop"): what is ready goes first, then the
 //! call's end, then the upstream's reports, then the site's timers. Input requests
