@@ -73,6 +73,7 @@ async fn metrics_text(url: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_listener_serves_h2_and_http1_over_tls() {
+    let _trust = common::tls::exclusive_trust().await;
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::new(dir.path(), "front");
     let cert = ca.server("gw");
@@ -154,6 +155,7 @@ async fn the_listener_serves_h2_and_http1_over_tls() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_certificate_is_required_and_never_replaces_the_token() {
+    let _trust = common::tls::exclusive_trust().await;
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::new(dir.path(), "front");
     let clients = TestCa::new(dir.path(), "clients");
@@ -210,6 +212,7 @@ fn swap(new: &CertFiles, live: &CertFiles) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_swapped_certificate_reaches_new_connections_and_open_streams_keep_flowing() {
+    let _trust = common::tls::exclusive_trust().await;
     let dir = tempfile::tempdir().unwrap();
     let old_ca = TestCa::new(dir.path(), "old");
     let new_ca = TestCa::new(dir.path(), "new");
@@ -297,6 +300,7 @@ async fn a_swapped_certificate_reaches_new_connections_and_open_streams_keep_flo
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_listen_has_its_own_certificate() {
+    let _trust = common::tls::exclusive_trust().await;
     let dir = tempfile::tempdir().unwrap();
     let ops = TestCa::new(dir.path(), "ops");
     let cert = ops.server("ops");
@@ -365,6 +369,7 @@ fn ca_key(key: &str, path: &Path) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_https_upstream_serves_inline_promoted_cancelled_and_input_calls_over_h2() {
+    let _trust = common::tls::exclusive_trust().await;
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::new(dir.path(), "up");
     let (demo, port) = demo_https(&ca.server("demo"), None).await;
@@ -424,6 +429,7 @@ async fn an_https_upstream_serves_inline_promoted_cancelled_and_input_calls_over
 /// never sent (503 + Retry-After), and the reason is in the log and the metrics.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_untrusted_or_expired_upstream_certificate_is_never_sent_to() {
+    let _trust = common::tls::exclusive_trust().await;
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::new(dir.path(), "up");
     let other = TestCa::new(dir.path(), "other");
@@ -474,6 +480,7 @@ async fn an_untrusted_or_expired_upstream_certificate_is_never_sent_to() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_tls_to_an_upstream_that_requires_it() {
+    let _trust = common::tls::exclusive_trust().await;
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::new(dir.path(), "up");
     let clients = TestCa::new(dir.path(), "gwclients");
@@ -528,6 +535,7 @@ async fn mutual_tls_to_an_upstream_that_requires_it() {
 #[cfg(feature = "external-tests")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fastmcp_under_uvicorn_over_https() {
+    let _trust = common::tls::exclusive_trust().await;
     let python = peers().join("venv-mcp130/bin/python");
     assert!(
         python.exists(),

@@ -19,6 +19,14 @@ use super::Resp;
 /// nextest, so one setting per test).
 static TRUST: std::sync::Mutex<Option<rustls::ClientConfig>> = std::sync::Mutex::new(None);
 
+/// Held for its whole run by a test that calls [`trust`]: the setting is process-wide,
+/// and where nextest runs one test per process, plain `cargo test` runs a file's tests
+/// as threads of one process.
+pub async fn exclusive_trust() -> tokio::sync::MutexGuard<'static, ()> {
+    static ONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    ONE.lock().await
+}
+
 /// Trust `config` (its roots and client identity) for `https://` requests from now on.
 pub fn trust(config: rustls::ClientConfig) {
     *TRUST.lock().unwrap() = Some(config);
