@@ -385,7 +385,21 @@ async fn poll_flood_on_one_task_is_answered_by_the_limiter_and_touches_nothing()
     let first = get_with_id(&c, &t, json!("first")).await;
     assert_eq!(first.status, 200, "{}", text(&first));
     let before = first.json()["result"].clone();
-    let calls_before = demo_stats(&c).await["calls"].as_u64().unwrap();
+    // The task id goes out before its call reaches the upstream: wait until the demo
+    // has counted it. Each `stats` call counts itself too, so the k-th one reads k + 1
+    // once the sleep call has arrived.
+    let mut calls_before = 0;
+    for k in 1..=200u64 {
+        calls_before = demo_stats(&c).await["calls"].as_u64().unwrap();
+        if calls_before == k + 1 {
+            break;
+        }
+        assert!(
+            calls_before <= k,
+            "unexpected upstream calls: {calls_before}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     let mut ok = 0;
     let mut throttled = 0;
