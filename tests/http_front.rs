@@ -853,3 +853,30 @@ async fn slowloris_and_slow_bodies_at_the_cap_starve_no_one() {
     let r = c.call_tool("echo", json!({"text": "after"})).await;
     assert_eq!(r.status, 200, "{}", body_text(&r));
 }
+
+/// docs/design.md §22 "Clients of the 2025 era": the 2025-11-25 `task` augmentation on
+/// a 2026 call never reaches the upstream (which could start a task of its own that
+/// nothing tracks); the call is the gateway's, answered inline here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_param_is_stripped_before_upstream() {
+    let s = DemoSetup::start_traced(Transport::Stdio, "", "", "").await;
+    s.gw.wait_ready().await;
+    let c = s.client();
+    let r = c
+        .request(
+            "tools/call",
+            json!({"name": "echo", "arguments": {"text": "x"}, "task": {"ttl": 1000}}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", body_text(&r));
+    assert_eq!(first_text(&r.json()["result"]), "x");
+    let log = s.stdin_log.as_deref().unwrap();
+    let calls: Vec<_> = traced_messages(log)
+        .into_iter()
+        .filter(|m| m["method"] == "tools/call")
+        .collect();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    let sent = &calls[0]["params"];
+    assert!(sent.get("task").is_none(), "{sent}");
+    assert_eq!(sent["arguments"], json!({"text": "x"}), "{sent}");
+}

@@ -136,11 +136,12 @@ fn case() -> impl Strategy<Value = Case> {
         proptest::option::of(object()),
         any::<bool>(),
         any::<bool>(),
+        any::<bool>(),
         any::<prop::sample::Index>(),
         vec(any::<prop::sample::Index>(), 0..6),
     )
         .prop_map(
-            |(m, args, unknown, client_info, answers, state, cursor, meta_at, swaps)| {
+            |(m, args, unknown, client_info, answers, state, task, cursor, meta_at, swaps)| {
                 let method = FORWARDED[m];
                 let mut entries: Vec<(String, String, String)> = Vec::new();
                 let mut put = |k: &str, t: &Tree| {
@@ -160,6 +161,10 @@ fn case() -> impl Strategy<Value = Case> {
                 }
                 if state {
                     put("requestState", &Tree::Str("state-1".into()));
+                }
+                if task {
+                    // The 2025-11-25 augmentation, which never reaches the upstream.
+                    put("task", &Tree::Obj(vec![Tree::Num(0)]));
                 }
                 if cursor && method == Method::ToolsList {
                     put("cursor", &Tree::Str("c".into()));
@@ -201,10 +206,10 @@ fn object_text(entries: &[(String, String, String)], parsed: bool) -> String {
 
 /// What the upstream has always been sent: the body's params after `Map::remove` (a
 /// swap with the last key under `preserve_order`) of `_meta`, then `inputResponses`,
-/// then `requestState`.
+/// then `requestState`, then `task`.
 fn upstream_entries(c: &Case) -> Vec<(String, String, String)> {
     let mut e = c.entries.clone();
-    for k in ["_meta", "inputResponses", "requestState"] {
+    for k in ["_meta", "inputResponses", "requestState", "task"] {
         if let Some(i) = e.iter().position(|(key, _, _)| key == k) {
             e.swap_remove(i);
         }
@@ -270,13 +275,14 @@ fn check(c: &Case) {
     assert_eq!(client_info, c.client_info.text(true));
 
     // The requestState binding is what it was before the params were typed: a
-    // fingerprint of the body's params without `_meta` and the MRTR fields.
+    // fingerprint of the body's params without `_meta`, the MRTR fields and `task`.
     let body_params: Map<String, Value> =
         serde_json::from_str(&object_text(&c.entries, false)).unwrap();
     let mut old = body_params.clone();
     old.remove("_meta");
     old.remove("inputResponses");
     old.remove("requestState");
+    old.remove("task");
     assert_eq!(
         params_fingerprint(c.method, &fwd.upstream),
         fingerprint(&serde_json::json!({"method": m, "params": Value::Object(old)}))

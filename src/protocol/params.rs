@@ -144,12 +144,15 @@ pub struct Forward {
 }
 
 impl Forward {
-    /// Split the MRTR fields off `params` (already without `_meta`).
+    /// Split the MRTR fields off `params` (already without `_meta`), and drop the
+    /// 2025-11-25 task augmentation (`task`): a task here is the gateway's to create
+    /// (docs/design.md §22 "Clients of the 2025 era"), and an upstream that honoured
+    /// the field would run a task of its own that nothing tracks or isolates.
     ///
     /// `Map::remove` under `preserve_order` swaps the last key into the removed key's
-    /// slot, so the upstream's key order is the one these two removals leave, in this
-    /// order, after the wire's removal of `_meta`: the order the upstream has always
-    /// been sent (a property test holds it to the body's bytes).
+    /// slot, so the upstream's key order is the one these three removals leave, in
+    /// this order, after the wire's removal of `_meta`: the order the upstream has
+    /// always been sent (a property test holds it to the body's bytes).
     pub fn parse(mut params: Map<String, Value>) -> Self {
         let input_responses = match params.remove("inputResponses") {
             None => Field::Absent,
@@ -161,6 +164,7 @@ impl Forward {
             Some(Value::String(s)) => Field::Valid(s),
             Some(_) => Field::Invalid,
         };
+        params.remove("task");
         Self {
             upstream: UpstreamParams(params),
             mrtr: Mrtr {
@@ -374,11 +378,12 @@ mod tests {
     #[test]
     fn forward_splits_the_mrtr_fields_off_in_the_old_order() {
         let params: Map<String, Value> = serde_json::from_str(
-            r#"{"requestState":"s","a":1,"inputResponses":{"k":{}},"b":2,"c":3}"#,
+            r#"{"requestState":"s","a":1,"task":{"ttl":5},"inputResponses":{"k":{}},"b":2,"c":3}"#,
         )
         .unwrap_or_default();
         let f = Forward::parse(params);
-        // − inputResponses: c takes its slot; − requestState: b takes its slot.
+        // − inputResponses: c takes its slot; − requestState: b takes its slot;
+        // − task: c takes its slot again.
         assert_eq!(
             serde_json::to_string(f.upstream.as_map()).ok().as_deref(),
             Some(r#"{"b":2,"a":1,"c":3}"#)
