@@ -272,6 +272,7 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
     taskgate::metrics::install();
     let limits = taskgate::limits::Limits::from_config(&cfg);
     seed_task_gauge(store.clone());
+    seed_session_gauge(store.clone());
     if cluster.is_some() {
         recount_task_gauge(store.clone(), cfg.store.sweep_interval);
     }
@@ -493,7 +494,20 @@ fn seed_task_gauge(store: Arc<dyn TaskStore>) {
     });
 }
 
-/// On a store shared by replicas, count `taskgate_tasks` afresh every ten sweep
+/// Seed `taskgate_legacy_sessions_open` from the sessions the store holds (bounded by
+/// principals × the per-principal cap: one quick pass, off the start-up path all the
+/// same).
+fn seed_session_gauge(store: Arc<dyn TaskStore>) {
+    tokio::spawn(async move {
+        match store.count_sessions().await {
+            Ok(n) => taskgate::metrics::legacy_sessions_open(n as f64),
+            Err(e) => tracing::warn!(error = %e, "counting the stored legacy sessions failed"),
+        }
+    });
+}
+
+/// On a store shared by replicas, count `taskgate_tasks` (and
+/// `taskgate_legacy_sessions_open`) afresh every ten sweep
 /// intervals: the transitions other replicas make never reach this one's gauge, so
 /// moving it by its own transitions alone lets the replicas' gauges drift apart.
 /// The count is one `GROUP BY` query; a transition racing it is corrected by the next.
@@ -511,6 +525,12 @@ fn recount_task_gauge(store: Arc<dyn TaskStore>, sweep_interval: std::time::Dura
                     taskgate::metrics::task_gauge_recounted(&counts);
                 }
                 Err(e) => tracing::warn!(error = %e, "recounting the stored tasks failed"),
+            }
+            match store.count_sessions().await {
+                Ok(n) => taskgate::metrics::legacy_sessions_recounted(n),
+                Err(e) => {
+                    tracing::warn!(error = %e, "recounting the stored legacy sessions failed")
+                }
             }
         }
     });

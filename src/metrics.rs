@@ -41,6 +41,9 @@ pub const FAIL_CLOSED: [&str; 5] = [
     "orphan_resolved",
 ];
 
+/// The events of `taskgate_legacy_sessions_total`.
+const LEGACY_SESSION_EVENTS: [&str; 5] = ["created", "expired", "evicted", "deleted", "refused"];
+
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 ];
@@ -145,7 +148,19 @@ fn describe() {
         "taskgate_fail_closed_total",
         "error branches that refused or kept state for recovery, by decision (docs/design.md §16)"
     );
+    describe_gauge!(
+        "taskgate_legacy_sessions_open",
+        "2025-era client sessions in the store (seeded from the store at start-up)"
+    );
+    describe_counter!(
+        "taskgate_legacy_sessions_total",
+        "2025-era client sessions by event (created, expired, evicted, deleted, refused)"
+    );
     describe_tls();
+    for event in LEGACY_SESSION_EVENTS {
+        counter!("taskgate_legacy_sessions_total", "event" => event).increment(0);
+    }
+    legacy_sessions_open(0.0);
     // Present from the start, so an alert on its increase sees the first one.
     for decision in FAIL_CLOSED {
         counter!("taskgate_fail_closed_total", "decision" => decision).increment(0);
@@ -289,6 +304,23 @@ pub fn tls_certificate_reload(listener: &'static str, outcome: &'static str) {
 
 pub fn throttled(reason: &'static str) {
     counter!("taskgate_throttled_total", "reason" => reason).increment(1);
+}
+
+/// A 2025-era client session was created, closed (expired, evicted, deleted) or
+/// refused at its principal's cap.
+pub fn legacy_session(event: &'static str) {
+    counter!("taskgate_legacy_sessions_total", "event" => event).increment(1);
+}
+
+/// Move `taskgate_legacy_sessions_open` by `delta` (also its seed from the store).
+pub fn legacy_sessions_open(delta: f64) {
+    gauge!("taskgate_legacy_sessions_open").increment(delta);
+}
+
+/// Set `taskgate_legacy_sessions_open` to a fresh count of the store (a shared store,
+/// where other replicas' sessions never move this replica's gauge).
+pub fn legacy_sessions_recounted(n: u64) {
+    gauge!("taskgate_legacy_sessions_open").set(n as f64);
 }
 
 pub fn queued(upstream: &str) {

@@ -88,6 +88,17 @@ async fn metrics_move_with_traffic() {
     let url = s.gw.url("/metrics");
     let separate = format!("http://127.0.0.1:{port}/metrics");
     let before = scrape(&url).await;
+    // The 2025-era session series are there from the start (the gauge seeded from the
+    // store, every event at 0).
+    assert_eq!(
+        before.get("taskgate_legacy_sessions_open"),
+        Some(&0.0),
+        "{before:?}"
+    );
+    for event in ["created", "expired", "evicted", "deleted", "refused"] {
+        let series = format!("taskgate_legacy_sessions_total{{event=\"{event}\"}}");
+        assert_eq!(before.get(&series), Some(&0.0), "{series}");
+    }
 
     let plain = s.client();
     let tasks = s.client().with_caps(json!({"extensions": {TASKS: {}}}));

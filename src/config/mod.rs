@@ -11,6 +11,7 @@
 mod auth;
 mod edge;
 mod error;
+mod legacy;
 mod log_format;
 mod millis;
 mod server;
@@ -29,6 +30,7 @@ use serde::Deserialize;
 pub use auth::{AuthConfig, AuthMode, SHIPPED_DEV_SECRET};
 pub use edge::{EdgeConfig, ReplicaUrl};
 pub use error::ConfigError;
+pub use legacy::LegacyConfig;
 pub use log_format::LogFormat;
 pub use millis::as_millis;
 pub use server::ServerConfig;
@@ -73,6 +75,9 @@ pub struct Config {
     pub tasks: TasksConfig,
     #[serde(default)]
     pub limits: LimitsConfig,
+    /// `[legacy]`: bounds on 2025-era client sessions (§22).
+    #[serde(default)]
+    pub legacy: LegacyConfig,
     #[serde(default, rename = "upstream")]
     pub upstreams: Vec<UpstreamConfig>,
     /// `[edge]`: read by `taskgate edge` only ([`EdgeConfig::from_source`]); a replica
@@ -159,6 +164,7 @@ impl Config {
         self.store.validate()?;
         self.auth.validate(listen)?;
         self.tasks.validate()?;
+        self.legacy.validate()?;
         upstream::validate_upstreams(&self.upstreams)
     }
 }

@@ -335,3 +335,40 @@ fn upstream_transport_is_built_at_load() {
             .contains("upstream[0].url")
     );
 }
+
+#[test]
+fn legacy_table_defaults_and_bounds() {
+    let c = Config::parse(MIN).unwrap();
+    assert_eq!(c.legacy.max_sessions_per_principal, 100);
+    assert_eq!(c.legacy.session_idle, Duration::from_millis(1_800_000));
+    let with = |body: &str| Config::parse(&format!("[legacy]\n{body}{MIN}"));
+    let c = with("max_sessions_per_principal = 1\nsession_idle_ms = 1000\n").unwrap();
+    assert_eq!(c.legacy.max_sessions_per_principal, 1);
+    assert_eq!(c.legacy.session_idle, Duration::from_millis(1000));
+    let err = with("max_sessions_per_principal = 0\n")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("legacy.max_sessions_per_principal"), "{err}");
+    let err = with("session_idle_ms = 999\n").unwrap_err().to_string();
+    assert!(err.contains("legacy.session_idle_ms"), "{err}");
+    let err = with("idle_ms = 5000\n").unwrap_err().to_string();
+    assert!(err.contains("idle_ms"), "{err}");
+}
+
+#[test]
+fn session_isolation_is_refused_until_built() {
+    let text = MIN.replace(
+        "name = \"demo\"",
+        "name = \"demo\"\nisolation = \"session\"",
+    );
+    let err = Config::parse(&text).unwrap_err().to_string();
+    assert!(
+        err.contains("upstream[0].isolation") && err.contains("not built yet"),
+        "{err}"
+    );
+    let tenant = MIN.replace("name = \"demo\"", "name = \"demo\"\nisolation = \"tenant\"");
+    assert_eq!(
+        Config::parse(&tenant).unwrap().upstreams[0].isolation,
+        Isolation::Tenant
+    );
+}

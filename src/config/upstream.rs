@@ -22,6 +22,9 @@ pub enum Isolation {
     Shared,
     Tenant,
     Principal,
+    /// One upstream session or child per 2025-era client session (§22). Read so the
+    /// key is known, but refused at load until it is built.
+    Session,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -307,6 +310,12 @@ impl UpstreamConfig {
             return Err(invalid(
                 key("client_cert"),
                 "client_cert and client_key go together",
+            ));
+        }
+        if self.isolation == Isolation::Session {
+            return Err(invalid(
+                key("isolation"),
+                "\"session\" is not built yet; use \"shared\", \"tenant\" or \"principal\"",
             ));
         }
         if self.max_concurrency == 0 {

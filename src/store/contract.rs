@@ -14,8 +14,8 @@ use super::memory::MemoryStore;
 #[cfg(feature = "external-tests")]
 use super::postgres::{PgStore, testing as pg};
 use super::sled::SledStore;
-use super::test_records::{route, task};
-use super::{Created, Owned, TaskStatus, TaskStore, now_ms, probe};
+use super::test_records::{route, session, task};
+use super::{Created, Owned, OwnedSession, SessionCreated, TaskStatus, TaskStore, now_ms, probe};
 use crate::config::StoreConfig;
 use crate::protocol::UpstreamInfo;
 
@@ -459,6 +459,268 @@ pub(crate) async fn upstream_identity_and_secrets(mut h: Harness) {
     }
 }
 
+// The `sessions` group: 2025-era client sessions (docs/design.md §22 "Clients of the
+// 2025 era").
+
+/// `at_cap`'s sessions as sorted ids.
+fn held_ids(created: SessionCreated) -> Vec<String> {
+    match created {
+        SessionCreated::AtCap(held) => {
+            let mut ids: Vec<String> = held.into_iter().map(|(id, _)| id).collect();
+            ids.sort();
+            ids
+        }
+        SessionCreated::New => panic!("expected AtCap, got New"),
+    }
+}
+
+pub(crate) async fn sessions_create_and_read_back(mut h: Harness) {
+    let s = h.store();
+    let rec = session("mcs_a", "acme", "alice", 1_000);
+    assert_eq!(
+        s.create_session(&rec, 5).await.unwrap(),
+        SessionCreated::New
+    );
+    let owned = s.session_owned("mcs_a", "acme", "alice").await.unwrap();
+    assert_eq!(owned, OwnedSession::Record(Box::new(rec.clone())));
+    // Byte-exact: the client's JSON reads back as the same text.
+    let OwnedSession::Record(back) = owned else {
+        unreachable!()
+    };
+    assert_eq!(
+        serde_json::to_string(&back.client_info).unwrap(),
+        r#"{"version":"1.0","name":"c","n":1.50,"z":-0}"#
+    );
+    assert_eq!(s.count_sessions().await.unwrap(), 1);
+    // The same id twice is refused, and the first session is untouched.
+    let mut again = session("mcs_a", "acme", "bob", 2_000);
+    again.upstream = "other".into();
+    assert!(s.create_session(&again, 5).await.is_err());
+    assert_eq!(
+        s.session_owned("mcs_a", "acme", "alice").await.unwrap(),
+        OwnedSession::Record(Box::new(rec.clone()))
+    );
+    assert_eq!(s.count_sessions().await.unwrap(), 1);
+    // Not flushed on its own, but a flush covers it like any write.
+    s.flush().await.unwrap();
+    drop(s);
+    if h.restart() {
+        let s = h.store();
+        assert_eq!(
+            s.session_owned("mcs_a", "acme", "alice").await.unwrap(),
+            OwnedSession::Record(Box::new(rec)),
+            "a session survives a restart"
+        );
+        assert_eq!(s.count_sessions().await.unwrap(), 1);
+    }
+}
+
+pub(crate) async fn sessions_are_capped_per_principal(h: Harness) {
+    let s = h.store();
+    for (id, seen) in [("mcs_1", 30), ("mcs_2", 10)] {
+        let rec = session(id, "acme", "alice", seen);
+        assert_eq!(
+            s.create_session(&rec, 2).await.unwrap(),
+            SessionCreated::New
+        );
+    }
+    // At the cap nothing is written, and the principal's sessions come back with
+    // their last-seen times.
+    let third = session("mcs_3", "acme", "alice", 40);
+    match s.create_session(&third, 2).await.unwrap() {
+        SessionCreated::AtCap(mut held) => {
+            held.sort();
+            assert_eq!(held, [("mcs_1".to_string(), 30), ("mcs_2".to_string(), 10)]);
+        }
+        SessionCreated::New => panic!("the cap was passed"),
+    }
+    assert_eq!(
+        s.session_owned("mcs_3", "acme", "alice").await.unwrap(),
+        OwnedSession::Unknown
+    );
+    // Other principals (same tenant, same subject elsewhere) have caps of their own.
+    for (id, tenant, subject) in [("mcs_b", "acme", "bob"), ("mcs_g", "globex", "alice")] {
+        let rec = session(id, tenant, subject, 5);
+        assert_eq!(
+            s.create_session(&rec, 2).await.unwrap(),
+            SessionCreated::New
+        );
+    }
+    // Room again once one is deleted.
+    assert!(s.delete_session("mcs_2").await.unwrap());
+    assert_eq!(
+        s.create_session(&third, 2).await.unwrap(),
+        SessionCreated::New
+    );
+    assert_eq!(
+        held_ids(
+            s.create_session(&session("mcs_4", "acme", "alice", 1), 2)
+                .await
+                .unwrap()
+        ),
+        ["mcs_1", "mcs_3"]
+    );
+    assert_eq!(s.count_sessions().await.unwrap(), 4);
+}
+
+pub(crate) async fn concurrent_session_creations_keep_the_cap(h: Harness) {
+    let s = h.store();
+    let creators: Vec<_> = (0..8)
+        .map(|i| {
+            let s = s.clone();
+            tokio::spawn(async move {
+                let rec = session(&format!("mcs_c{i}"), "acme", "alice", i);
+                s.create_session(&rec, 3).await.unwrap()
+            })
+        })
+        .collect();
+    let mut new = 0;
+    for c in creators {
+        if c.await.unwrap() == SessionCreated::New {
+            new += 1;
+        }
+    }
+    assert_eq!(new, 3, "exactly the cap was created");
+    assert_eq!(s.count_sessions().await.unwrap(), 3);
+}
+
+pub(crate) async fn foreign_sessions_read_like_unknown_ones(h: Harness) {
+    let s = h.store();
+    s.create_session(&session("mcs_mine", "acme", "alice", 1), 5)
+        .await
+        .unwrap();
+    for (tenant, subject) in [("acme", "bob"), ("globex", "alice"), ("acme\0alice", "")] {
+        for id in ["mcs_mine", "mcs_never"] {
+            assert_eq!(
+                s.session_owned(id, tenant, subject).await.unwrap(),
+                OwnedSession::Unknown,
+                "{id} as {tenant:?}/{subject:?}"
+            );
+        }
+    }
+    // Counted, not timed: another principal's session and an id never issued make
+    // the same reads and decode nothing.
+    let mut costs = Vec::new();
+    for id in ["mcs_never", "mcs_mine"] {
+        let before = probe::counts();
+        s.session_owned(id, "acme", "bob").await.unwrap();
+        let after = probe::counts();
+        costs.push((after.reads - before.reads, after.decodes - before.decodes));
+    }
+    assert_eq!(costs[0].1, 0, "{costs:?}");
+    assert_eq!(costs[0], costs[1], "{costs:?}");
+}
+
+pub(crate) async fn session_updates_compare_and_swap(h: Harness) {
+    let s = h.store();
+    let rec = session("mcs_u", "acme", "alice", 1);
+    s.create_session(&rec, 5).await.unwrap();
+    let unchanged = s
+        .update_session("mcs_u", &mut |r| {
+            r.log_level = Some("debug".into());
+            false
+        })
+        .await
+        .unwrap();
+    assert_eq!(unchanged, Some(rec.clone()));
+    // The id and the owner stay whatever the step does.
+    let moved = s
+        .update_session("mcs_u", &mut |r| {
+            r.session_id = "mcs_other".into();
+            r.tenant = "globex".into();
+            r.subject = "mallory".into();
+            r.last_seen_at_ms = 50;
+            true
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (
+            moved.session_id.as_str(),
+            moved.tenant.as_str(),
+            moved.subject.as_str()
+        ),
+        ("mcs_u", "acme", "alice")
+    );
+    assert_eq!(moved.last_seen_at_ms, 50);
+    // Concurrent read-modify-writes lose nothing.
+    let writers: Vec<_> = (0..16)
+        .map(|i| {
+            let s = s.clone();
+            tokio::spawn(async move {
+                let uri = format!("demo://{i}");
+                s.update_session("mcs_u", &mut |r| {
+                    r.subscriptions.push(uri.clone());
+                    true
+                })
+                .await
+                .unwrap()
+            })
+        })
+        .collect();
+    for w in writers {
+        w.await.unwrap();
+    }
+    let OwnedSession::Record(now) = s.session_owned("mcs_u", "acme", "alice").await.unwrap() else {
+        panic!("session gone")
+    };
+    assert_eq!(now.subscriptions.len(), 16);
+    assert_eq!(now.last_seen_at_ms, 50);
+    assert_eq!(
+        s.update_session("mcs_none", &mut |_| true).await.unwrap(),
+        None
+    );
+}
+
+pub(crate) async fn sessions_are_deleted_and_expire_idle(h: Harness) {
+    let s = h.store();
+    for (id, seen) in [
+        ("mcs_old", 100),
+        ("mcs_mid", 200),
+        ("mcs_new", 300),
+        ("mcs_x", 150),
+    ] {
+        s.create_session(&session(id, "acme", "alice", seen), 10)
+            .await
+            .unwrap();
+    }
+    // Least recently seen first, strictly before the time, at most `limit`.
+    assert_eq!(
+        s.idle_sessions(300, 10).await.unwrap(),
+        ["mcs_old", "mcs_x", "mcs_mid"]
+    );
+    assert_eq!(s.idle_sessions(300, 2).await.unwrap(), ["mcs_old", "mcs_x"]);
+    assert!(s.idle_sessions(100, 10).await.unwrap().is_empty());
+    // Expiry re-checks the record: one seen since it was listed stays.
+    s.update_session("mcs_old", &mut |r| {
+        r.last_seen_at_ms = 400;
+        true
+    })
+    .await
+    .unwrap();
+    assert!(!s.expire_session("mcs_old", 300).await.unwrap());
+    assert!(s.expire_session("mcs_mid", 300).await.unwrap());
+    assert!(!s.expire_session("mcs_mid", 300).await.unwrap(), "gone");
+    assert!(s.delete_session("mcs_new").await.unwrap());
+    assert!(!s.delete_session("mcs_new").await.unwrap());
+    assert!(!s.delete_session("mcs_never").await.unwrap());
+    assert_eq!(
+        s.session_owned("mcs_new", "acme", "alice").await.unwrap(),
+        OwnedSession::Unknown
+    );
+    assert_eq!(s.count_sessions().await.unwrap(), 2);
+    assert_eq!(
+        s.idle_sessions(1_000, 10).await.unwrap(),
+        ["mcs_x", "mcs_old"]
+    );
+    // Deleted sessions no longer count toward the cap.
+    let r = s
+        .create_session(&session("mcs_y", "acme", "alice", 1), 3)
+        .await;
+    assert_eq!(r.unwrap(), SessionCreated::New);
+}
+
 /// Every case of the contract, as tests of one backend: `contract_suite!(name,
 /// factory)` with `factory: fn() -> Harness`.
 macro_rules! contract_suite {
@@ -501,6 +763,34 @@ macro_rules! contract_suite {
             #[tokio::test]
             async fn upstream_identity_and_secrets() {
                 super::upstream_identity_and_secrets($factory()).await
+            }
+            mod sessions {
+                use super::super::*;
+
+                #[tokio::test]
+                async fn create_and_read_back() {
+                    sessions_create_and_read_back($factory()).await
+                }
+                #[tokio::test]
+                async fn capped_per_principal() {
+                    sessions_are_capped_per_principal($factory()).await
+                }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn concurrent_creations_keep_the_cap() {
+                    concurrent_session_creations_keep_the_cap($factory()).await
+                }
+                #[tokio::test]
+                async fn foreign_reads_like_unknown() {
+                    foreign_sessions_read_like_unknown_ones($factory()).await
+                }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn updates_compare_and_swap() {
+                    session_updates_compare_and_swap($factory()).await
+                }
+                #[tokio::test]
+                async fn deleted_and_expired_idle() {
+                    sessions_are_deleted_and_expire_idle($factory()).await
+                }
             }
         }
     };

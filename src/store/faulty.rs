@@ -9,8 +9,8 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::{
-    Created, Expired, IdempotencyEntry, Owned, RequestRoute, StoreError, TaskRecord, TaskStatus,
-    TaskStore, Tombstone, Update,
+    Created, Expired, IdempotencyEntry, Owned, OwnedSession, RequestRoute, SessionCreated,
+    SessionRecord, SessionUpdate, StoreError, TaskRecord, TaskStatus, TaskStore, Tombstone, Update,
 };
 use crate::protocol::UpstreamInfo;
 use futures_util::future::BoxFuture;
@@ -237,5 +237,81 @@ impl TaskStore for FaultyStore {
 
     fn healthy(&self) -> bool {
         self.inner.healthy()
+    }
+
+    fn create_session<'a>(
+        &'a self,
+        session: &'a SessionRecord,
+        cap: usize,
+    ) -> BoxFuture<'a, Result<SessionCreated, StoreError>> {
+        pass!(
+            self,
+            "create_session",
+            self.inner.create_session(session, cap)
+        )
+    }
+
+    fn session_owned<'a>(
+        &'a self,
+        session_id: &'a str,
+        tenant: &'a str,
+        subject: &'a str,
+    ) -> BoxFuture<'a, Result<OwnedSession, StoreError>> {
+        pass!(
+            self,
+            "session_owned",
+            self.inner.session_owned(session_id, tenant, subject)
+        )
+    }
+
+    fn update_session<'a>(
+        &'a self,
+        session_id: &'a str,
+        f: SessionUpdate<'a>,
+    ) -> BoxFuture<'a, Result<Option<SessionRecord>, StoreError>> {
+        pass!(
+            self,
+            "update_session",
+            self.inner.update_session(session_id, f)
+        )
+    }
+
+    fn delete_session<'a>(
+        &'a self,
+        session_id: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        pass!(
+            self,
+            "delete_session",
+            self.inner.delete_session(session_id)
+        )
+    }
+
+    fn expire_session<'a>(
+        &'a self,
+        session_id: &'a str,
+        last_seen_before_ms: u64,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        pass!(
+            self,
+            "expire_session",
+            self.inner.expire_session(session_id, last_seen_before_ms)
+        )
+    }
+
+    fn idle_sessions(
+        &self,
+        before_ms: u64,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<String>, StoreError>> {
+        pass!(
+            self,
+            "idle_sessions",
+            self.inner.idle_sessions(before_ms, limit)
+        )
+    }
+
+    fn count_sessions(&self) -> BoxFuture<'_, Result<u64, StoreError>> {
+        pass!(self, "count_sessions", self.inner.count_sessions())
     }
 }

@@ -10,8 +10,9 @@ use parking_lot::{Mutex, MutexGuard};
 use rand::RngCore;
 
 use super::{
-    Corruption, Created, Expired, IdempotencyEntry, Owned, RequestRoute, SCHEMA_VERSION,
-    StoreError, StoredIdentity, TaskRecord, TaskStatus, TaskStore, Tombstone, Update,
+    Corruption, Created, Expired, IdempotencyEntry, Owned, OwnedSession, RequestRoute,
+    SCHEMA_VERSION, SessionCreated, SessionRecord, SessionUpdate, StoreError, StoredIdentity,
+    TaskRecord, TaskStatus, TaskStore, Tombstone, Update,
 };
 use crate::protocol::UpstreamInfo;
 use futures_util::future::BoxFuture;
@@ -31,6 +32,9 @@ struct State {
     secrets: HashMap<String, [u8; 32]>,
     /// Non-terminal tasks per tenant.
     live: HashMap<String, u64>,
+    /// 2025-era client sessions by id, and each principal's session ids.
+    sessions: HashMap<String, SessionRecord>,
+    session_owners: HashMap<(String, String), BTreeSet<String>>,
 }
 
 impl State {
@@ -190,6 +194,80 @@ impl MemoryStore {
             s.tombstones.remove(&t.task_id);
         }
         due.len()
+    }
+
+    fn create_session_now(
+        &self,
+        session: &SessionRecord,
+        cap: usize,
+    ) -> Result<SessionCreated, StoreError> {
+        let mut s = self.state();
+        if s.sessions.contains_key(&session.session_id) {
+            return Err(StoreError::Corrupt(
+                format!(
+                    "sessions/{}: a session with this id already exists",
+                    session.session_id
+                )
+                .into(),
+            ));
+        }
+        let owner = (session.tenant.clone(), session.subject.clone());
+        if let Some(ids) = s.session_owners.get(&owner)
+            && ids.len() >= cap
+        {
+            let held = ids
+                .iter()
+                .filter_map(|id| s.sessions.get(id))
+                .map(|r| (r.session_id.clone(), r.last_seen_at_ms))
+                .collect();
+            return Ok(SessionCreated::AtCap(held));
+        }
+        let mut rec = session.clone();
+        rec.v = SCHEMA_VERSION;
+        s.session_owners
+            .entry(owner)
+            .or_default()
+            .insert(rec.session_id.clone());
+        s.sessions.insert(rec.session_id.clone(), rec);
+        Ok(SessionCreated::New)
+    }
+
+    fn update_session_now(
+        &self,
+        session_id: &str,
+        f: &mut dyn FnMut(&mut SessionRecord) -> bool,
+    ) -> Option<SessionRecord> {
+        let mut s = self.state();
+        let old = s.sessions.get(session_id)?.clone();
+        let mut rec = old.clone();
+        if !f(&mut rec) {
+            return Some(old);
+        }
+        rec.v = SCHEMA_VERSION;
+        rec.session_id = old.session_id;
+        rec.tenant = old.tenant;
+        rec.subject = old.subject;
+        s.sessions.insert(session_id.to_string(), rec.clone());
+        Some(rec)
+    }
+
+    /// Delete `session_id` if `due` says so of its record.
+    fn delete_session_now(&self, session_id: &str, due: impl Fn(&SessionRecord) -> bool) -> bool {
+        let mut s = self.state();
+        if !s.sessions.get(session_id).is_some_and(due) {
+            return false;
+        }
+        let Some(rec) = s.sessions.remove(session_id) else {
+            return false;
+        };
+        let owner = (rec.tenant, rec.subject);
+        if let Some(ids) = s.session_owners.get_mut(&owner) {
+            ids.remove(session_id);
+            if ids.is_empty() {
+                s.session_owners.remove(&owner);
+            }
+        }
+        true
     }
 
     fn put_identity_now(&self, name: &str, identity: &UpstreamInfo) -> Result<bool, StoreError> {
@@ -385,5 +463,72 @@ impl TaskStore for MemoryStore {
 
     fn healthy(&self) -> bool {
         true
+    }
+
+    fn create_session<'a>(
+        &'a self,
+        session: &'a SessionRecord,
+        cap: usize,
+    ) -> BoxFuture<'a, Result<SessionCreated, StoreError>> {
+        ready(self.create_session_now(session, cap))
+    }
+
+    fn session_owned<'a>(
+        &'a self,
+        session_id: &'a str,
+        tenant: &'a str,
+        subject: &'a str,
+    ) -> BoxFuture<'a, Result<OwnedSession, StoreError>> {
+        let found = match self.state().sessions.get(session_id) {
+            Some(rec) if rec.tenant == tenant && rec.subject == subject => {
+                OwnedSession::Record(Box::new(rec.clone()))
+            }
+            _ => OwnedSession::Unknown,
+        };
+        ready(Ok(found))
+    }
+
+    fn update_session<'a>(
+        &'a self,
+        session_id: &'a str,
+        f: SessionUpdate<'a>,
+    ) -> BoxFuture<'a, Result<Option<SessionRecord>, StoreError>> {
+        ready(Ok(self.update_session_now(session_id, f)))
+    }
+
+    fn delete_session<'a>(
+        &'a self,
+        session_id: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        ready(Ok(self.delete_session_now(session_id, |_| true)))
+    }
+
+    fn expire_session<'a>(
+        &'a self,
+        session_id: &'a str,
+        last_seen_before_ms: u64,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let gone = self.delete_session_now(session_id, |r| r.last_seen_at_ms < last_seen_before_ms);
+        ready(Ok(gone))
+    }
+
+    fn idle_sessions(
+        &self,
+        before_ms: u64,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<String>, StoreError>> {
+        let mut idle: Vec<(u64, String)> = self
+            .state()
+            .sessions
+            .values()
+            .filter(|r| r.last_seen_at_ms < before_ms)
+            .map(|r| (r.last_seen_at_ms, r.session_id.clone()))
+            .collect();
+        idle.sort();
+        ready(Ok(idle.into_iter().take(limit).map(|(_, id)| id).collect()))
+    }
+
+    fn count_sessions(&self) -> BoxFuture<'_, Result<u64, StoreError>> {
+        ready(Ok(self.state().sessions.len() as u64))
     }
 }

@@ -5,7 +5,8 @@
 //! idempotency index, an expiry index, owner-only tombstones, read marks
 //! (whether the owner received a task's terminal snapshot) and the last known identity
 //! of each upstream (what the task plane shows while that upstream is not ready:
-//! README "Task plane and upstream plane"). The engine talks to the
+//! README "Task plane and upstream plane"), and the 2025-era client sessions
+//! (docs/design.md §22). The engine talks to the
 //! [`TaskStore`] trait (async, so a backend may sit across a network); `sled/` is the
 //! embedded single-replica backend, `postgres/` the one several replicas share, and
 //! `memory.rs` an in-process one (tests, demos: it keeps nothing across a restart).
@@ -197,6 +198,59 @@ impl<'a> StoredIdentity<&'a UpstreamInfo> {
     }
 }
 
+/// A 2025-era client session (docs/design.md §22 "Clients of the 2025 era"), bound to
+/// the principal that opened it. Kept in the store so a restart or another replica
+/// continues it. The fields up to `subject` come first and in this order: a backend
+/// may tell a stored record's owner from its leading bytes, as for tasks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionRecord {
+    pub v: u32,
+    /// `mcs_` + base64url of 32 CSPRNG bytes (`tasks::ids::new_session_id`).
+    pub session_id: String,
+    pub tenant: String,
+    pub subject: String,
+    /// The upstream of the endpoint the session was opened on.
+    pub upstream: String,
+    /// The protocol version `initialize` negotiated.
+    pub protocol_version: String,
+    /// The client's `clientInfo`, byte-exact as sent (key order and number text).
+    pub client_info: Value,
+    /// The client's `capabilities` (which server→client requests it accepts).
+    pub client_capabilities: Map<String, Value>,
+    pub created_at_ms: u64,
+    /// When the session was last used; rewritten coarsely, not on every request.
+    pub last_seen_at_ms: u64,
+    /// `notifications/initialized` was seen (informational).
+    pub initialized: bool,
+    /// The session's own `logging/setLevel`.
+    pub log_level: Option<String>,
+    /// The resource URIs the session subscribed to, restored when another replica
+    /// takes the session over.
+    pub subscriptions: Vec<String>,
+}
+
+/// Result of [`TaskStore::create_session`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum SessionCreated {
+    /// The session was written.
+    New,
+    /// The principal already holds the cap; nothing was written. Its sessions, each
+    /// with its `last_seen_at_ms`, so the caller can pick one to close.
+    AtCap(Vec<(String, u64)>),
+}
+
+/// What a session id is to one principal ([`TaskStore::session_owned`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum OwnedSession {
+    /// The principal's session.
+    Record(Box<SessionRecord>),
+    /// Anything else: another principal's session or an id never issued.
+    Unknown,
+}
+
+/// A read-modify-write step for [`TaskStore::update_session`], like [`Update`].
+pub type SessionUpdate<'a> = &'a mut (dyn FnMut(&mut SessionRecord) -> bool + Send);
+
 /// Result of [`TaskStore::create`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum Created {
@@ -364,6 +418,64 @@ pub trait TaskStore: Send + Sync + 'static {
 
     /// Whether the store is open and writable (for `/readyz`).
     fn healthy(&self) -> bool;
+
+    // 2025-era client sessions (docs/design.md §22). None of these waits for a flush,
+    // and `flush` need not cover them: a session lost to a crash only costs its client
+    // a new `initialize`.
+
+    /// Write `session` unless its principal already holds `cap` sessions (then nothing
+    /// is written and their ids and last-seen times come back). The count and the
+    /// write are one step: concurrent creators, on any replica, never pass the cap
+    /// together. A session id that already exists is an error.
+    fn create_session<'a>(
+        &'a self,
+        session: &'a SessionRecord,
+        cap: usize,
+    ) -> BoxFuture<'a, Result<SessionCreated, StoreError>>;
+
+    /// `session_id` as the principal `(tenant, subject)` may see it. As for
+    /// [`lookup_owned`](Self::lookup_owned), another principal's session and an id
+    /// never issued cost the same reads and decode nothing.
+    fn session_owned<'a>(
+        &'a self,
+        session_id: &'a str,
+        tenant: &'a str,
+        subject: &'a str,
+    ) -> BoxFuture<'a, Result<OwnedSession, StoreError>>;
+
+    /// Atomic read-modify-write of one session (compare-and-swap; `f` may run more
+    /// than once and returns `false` to leave the record unchanged). The id and the
+    /// owner stay what they were whatever `f` does. Returns the record after the call,
+    /// `None` if the session does not exist.
+    fn update_session<'a>(
+        &'a self,
+        session_id: &'a str,
+        f: SessionUpdate<'a>,
+    ) -> BoxFuture<'a, Result<Option<SessionRecord>, StoreError>>;
+
+    /// Delete a session; returns whether it existed.
+    fn delete_session<'a>(&'a self, session_id: &'a str)
+    -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// Delete a session only while its `last_seen_at_ms` is still before
+    /// `last_seen_before_ms` (re-checked on the record, so a session used since it was
+    /// listed stays); returns whether it was deleted.
+    fn expire_session<'a>(
+        &'a self,
+        session_id: &'a str,
+        last_seen_before_ms: u64,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// Ids of sessions last seen before `before_ms`, least recently seen first, at
+    /// most `limit`.
+    fn idle_sessions(
+        &self,
+        before_ms: u64,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<String>, StoreError>>;
+
+    /// How many sessions the store holds (seeds `taskgate_legacy_sessions_open`).
+    fn count_sessions(&self) -> BoxFuture<'_, Result<u64, StoreError>>;
 }
 
 /// Milliseconds since the Unix epoch.

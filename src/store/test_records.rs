@@ -1,10 +1,10 @@
 //! Records for the store's own tests (the contract suite, sled's tests, PostgreSQL's):
-//! one working task and one request route, adjusted per test with struct update
-//! syntax.
+//! one working task, one request route and one 2025-era client session, adjusted per
+//! test with struct update syntax.
 
 use serde_json::Map;
 
-use super::{RequestRoute, SCHEMA_VERSION, TaskRecord, TaskStatus, now_ms};
+use super::{RequestRoute, SCHEMA_VERSION, SessionRecord, TaskRecord, TaskStatus, now_ms};
 
 /// A working task of `tenant` (subject `alice`), created now, expiring at
 /// `expires_at_ms`.
@@ -48,5 +48,35 @@ pub(crate) fn route(id: &str, task_id: Option<&str>) -> RequestRoute {
         started_at_ms: now,
         deadline_ms: now + 60_000,
         task_id: task_id.map(str::to_string),
+    }
+}
+
+/// A session of `tenant`/`subject` on upstream `demo`, last seen at `last_seen_at_ms`.
+/// Its `clientInfo` holds what a re-encoding would change (key order, number text).
+pub(crate) fn session(
+    id: &str,
+    tenant: &str,
+    subject: &str,
+    last_seen_at_ms: u64,
+) -> SessionRecord {
+    let client_info =
+        serde_json::from_str(r#"{"version":"1.0","name":"c","n":1.50,"z":-0}"#).unwrap_or_default();
+    let client_capabilities =
+        serde_json::from_str(r#"{"roots":{"listChanged":true},"elicitation":{}}"#)
+            .unwrap_or_default();
+    SessionRecord {
+        v: SCHEMA_VERSION,
+        session_id: id.into(),
+        tenant: tenant.into(),
+        subject: subject.into(),
+        upstream: "demo".into(),
+        protocol_version: "2025-06-18".into(),
+        client_info,
+        client_capabilities,
+        created_at_ms: last_seen_at_ms,
+        last_seen_at_ms,
+        initialized: false,
+        log_level: None,
+        subscriptions: Vec::new(),
     }
 }

@@ -12,7 +12,8 @@
 //! - `call.rs`: the deadline race and durable creation before the handle goes out.
 //! - `driver.rs`: a promoted call running in the background (progress, input, result).
 //! - `methods.rs`: the `tasks/*` methods and the ownership check.
-//! - `sweeper.rs`: expiry, tombstones and restart recovery.
+//! - `sweeper.rs`: expiry, tombstones, idle sessions and restart recovery.
+//! - `sessions.rs`: the 2025-era client sessions (`SessionRepo`, a part of its own).
 //! - `seen.rs`: read marks, for counting outcomes nobody collected.
 //! - `replica.rs`: being one of several replicas (leases, takeover, relays, fan-out);
 //!   `replica_state.rs` the `Replica` part it works with.
@@ -39,6 +40,7 @@ pub mod replica;
 mod replica_state;
 mod repo;
 pub mod seen;
+pub mod sessions;
 pub mod snapshot;
 pub mod sweeper;
 
@@ -57,6 +59,7 @@ use crate::upstream::{
 };
 
 pub use repo::{Change, Observer, Transition};
+pub use sessions::{ActiveGuard, SessionError, SessionRepo};
 
 /// Shared state of the tasks engine.
 pub struct Engine {
@@ -69,17 +72,25 @@ pub struct Engine {
     calls: live::LiveCalls,
     /// This replica's seat, lease and relays on a shared store (`replica.rs`).
     replica: replica_state::Replica,
+    /// The 2025-era client sessions (`sessions.rs`).
+    sessions: SessionRepo,
 }
 
 impl Engine {
     pub fn new(store: Arc<dyn TaskStore>, cfg: Arc<Config>, limits: Arc<Limits>) -> Arc<Self> {
         Arc::new(Self {
             replica: replica_state::Replica::new(cfg.replica_id()),
+            sessions: SessionRepo::new(store.clone(), &cfg.legacy),
             tasks: repo::TaskRepo::new(store),
             cfg,
             limits,
             calls: live::LiveCalls::default(),
         })
+    }
+
+    /// The 2025-era client sessions (docs/design.md §22 "Clients of the 2025 era").
+    pub fn sessions(&self) -> &SessionRepo {
+        &self.sessions
     }
 
     /// Call `f` on every task status transition from now on.
@@ -259,3 +270,5 @@ pub fn queue_status(q: QueuePosition) -> String {
 mod engine_tests;
 #[cfg(test)]
 mod lease_tests;
+#[cfg(test)]
+mod sessions_tests;

@@ -1,5 +1,6 @@
 //! Expiry (docs/design.md §11 "Expiry"), outcomes nobody collected (§23 "Outcomes
-//! nobody collected") and restart recovery (§10 "Restart").
+//! nobody collected"), idle 2025-era sessions (§22 "Clients of the 2025 era") and
+//! restart recovery (§10 "Restart").
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -114,7 +115,8 @@ impl Engine {
     }
 
     /// One sweep: expire tasks past their ttl (stopping their calls, leaving
-    /// owner-only tombstones, counting outcomes nobody read) and drop old tombstones.
+    /// owner-only tombstones, counting outcomes nobody read), drop old tombstones and
+    /// close idle legacy sessions.
     pub async fn sweep(&self) -> Result<usize, StoreError> {
         // Reads still waiting in the marker land first: a task read just before its
         // expiry is not counted as unread.
@@ -144,6 +146,11 @@ impl Engine {
             }
         }
         self.tasks.sweep_tombstones(now).await?;
+        match self.sessions.expire_idle().await {
+            Ok(0) => {}
+            Ok(s) => tracing::info!(sessions = s, "idle legacy sessions closed"),
+            Err(e) => tracing::error!(error = %e, "closing idle legacy sessions failed"),
+        }
         match self.resolve_orphans().await {
             Ok(0) => {}
             Ok(o) => tracing::warn!(tasks = o, "failed the tasks of orphaned routes"),

@@ -36,7 +36,9 @@ fn scope_key(isolation: Isolation, principal: &Principal) -> String {
     match isolation {
         Isolation::Shared => String::new(),
         Isolation::Tenant => format!("t:{}", principal.tenant),
-        Isolation::Principal => format!(
+        // The configuration refuses `session` until it is built, so no scope is
+        // keyed by it; were one, the principal's own scope is the narrowest there is.
+        Isolation::Principal | Isolation::Session => format!(
             "p:{}:{}\u{0}{}",
             principal.tenant.len(),
             principal.tenant,

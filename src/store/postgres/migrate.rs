@@ -28,14 +28,21 @@ statements! {
 
 /// The migrations, in order. A version is never edited once released; a change is a
 /// new file.
-pub(super) const MIGRATIONS: &[(i32, &str, &str)] = &[(
-    1,
-    "init",
-    include_str!("../../../migrations/postgres/0001_init.sql"),
-)];
+pub(super) const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (
+        1,
+        "init",
+        include_str!("../../../migrations/postgres/0001_init.sql"),
+    ),
+    (
+        3,
+        "legacy_sessions",
+        include_str!("../../../migrations/postgres/0003_legacy_sessions.sql"),
+    ),
+];
 
 /// The newest schema version this gateway knows.
-pub const LATEST_MIGRATION: i32 = 1;
+pub const LATEST_MIGRATION: i32 = 3;
 
 /// What [`migrate`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -30,6 +30,7 @@ use tokio_postgres::error::SqlState;
 
 mod cluster;
 mod migrate;
+mod sessions;
 mod sql;
 mod statements;
 mod tls;
@@ -47,8 +48,9 @@ use statements::{
 
 use super::cluster::Seat;
 use super::{
-    Corruption, Created, Expired, IdempotencyEntry, IoError, Owned, RequestRoute, SCHEMA_VERSION,
-    SetupError, StoreError, StoredIdentity, TaskRecord, TaskStatus, TaskStore, Tombstone, Update,
+    Corruption, Created, Expired, IdempotencyEntry, IoError, Owned, OwnedSession, RequestRoute,
+    SCHEMA_VERSION, SessionCreated, SessionRecord, SessionUpdate, SetupError, StoreError,
+    StoredIdentity, TaskRecord, TaskStatus, TaskStore, Tombstone, Update,
 };
 use crate::config::as_millis;
 use crate::config::{StoreConfig, is_pg_schema_name};
@@ -1017,6 +1019,83 @@ impl TaskStore for PgStore {
 
     fn healthy(&self) -> bool {
         self.healthy.load(Ordering::Relaxed)
+    }
+
+    // 2025-era client sessions (`sessions.rs`).
+
+    fn create_session<'a>(
+        &'a self,
+        session: &'a SessionRecord,
+        cap: usize,
+    ) -> BoxFuture<'a, Result<SessionCreated, StoreError>> {
+        self.run("create_session", async move {
+            self.create_session_now(session, cap).await
+        })
+        .boxed()
+    }
+
+    fn session_owned<'a>(
+        &'a self,
+        session_id: &'a str,
+        tenant: &'a str,
+        subject: &'a str,
+    ) -> BoxFuture<'a, Result<OwnedSession, StoreError>> {
+        self.run("session_owned", async move {
+            self.session_owned_now(session_id, tenant, subject).await
+        })
+        .boxed()
+    }
+
+    fn update_session<'a>(
+        &'a self,
+        session_id: &'a str,
+        f: SessionUpdate<'a>,
+    ) -> BoxFuture<'a, Result<Option<SessionRecord>, StoreError>> {
+        self.run("update_session", async move {
+            self.update_session_now(session_id, f).await
+        })
+        .boxed()
+    }
+
+    fn delete_session<'a>(
+        &'a self,
+        session_id: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        self.run("delete_session", async move {
+            self.delete_session_now(session_id).await
+        })
+        .boxed()
+    }
+
+    fn expire_session<'a>(
+        &'a self,
+        session_id: &'a str,
+        last_seen_before_ms: u64,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        self.run("expire_session", async move {
+            self.expire_session_now(session_id, last_seen_before_ms)
+                .await
+        })
+        .boxed()
+    }
+
+    fn idle_sessions(
+        &self,
+        before_ms: u64,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<String>, StoreError>> {
+        self.run("idle_sessions", async move {
+            self.idle_sessions_now(before_ms, limit).await
+        })
+        .boxed()
+    }
+
+    fn count_sessions(&self) -> BoxFuture<'_, Result<u64, StoreError>> {
+        self.run(
+            "count_sessions",
+            async move { self.count_sessions_now().await },
+        )
+        .boxed()
     }
 }
 

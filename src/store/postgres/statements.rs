@@ -225,6 +225,64 @@ SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM i)";
         = "INSERT INTO store_secrets (name, secret) VALUES ($name, $secret)
            ON CONFLICT (name) DO NOTHING";
 
+    // 2025-era client sessions (`sessions.rs`).
+
+    /// Taken first in a session creation's transaction: the creations of one
+    /// principal, on any replica, count and write one at a time.
+    lock_session_owner: LockSessionOwner<'a> { key: &'a str }
+        = "SELECT pg_advisory_xact_lock(hashtextextended($key, 0))";
+
+    /// Insert a session while its principal holds fewer than `cap` (a statement of
+    /// its own after the lock, so its snapshot sees every creation committed before).
+    create_session: CreateSession<'a> {
+        session_id: &'a str,
+        tenant: &'a str,
+        subject: &'a str,
+        last_seen_ms: i64,
+        record: &'a [u8],
+        cap: i64,
+    } = "INSERT INTO legacy_sessions (session_id, tenant, subject, last_seen_ms, version, record)
+         SELECT $session_id, $tenant, $subject, $last_seen_ms, 1, $record
+         WHERE (SELECT count(*) FROM legacy_sessions
+                WHERE tenant = $tenant AND subject = $subject) < $cap";
+
+    principal_sessions: PrincipalSessions<'a> { tenant: &'a str, subject: &'a str }
+        = "SELECT session_id, last_seen_ms FROM legacy_sessions
+           WHERE tenant = $tenant AND subject = $subject
+           ORDER BY last_seen_ms, session_id";
+
+    /// One probe by primary key, the owner matched on the columns beside the record:
+    /// another principal's session reads like an id never issued.
+    session_owned: SessionOwned<'a> { session_id: &'a str, tenant: &'a str, subject: &'a str }
+        = "SELECT record FROM legacy_sessions
+           WHERE session_id = $session_id AND tenant = $tenant AND subject = $subject";
+
+    session_read: SessionRead<'a> { session_id: &'a str }
+        = "SELECT version, record FROM legacy_sessions WHERE session_id = $session_id";
+
+    session_write: SessionWrite<'a> {
+        session_id: &'a str,
+        version: i64,
+        last_seen_ms: i64,
+        record: &'a [u8],
+    } = "UPDATE legacy_sessions SET last_seen_ms = $last_seen_ms, record = $record,
+             version = version + 1
+         WHERE session_id = $session_id AND version = $version";
+
+    delete_session: DeleteSession<'a> { session_id: &'a str }
+        = "DELETE FROM legacy_sessions WHERE session_id = $session_id";
+
+    expire_session: ExpireSession<'a> { session_id: &'a str, before_ms: i64 }
+        = "DELETE FROM legacy_sessions
+           WHERE session_id = $session_id AND last_seen_ms < $before_ms";
+
+    idle_sessions: IdleSessions { before_ms: i64, limit: i64 }
+        = "SELECT session_id FROM legacy_sessions WHERE last_seen_ms < $before_ms
+           ORDER BY last_seen_ms, session_id LIMIT $limit";
+
+    count_sessions: CountSessions {}
+        = "SELECT count(*) FROM legacy_sessions";
+
     // Seats, takeover and relays (`cluster.rs`).
 
     register: Register<'a> { replica_id: &'a str, lease_secs: f64 }

@@ -8,8 +8,8 @@ use serde_json::{Map, Value};
 use super::schema::key_str;
 use crate::protocol::UpstreamInfo;
 use crate::store::{
-    Corruption, IdempotencyEntry, RequestRoute, SCHEMA_VERSION, StoreError, StoredIdentity,
-    TaskRecord, Tombstone,
+    Corruption, IdempotencyEntry, RequestRoute, SCHEMA_VERSION, SessionRecord, StoreError,
+    StoredIdentity, TaskRecord, Tombstone,
 };
 
 /// Only `v` of a record, to pick the fast path.
@@ -53,7 +53,8 @@ records!(
     RequestRoute,
     Tombstone,
     StoredIdempotency,
-    StoredIdentity<UpstreamInfo>
+    StoredIdentity<UpstreamInfo>,
+    SessionRecord
 );
 
 /// Decode a versioned JSON record of `tree` at `key`. A current-version record is
@@ -208,11 +209,22 @@ pub(super) struct OwnerPrefix {
 
 impl OwnerPrefix {
     pub(super) fn new(task_id: &str, tenant: &str, subject: &str) -> Self {
+        Self::keyed("task_id", task_id, tenant, subject)
+    }
+
+    /// The same for a [`SessionRecord`], which begins with `v`, `session_id`,
+    /// `tenant`, `subject`.
+    pub(super) fn session(session_id: &str, tenant: &str, subject: &str) -> Self {
+        Self::keyed("session_id", session_id, tenant, subject)
+    }
+
+    fn keyed(id_field: &str, id: &str, tenant: &str, subject: &str) -> Self {
         let version = format!("{{\"v\":{SCHEMA_VERSION},").into_bytes();
         let mut owner = version.clone();
         // Writing a `&str` into a Vec cannot fail.
-        owner.extend_from_slice(b"\"task_id\":");
-        let _ = serde_json::to_writer(&mut owner, task_id);
+        let _ = serde_json::to_writer(&mut owner, id_field);
+        owner.push(b':');
+        let _ = serde_json::to_writer(&mut owner, id);
         owner.extend_from_slice(b",\"tenant\":");
         let _ = serde_json::to_writer(&mut owner, tenant);
         owner.extend_from_slice(b",\"subject\":");
@@ -287,6 +299,20 @@ mod tests {
                 ] {
                     assert_eq!(other.owns(bytes), Some(false), "{tenant:?}/{subject:?}");
                 }
+            }
+        }
+        // A session's record begins the same way with its own id field.
+        for (tenant, subject) in owners {
+            let rec = crate::store::test_records::session("mcs_owner", tenant, subject, 1);
+            let bytes = encode("sessions", "mcs_owner", &rec).expect("encode");
+            let mine = OwnerPrefix::session("mcs_owner", tenant, subject);
+            assert_eq!(mine.owns(&bytes), Some(true), "{tenant:?}/{subject:?}");
+            for other in [
+                OwnerPrefix::session("mcs_owner", tenant, "someone else"),
+                OwnerPrefix::session("mcs_other", tenant, subject),
+                OwnerPrefix::new("mcs_owner", tenant, subject),
+            ] {
+                assert_eq!(other.owns(&bytes), Some(false), "{tenant:?}/{subject:?}");
             }
         }
         // Another version is for a decode to tell.

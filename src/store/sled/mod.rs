@@ -106,6 +106,12 @@
 //!     crash: a lost mark can only over-count.)
 //!   * `sweep_tombstones`: idempotency entry → seen mark (only if the task is gone)
 //!     → tombstone.
+//!   * `create_session` (under the store's session lock, which makes the count and
+//!     the write one step): `session_owner` entry → session (compare-and-swap: an
+//!     existing id is refused). `delete_session`/`expire_session`: session
+//!     (compare-and-swap) → `session_owner` entry. An owner entry without its session
+//!     is what a cut-short create or delete leaves: it is dropped, under the same lock,
+//!     when its principal reaches the cap and by [`TaskStore::idle_sessions`].
 //! * **Repairs of what a cut-short operation leaves:** an expiry entry whose task is
 //!   gone, or whose task now expires at another time, is dropped or moved by
 //!   [`TaskStore::expired`] (with a gone task's `idem_of`); an idempotency entry whose
@@ -147,6 +153,8 @@
 //! | `meta`        | `idem_of/<task id>`                              | raw idempotency index key of a keyed live task; moved into the tombstone's `idempotency_index_key` on expiry |
 //! | `meta`        | `layout/seen_since`                              | 8-byte big-endian ms since the epoch from which this store tracks reads: `0` for a store created with the `seen` tree, the time of the first open by a gateway that has it for an older store. A task that turned terminal (`last_updated_at_ms`) before it counts as seen at expiry, since whether it was read is unknown |
 //! | `seen`        | task id                                          | `{"v", "at_ms"}`: the task's owner received its terminal snapshot (a `tasks/get` or a `notifications/tasks`), first at `at_ms`. Only the key's presence matters (a newer `v` is still a mark); written once per task by [`TaskStore::mark_seen`], so a read never rewrites the task record |
+//! | `sessions`    | session id (UTF-8)                               | [`SessionRecord`] JSON: a 2025-era client session (docs/design.md §22 "Clients of the 2025 era"); `client_info` and `client_capabilities` byte-exact as the client sent them |
+//! | `session_owner` | 4-byte big-endian tenant length ++ tenant ++ 4-byte big-endian subject length ++ subject ++ session id | empty; one entry per session, so a prefix scan counts and lists a principal's sessions |
 //!
 //! Lifetimes: a task, its `expiry` entry and its `seen` mark live until
 //! [`TaskStore::expire`]; its idempotency entry lives as long as the task *and* its
@@ -154,6 +162,9 @@
 //! with the tombstone. Request routes live until [`TaskStore::remove_route`]. An
 //! upstream identity is rewritten only when an `initialize` answers differently and is
 //! never deleted (an upstream removed from the configuration leaves one small record).
+//! A session lives until it is deleted, expired idle or evicted at its principal's cap
+//! (the engine decides which); sessions are never flushed on their own, since one lost
+//! to a crash only costs its client a new `initialize`.
 //!
 //! # Performance
 //!
@@ -168,6 +179,7 @@ mod live;
 mod meta;
 mod open;
 mod schema;
+mod sessions;
 mod tasks;
 
 #[cfg(test)]
@@ -182,8 +194,8 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
-    Created, Expired, IdempotencyEntry, IoError, Owned, RequestRoute, StoreError, TaskRecord,
-    TaskStore, Tombstone, Update,
+    Created, Expired, IdempotencyEntry, IoError, Owned, OwnedSession, RequestRoute, SessionCreated,
+    SessionRecord, SessionUpdate, StoreError, TaskRecord, TaskStore, Tombstone, Update,
 };
 use crate::protocol::UpstreamInfo;
 use futures_util::future::BoxFuture;
@@ -204,6 +216,12 @@ pub struct SledStore {
     /// `meta/layout/seen_since`: tasks that turned terminal before it count as seen.
     seen_since_ms: u64,
     upstream_identity: sled::Tree,
+    /// 2025-era client sessions, and each principal's session ids.
+    sessions: sled::Tree,
+    session_owner: sled::Tree,
+    /// Held while a session is created (the count and the write are one step) and
+    /// while leftovers of the owner index are dropped.
+    session_create: Mutex<()>,
     /// Non-terminal tasks per tenant: the `live` tree counted at open, then kept in
     /// step with it.
     live_counts: Mutex<HashMap<String, i64>>,
@@ -412,5 +430,59 @@ impl TaskStore for SledStore {
 
     fn healthy(&self) -> bool {
         self.healthy.load(Ordering::SeqCst)
+    }
+
+    fn create_session<'a>(
+        &'a self,
+        session: &'a SessionRecord,
+        cap: usize,
+    ) -> BoxFuture<'a, Result<SessionCreated, StoreError>> {
+        Box::pin(async move { SledStore::create_session(self, session, cap) })
+    }
+
+    fn session_owned<'a>(
+        &'a self,
+        session_id: &'a str,
+        tenant: &'a str,
+        subject: &'a str,
+    ) -> BoxFuture<'a, Result<OwnedSession, StoreError>> {
+        Box::pin(async move { SledStore::session_owned(self, session_id, tenant, subject) })
+    }
+
+    fn update_session<'a>(
+        &'a self,
+        session_id: &'a str,
+        f: SessionUpdate<'a>,
+    ) -> BoxFuture<'a, Result<Option<SessionRecord>, StoreError>> {
+        Box::pin(async move { SledStore::update_session(self, session_id, f) })
+    }
+
+    fn delete_session<'a>(
+        &'a self,
+        session_id: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move { SledStore::delete_session(self, session_id, None) })
+    }
+
+    fn expire_session<'a>(
+        &'a self,
+        session_id: &'a str,
+        last_seen_before_ms: u64,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(
+            async move { SledStore::delete_session(self, session_id, Some(last_seen_before_ms)) },
+        )
+    }
+
+    fn idle_sessions(
+        &self,
+        before_ms: u64,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<String>, StoreError>> {
+        Box::pin(async move { SledStore::idle_sessions(self, before_ms, limit) })
+    }
+
+    fn count_sessions(&self) -> BoxFuture<'_, Result<u64, StoreError>> {
+        Box::pin(async move { SledStore::count_sessions(self) })
     }
 }

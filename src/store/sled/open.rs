@@ -89,6 +89,8 @@ impl SledStore {
         let live = tree("live")?;
         let seen = tree("seen")?;
         let upstream_identity = tree("upstream_identity")?;
+        let sessions = tree("sessions")?;
+        let session_owner = tree("session_owner")?;
 
         // Store-wide schema version: refuse a store written by a newer gateway.
         match meta
@@ -169,6 +171,9 @@ impl SledStore {
             seen,
             seen_since_ms,
             upstream_identity,
+            sessions,
+            session_owner,
+            session_create: Mutex::new(()),
             live_counts: Mutex::new(HashMap::new()),
             path: path.clone(),
             strict_fsync: cfg.strict_fsync,

@@ -49,3 +49,35 @@ pub(super) fn split_live_key(k: &[u8]) -> Option<(&str, &str)> {
     let task = std::str::from_utf8(k.get(4 + len..)?).ok()?;
     Some((tenant, task))
 }
+
+/// Key of a `session_owner` entry: 4-byte big-endian tenant length ++ tenant ++ 4-byte
+/// big-endian subject length ++ subject ++ session id (the lengths keep any principal
+/// unambiguous, and a principal's entries share [`session_owner_prefix`]).
+pub(super) fn session_owner_key(tenant: &str, subject: &str, session_id: &str) -> Vec<u8> {
+    let mut k = session_owner_prefix(tenant, subject);
+    k.extend_from_slice(session_id.as_bytes());
+    k
+}
+
+/// The prefix of every `session_owner` key of one principal.
+pub(super) fn session_owner_prefix(tenant: &str, subject: &str) -> Vec<u8> {
+    let (t, s) = (tenant.as_bytes(), subject.as_bytes());
+    let mut k = Vec::with_capacity(8 + t.len() + s.len() + 48);
+    for part in [t, s] {
+        // A claim of 4 GiB cannot pass the request size limit.
+        let len = u32::try_from(part.len()).unwrap_or(u32::MAX);
+        k.extend_from_slice(&len.to_be_bytes());
+        k.extend_from_slice(part);
+    }
+    k
+}
+
+/// The session id of a `session_owner` key.
+pub(super) fn split_session_owner_key(k: &[u8]) -> Option<&str> {
+    let mut at = 0usize;
+    for _ in 0..2 {
+        let len = u32::from_be_bytes(k.get(at..at.checked_add(4)?)?.try_into().ok()?);
+        at = at.checked_add(4)?.checked_add(usize::try_from(len).ok()?)?;
+    }
+    std::str::from_utf8(k.get(at..)?).ok()
+}

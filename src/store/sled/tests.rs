@@ -962,3 +962,33 @@ async fn crash_after_flush_keeps_flushed_writes() {
         store.tasks.len()
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn session_owner_leftovers_are_dropped() {
+    use super::schema::session_owner_key;
+    use crate::store::SessionCreated;
+    use crate::store::test_records::session;
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(&cfg(dir.path(), false)).unwrap();
+    let kept = session("mcs_kept", "acme", "alice", 10);
+    assert_eq!(store.create_session(&kept, 2).unwrap(), SessionCreated::New);
+    // A create cut short after its owner entry, and a delete cut short before its
+    // owner entry went: two entries without a session.
+    for id in ["mcs_never", "mcs_deleted"] {
+        let k = session_owner_key("acme", "alice", id);
+        store.session_owner.insert(k, &[]).unwrap();
+    }
+    assert_eq!(store.session_owner.len(), 3);
+    // At the cap they do not count, and are dropped.
+    let next = session("mcs_next", "acme", "alice", 20);
+    assert_eq!(store.create_session(&next, 2).unwrap(), SessionCreated::New);
+    assert_eq!(store.session_owner.len(), 2);
+    // The idle sweep drops them too.
+    let k = session_owner_key("acme", "alice", "mcs_again");
+    store.session_owner.insert(k, &[]).unwrap();
+    assert_eq!(store.idle_sessions(15, 10).unwrap(), vec!["mcs_kept"]);
+    assert_eq!(store.session_owner.len(), 2);
+    // Deleting a session removes its entry.
+    assert!(store.delete_session("mcs_kept", None).unwrap());
+    assert_eq!(store.session_owner.len(), 1);
+}
