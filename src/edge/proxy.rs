@@ -18,7 +18,7 @@ use pingora_load_balancing::selection::consistent::KetamaHashing;
 use pingora_load_balancing::{Backend, LoadBalancer};
 use pingora_proxy::{ProxyHttp, Session};
 
-use super::route::{Route, route};
+use super::route::{Route, route_request};
 
 /// How long the edge waits for the next byte from a replica. Above the replicas'
 /// SSE keep-alive (`server.keepalive_ms`, default 15 s) and their longest silent
@@ -136,9 +136,10 @@ impl EdgeProxy {
         let now = self.now_ms();
         let fresh = |b: &Backend| inet(b).is_some_and(|a| !tried.contains(&a));
         let select = |accept: &dyn Fn(&Backend, bool) -> bool| match route {
-            Route::Task(id) => self
-                .ketama
-                .select_with(id.as_bytes(), MAX_ITERATIONS, |b, h| accept(b, h)),
+            Route::Task(id) | Route::Session(id) => {
+                self.ketama
+                    .select_with(id.as_bytes(), MAX_ITERATIONS, |b, h| accept(b, h))
+            }
             Route::Other => self
                 .round_robin
                 .select_with(b"", MAX_ITERATIONS, |b, h| accept(b, h)),
@@ -217,9 +218,12 @@ impl ProxyHttp for EdgeProxy {
             }
             return Ok(true);
         }
-        ctx.route = route(
-            req.headers.get("mcp-method").map(|v| v.as_bytes()),
-            req.headers.get("mcp-name").map(|v| v.as_bytes()),
+        let h = |name: &str| req.headers.get(name).map(|v| v.as_bytes());
+        ctx.route = route_request(
+            h("mcp-protocol-version"),
+            h("mcp-session-id"),
+            h("mcp-method"),
+            h("mcp-name"),
         );
         let before = self.in_flight.fetch_add(1, Ordering::Relaxed);
         ctx._slot = Some(Slot(self.in_flight.clone()));
@@ -307,7 +311,9 @@ impl ProxyHttp for EdgeProxy {
             .unwrap_or_else(|| "-".into());
         let task = match &ctx.route {
             Route::Task(id) => id.as_str(),
-            Route::Other => "-",
+            // A session id is not logged: it names a client's session to anyone who
+            // holds that client's token.
+            Route::Session(_) | Route::Other => "-",
         };
         let error = e.map(|e| e.to_string());
         tracing::info!(

@@ -8,8 +8,13 @@
 //! a retry on another replica is relayed to the holder, policy 19),
 //! `subscriptions/listen`, discovery and lists, and task methods without a valid
 //! `Mcp-Name` (the replica answers the error).
+//!
+//! A 2025-era request that carries an `Mcp-Session-Id` (and no 2026 version) is keyed
+//! by its session id on the same ring, so a session's GET stream and its POSTs meet on
+//! one replica while the ring is stable (docs/design.md §22 "Clients of the 2025 era";
+//! the session record itself is in the store, so any replica can take over).
 
-use crate::protocol::Method;
+use crate::protocol::{Method, PROTOCOL_VERSION};
 use crate::tasks::ids;
 
 /// Where a request goes.
@@ -17,6 +22,8 @@ use crate::tasks::ids;
 pub(crate) enum Route {
     /// A task method: consistent hashing of the task id over the healthy replicas.
     Task(String),
+    /// A 2025-era session's request: consistent hashing of the session id.
+    Session(String),
     /// Anything else: round-robin over the healthy replicas.
     Other,
 }
@@ -26,9 +33,34 @@ impl Route {
     pub(crate) fn class(&self) -> &'static str {
         match self {
             Route::Task(_) => "task",
+            Route::Session(_) => "session",
             Route::Other => "other",
         }
     }
+}
+
+/// The longest session id the edge hashes; a longer one is no id the gateway minted
+/// (the replica answers it 404).
+const MAX_SESSION_ID: usize = 128;
+
+/// The route of a request from its `MCP-Protocol-Version`, `Mcp-Session-Id`,
+/// `Mcp-Method` and `Mcp-Name` header values (raw bytes; `None` when absent).
+pub(crate) fn route_request(
+    protocol_version: Option<&[u8]>,
+    session: Option<&[u8]>,
+    mcp_method: Option<&[u8]>,
+    mcp_name: Option<&[u8]>,
+) -> Route {
+    let modern = protocol_version == Some(PROTOCOL_VERSION.as_bytes());
+    if !modern
+        && let Some(s) = session
+        && !s.is_empty()
+        && s.len() <= MAX_SESSION_ID
+        && s.iter().all(|b| (0x21..=0x7e).contains(b))
+    {
+        return Route::Session(String::from_utf8_lossy(s).into_owned());
+    }
+    route(mcp_method, mcp_name)
 }
 
 /// The route of a request with these `Mcp-Method` and `Mcp-Name` header values (raw
@@ -99,5 +131,39 @@ mod tests {
         longer.push('x');
         other(Some(b"tasks/update"), Some(longer.as_bytes()));
         assert_eq!(Route::Other.class(), "other");
+    }
+
+    #[test]
+    fn legacy_sessions_are_keyed_by_their_id() {
+        let sid = b"mcs_abcdefABCDEF0123456789-_abcdefABCDEF0123";
+        let s = route_request(None, Some(sid), None, None);
+        assert_eq!(s, Route::Session(String::from_utf8_lossy(sid).into_owned()));
+        assert_eq!(s.class(), "session");
+        // The same with a 2025 version header, whatever the method.
+        assert_eq!(
+            route_request(Some(b"2025-06-18"), Some(sid), Some(b"tools/call"), None),
+            s
+        );
+        // A 2026 request is routed as before, session header or not.
+        let id = ids::new_task_id();
+        assert_eq!(
+            route_request(
+                Some(b"2026-07-28"),
+                Some(sid),
+                Some(b"tasks/get"),
+                Some(id.as_bytes())
+            ),
+            Route::Task(id.clone())
+        );
+        assert_eq!(
+            route_request(Some(b"2026-07-28"), Some(sid), Some(b"tools/list"), None),
+            Route::Other
+        );
+        // Not an id the gateway mints: round-robin (the replica answers 404).
+        for bad in [&b""[..], b"has space", &[b'a'; 129][..], &[0xff][..]] {
+            assert_eq!(route_request(None, Some(bad), None, None), Route::Other);
+        }
+        // No session: as before.
+        assert_eq!(route_request(None, None, None, None), Route::Other);
     }
 }
