@@ -11,10 +11,13 @@
 #                           scripts/peers/node22/package-lock.json
 #   .peers/npm/             @modelcontextprotocol/conformance + server-everything, and
 #                           the TypeScript SDK client + ext-tasks (the 2026-07-28 +
-#                           tasks client of tests/peers/ts_client.mjs), pinned by
+#                           tasks client of tests/peers/ts_client.mjs), the TypeScript
+#                           SDK 1.x and mcp-remote (the 2025-era clients of
+#                           tests/peers/ts_legacy_client.mjs), pinned by
 #                           scripts/peers/npm/package-lock.json
 #   .peers/venv-mcp130/     python venv with mcp==1.30.0 (+ pinned deps) for the
 #                           legacy fixture upstream tests/fixtures/conformance_upstream.py
+#                           and the 2025-era client tests/peers/mcp130_legacy_client.py
 #   .peers/venv-mcp194/     python venv with mcp==1.9.4 + pydantic==2.10.6 (+ pinned deps)
 #                           for the legacy FastMCP upstream tests/fixtures/fastmcp194_server.py
 #   .peers/venv-fastmcp/    python venv with fastmcp[tasks]==4.1.4 (+ pinned deps): the
@@ -88,7 +91,7 @@ fi
 log "node22: $("$NODE22" --version)"
 echo "node $("$NODE22" --version)"
 
-# 2. npm peers (conformance suite, server-everything, TypeScript SDK client) -----------
+# 2. npm peers (conformance suite, server-everything, TypeScript SDK clients, mcp-remote)
 # Installed with the Node 22 toolchain first on PATH (some dependencies declare
 # engines node >= 22; npm itself is the machine's).
 PATH="$PEERS/node22/node_modules/.bin:$PATH" npm_project "$SRC/npm" "$PEERS/npm"
@@ -97,10 +100,13 @@ for bin in conformance; do
 done
 [[ -f "$PEERS/npm/node_modules/@modelcontextprotocol/server-everything/dist/index.js" ]] \
   || { log "npm: server-everything dist/index.js missing"; exit 1; }
-for pkg in client ext-tasks; do
+for pkg in client ext-tasks sdk; do
   [[ -f "$PEERS/npm/node_modules/@modelcontextprotocol/$pkg/package.json" ]] \
     || { log "npm: @modelcontextprotocol/$pkg missing"; exit 1; }
 done
+# mcp-remote (the stdio bridge of 2025-era desktop clients), driven by tests/legacy_clients.rs.
+[[ -f "$PEERS/npm/node_modules/mcp-remote/dist/proxy.js" ]] \
+  || { log "npm: mcp-remote dist/proxy.js missing"; exit 1; }
 
 # 3. Python venvs ----------------------------------------------------------------------
 # venv NAME REQUIREMENTS_FILE

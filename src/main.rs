@@ -358,6 +358,7 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
         engine: engine.clone(),
         limits,
         holds,
+        legacy: Default::default(),
     });
     engine.on_relayed_mrtr(front::relayed::handler(Arc::downgrade(&gw)));
     engine.spawn_cluster(shutdown.clone());

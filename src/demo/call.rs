@@ -105,6 +105,8 @@ pub(crate) trait Peer: Send + Sync {
     fn log_enabled(&self, level: &str) -> bool;
     /// Where unsolicited messages go (list-changed notifications).
     fn standalone(&self) -> &Arc<dyn Sink>;
+    /// Whether the client subscribed to the resource `uri`.
+    fn subscribed(&self, uri: &str) -> bool;
     /// Send a server→client request through `sink` and wait for the answer.
     fn request<'a>(&'a self, sink: &'a Arc<dyn Sink>, method: &'a str, params: Value)
     -> Answer<'a>;

@@ -89,6 +89,9 @@ struct Inner {
     /// Outstanding server→client requests by our id (`srv-N`).
     pending: Mutex<HashMap<String, PendingTx>>,
     next_srv_id: AtomicU64,
+    /// Resources this session subscribed to: `counter` reports `demo://counter`
+    /// changes to a subscriber (MCP 2025-11-25 "Resources", "Subscriptions").
+    subscriptions: Mutex<std::collections::HashSet<String>>,
     expired: AtomicBool,
 }
 
@@ -112,6 +115,7 @@ impl Session {
                 in_flight: Mutex::new(HashMap::new()),
                 pending: Mutex::new(HashMap::new()),
                 next_srv_id: AtomicU64::new(1),
+                subscriptions: Mutex::new(std::collections::HashSet::new()),
                 expired: AtomicBool::new(false),
             }),
         }
@@ -138,6 +142,10 @@ impl Session {
     }
     pub fn expire(&self) {
         self.inner.expired.store(true, Ordering::SeqCst);
+    }
+    /// Whether this session subscribed to `uri`.
+    pub(crate) fn subscribed(&self, uri: &str) -> bool {
+        self.inner.subscriptions.lock().contains(uri)
     }
     pub(crate) fn standalone(&self) -> &Arc<dyn Sink> {
         &self.inner.standalone
@@ -324,7 +332,16 @@ impl Session {
                 };
                 Ok(json!({"contents": [{"uri": uri, "mimeType": mime, "text": text}]}))
             }
-            "resources/subscribe" | "resources/unsubscribe" => Ok(json!({})),
+            "resources/subscribe" | "resources/unsubscribe" => {
+                let uri = params.get("uri").and_then(Value::as_str).unwrap_or("");
+                let mut subs = self.inner.subscriptions.lock();
+                if method == "resources/subscribe" {
+                    subs.insert(uri.to_string());
+                } else {
+                    subs.remove(uri);
+                }
+                Ok(json!({}))
+            }
             "completion/complete" => {
                 let is_greeting = params.pointer("/ref/type").and_then(Value::as_str)
                     == Some("ref/prompt")
@@ -449,6 +466,9 @@ impl Peer for Session {
     }
     fn standalone(&self) -> &Arc<dyn Sink> {
         Session::standalone(self)
+    }
+    fn subscribed(&self, uri: &str) -> bool {
+        Session::subscribed(self, uri)
     }
     fn request<'a>(
         &'a self,

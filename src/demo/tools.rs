@@ -125,6 +125,9 @@ pub(crate) fn list() -> Vec<Value> {
     ]
 }
 
+/// The resource whose changes `counter` reports to subscribers.
+const COUNTER_URI: &str = "demo://counter";
+
 pub(crate) fn text_result(text: impl Into<String>) -> Value {
     json!({"content": [{"type": "text", "text": text.into()}]})
 }
@@ -230,7 +233,16 @@ pub(crate) async fn call(ctx: &CallCtx, name: &str, args: &Value) -> ToolOutcome
         }
         "counter" => {
             let key = str_arg(args, "key").unwrap_or("default");
-            ok(format!("count={}", ctx.session.stats().bump(key)))
+            let n = ctx.session.stats().bump(key);
+            if ctx.session.subscribed(COUNTER_URI) {
+                ctx.session
+                    .standalone()
+                    .send(Outbound::Message(notification(
+                        "notifications/resources/updated",
+                        json!({"uri": COUNTER_URI}),
+                    )));
+            }
+            ok(format!("count={n}"))
         }
         "stats" => ok(ctx.session.stats().snapshot().to_string()),
         "crash" => match ctx.session.transport() {

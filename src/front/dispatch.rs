@@ -14,6 +14,7 @@ use tokio::time::Instant;
 
 use super::gateway::Gateway;
 use super::inline::{self, Inline, InlineTiming};
+use super::legacy;
 use super::relay;
 use super::reply::{self, Body};
 use super::stack::{LogFields, ReadRequest, Received, Resp, RespFuture, Target};
@@ -70,7 +71,28 @@ async fn serve_rpc(gw: &Gateway, req: ReadRequest) -> Resp {
         );
     };
     let received = ext.get::<Received>().map_or_else(Instant::now, |r| r.0);
-    let valid = match wire::validate(&bytes, &parts.headers) {
+    // The method gate passed a GET or DELETE only for a 2025-era session.
+    if parts.method == http::Method::GET {
+        return legacy::serve_get(gw, &upstream, principal, &parts).await;
+    }
+    if parts.method == http::Method::DELETE {
+        return legacy::serve_delete(gw, &upstream, principal, &parts).await;
+    }
+    // Which era (docs/design.md §22 "Clients of the 2025 era"): a valid 2026 request
+    // carries its version header and goes straight on; only a body without it is
+    // parsed first to look for the markers.
+    let validated = if legacy::modern_by_header(&parts.headers) {
+        wire::validate(&bytes, &parts.headers)
+    } else {
+        match wire::parse(&bytes) {
+            Ok(v) if legacy::legacy_post(&parts.headers, &v) => {
+                return legacy::serve_post(gw, &upstream, principal, &parts, v, received).await;
+            }
+            Ok(v) => wire::validate_parsed(v, &parts.headers),
+            Err(rej) => Err(rej),
+        }
+    };
+    let valid = match validated {
         Ok(wire::Incoming::Notification) => return reply::empty(StatusCode::ACCEPTED),
         Ok(wire::Incoming::Request(r)) => r,
         Err(rej) => return reply::rpc_error(rej.status, rej.id.as_ref(), &rej.error),

@@ -20,6 +20,9 @@ pub struct Gateway {
     /// The flow control the front applies before a request reaches the engine.
     pub limits: Arc<crate::limits::Limits>,
     pub holds: Arc<crate::tasks::mrtr::Holds>,
+    /// What this replica holds for the 2025-era sessions it serves (docs/design.md
+    /// §22 "Clients of the 2025 era").
+    pub legacy: Arc<super::legacy::live::LegacyLive>,
 }
 
 impl Gateway {

@@ -169,6 +169,11 @@ pub fn content_type_is_json(headers: &HeaderMap) -> bool {
 /// `Accept` must admit both `application/json` and `text/event-stream` (MCP 2026-07-28
 /// Streamable HTTP, "Sending Messages").
 pub fn accept_allows_json_and_sse(headers: &HeaderMap) -> bool {
+    accept_allows(headers, "application/json") && accept_allows(headers, "text/event-stream")
+}
+
+/// Whether `Accept` admits the media type `t` (exactly, `*/*` or `major/*`).
+fn accept_allows(headers: &HeaderMap, t: &str) -> bool {
     let ranges: Vec<String> = headers
         .get_all(header::ACCEPT)
         .iter()
@@ -176,13 +181,10 @@ pub fn accept_allows_json_and_sse(headers: &HeaderMap) -> bool {
         .flat_map(|v| v.split(','))
         .map(media_type)
         .collect();
-    let admits = |t: &str| {
-        let (major, _) = t.split_once('/').unwrap_or((t, ""));
-        ranges
-            .iter()
-            .any(|r| r == t || r == "*/*" || *r == format!("{major}/*"))
-    };
-    admits("application/json") && admits("text/event-stream")
+    let (major, _) = t.split_once('/').unwrap_or((t, ""));
+    ranges
+        .iter()
+        .any(|r| r == t || r == "*/*" || *r == format!("{major}/*"))
 }
 
 /// Origin and Host (step 2 of the order of checks): a refusal is a plain JSON error
@@ -233,7 +235,7 @@ impl Step for Cors {
             h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
             h.insert(
                 header::ACCESS_CONTROL_EXPOSE_HEADERS,
-                HeaderValue::from_static("www-authenticate, retry-after"),
+                HeaderValue::from_static("www-authenticate, retry-after, mcp-session-id"),
             );
             h.append(header::VARY, HeaderValue::from_static("Origin"));
         }
@@ -251,12 +253,12 @@ fn preflight(headers: &HeaderMap) -> Resp {
     h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
     h.insert(
         header::ACCESS_CONTROL_ALLOW_METHODS,
-        HeaderValue::from_static("POST"),
+        HeaderValue::from_static("POST, GET, DELETE"),
     );
     h.insert(
         header::ACCESS_CONTROL_ALLOW_HEADERS,
         HeaderValue::from_static(
-            "authorization, content-type, accept, mcp-protocol-version, mcp-method, mcp-name, idempotency-key",
+            "authorization, content-type, accept, mcp-protocol-version, mcp-method, mcp-name, idempotency-key, mcp-session-id",
         ),
     );
     h.insert(
@@ -267,15 +269,21 @@ fn preflight(headers: &HeaderMap) -> Resp {
     r
 }
 
-/// POST only on an upstream's path: 405 `Allow: POST`.
+/// POST on an upstream's path; GET and DELETE too for a 2025-era session (an
+/// `Mcp-Session-Id` and no 2026 version: docs/design.md §22 "Clients of the 2025
+/// era"). Anything else: 405 `Allow: POST`.
 #[derive(Clone, Copy)]
-pub(super) struct PostOnly;
+pub(super) struct MethodGate;
 
-impl Step for PostOnly {
+impl Step for MethodGate {
     type Kept = ();
 
     fn before(&self, req: &mut Req) -> Result<(), Resp> {
-        if req.method() == Method::POST {
+        let m = req.method();
+        if m == Method::POST
+            || ((m == Method::GET || m == Method::DELETE)
+                && super::legacy::era::legacy_bodiless(req.headers()))
+        {
             Ok(())
         } else {
             Err(method_not_allowed("POST"))
@@ -328,6 +336,22 @@ impl Step for Negotiate {
     type Kept = ();
 
     fn before(&self, req: &mut Req) -> Result<(), Resp> {
+        // A legacy session's GET stream is SSE only; its DELETE has no body and no
+        // answer to negotiate (the method gate admitted them for a session only).
+        if req.method() == Method::DELETE {
+            return Ok(());
+        }
+        if req.method() == Method::GET {
+            return if accept_allows(req.headers(), "text/event-stream") {
+                Ok(())
+            } else {
+                Err(reply::rpc_error(
+                    StatusCode::NOT_ACCEPTABLE,
+                    None,
+                    &RpcError::invalid_request("Accept must allow text/event-stream"),
+                ))
+            };
+        }
         if !content_type_is_json(req.headers()) {
             return Err(reply::rpc_error(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,

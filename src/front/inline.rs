@@ -44,7 +44,7 @@ pub struct Final {
 }
 
 impl Final {
-    fn ok(message: Value) -> Self {
+    pub(super) fn ok(message: Value) -> Self {
         Self {
             status: StatusCode::OK,
             message,
@@ -157,10 +157,10 @@ pub async fn run(c: Inline) -> Response<Body> {
 /// Aborts the call when dropped unless disarmed; clones share the state, so the SSE
 /// body can own one while the forwarder disarms another when it holds the call.
 #[derive(Clone)]
-struct CallGuard(Arc<parking_lot::Mutex<Option<tokio::task::AbortHandle>>>);
+pub(super) struct CallGuard(Arc<parking_lot::Mutex<Option<tokio::task::AbortHandle>>>);
 
 impl CallGuard {
-    fn new(h: tokio::task::AbortHandle) -> Self {
+    pub(super) fn new(h: tokio::task::AbortHandle) -> Self {
         Self(Arc::new(parking_lot::Mutex::new(Some(h))))
     }
     fn disarm(&self) {

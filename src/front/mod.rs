@@ -12,6 +12,7 @@ pub mod dispatch;
 mod gateway;
 pub mod http_checks;
 pub mod inline;
+pub mod legacy;
 mod paths;
 mod relay;
 pub mod relayed;
@@ -84,7 +85,7 @@ fn build(
         .layer(StepLayer(http_checks::OriginHost(gw.clone())))
         .layer(StepLayer(http_checks::Cors))
         .layer(StepLayer(request_log::RequestLog))
-        .layer(StepLayer(http_checks::PostOnly))
+        .layer(StepLayer(http_checks::MethodGate))
         .layer(StepLayer(Async(http_checks::Authenticate(gw.clone()))))
         .layer(StepLayer(http_checks::Negotiate))
         .layer(StepLayer(Async(http_checks::ReadBody(gw.clone()))))

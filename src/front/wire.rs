@@ -109,28 +109,37 @@ fn shallow_id(body: &[u8]) -> Option<RequestId> {
 /// Validate a POST body against the headers. The caller has already checked path,
 /// method, Origin/Host, auth, Content-Type, Accept and size.
 pub fn validate(body: &[u8], headers: &HeaderMap) -> Result<Incoming, Box<Reject>> {
-    validate_inner(body, headers).map_err(Box::new)
+    validate_parsed(parse(body)?, headers)
 }
 
-// The rejection is boxed once at the public boundary; inside, plain values keep the
-// early returns readable.
-#[allow(clippy::result_large_err)]
-fn validate_inner(body: &[u8], headers: &HeaderMap) -> Result<Incoming, Reject> {
+/// Step 1, JSON parse, for both eras (docs/design.md §22 "Clients of the 2025 era":
+/// which era a body speaks is read from the parsed body). Numbers keep their text
+/// (`arbitrary_precision`), so valid JSON is never refused for a number; only nesting
+/// past the parser's limit is, and that is an invalid request, not a parse error.
+pub fn parse(body: &[u8]) -> Result<Value, Box<Reject>> {
     let bad = |id: Option<RequestId>, e: RpcError| Reject::new(StatusCode::BAD_REQUEST, id, e);
-
-    // 1. JSON parse. Numbers keep their text (`arbitrary_precision`), so valid JSON is
-    // never refused for a number; only nesting past the parser's limit is, and that is
-    // an invalid request, not a parse error.
-    let value: Value = serde_json::from_slice(body).map_err(|e| {
-        if e.to_string().starts_with(NESTING_LIMIT_MESSAGE) {
+    serde_json::from_slice(body).map_err(|e| {
+        Box::new(if e.to_string().starts_with(NESTING_LIMIT_MESSAGE) {
             bad(
                 shallow_id(body),
                 RpcError::invalid_request("the message is nested more than 128 levels deep"),
             )
         } else {
             bad(None, RpcError::parse_error(format!("parse error: {e}")))
-        }
-    })?;
+        })
+    })
+}
+
+/// Steps 2–6 over a parsed 2026 body.
+pub fn validate_parsed(value: Value, headers: &HeaderMap) -> Result<Incoming, Box<Reject>> {
+    validate_inner(value, headers).map_err(Box::new)
+}
+
+// The rejection is boxed once at the public boundary; inside, plain values keep the
+// early returns readable.
+#[allow(clippy::result_large_err)]
+fn validate_inner(value: Value, headers: &HeaderMap) -> Result<Incoming, Reject> {
+    let bad = |id: Option<RequestId>, e: RpcError| Reject::new(StatusCode::BAD_REQUEST, id, e);
 
     // 2. Envelope.
     let Value::Object(mut msg) = value else {

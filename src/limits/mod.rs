@@ -46,6 +46,9 @@ pub enum Reason {
     RequestRate,
     TenantQuota,
     QueueFull,
+    /// A principal's 2025-era sessions are at `[legacy] max_sessions_per_principal`
+    /// and every one is in use (docs/design.md §22 "Clients of the 2025 era").
+    LegacySessions,
 }
 
 impl Reason {
@@ -55,6 +58,7 @@ impl Reason {
             Self::RequestRate => "request_rate",
             Self::TenantQuota => "tenant_quota",
             Self::QueueFull => "queue_full",
+            Self::LegacySessions => "legacy_sessions",
         }
     }
 
@@ -66,6 +70,9 @@ impl Reason {
                 "tenant live-task quota reached (limits.max_live_tasks_per_tenant)"
             }
             Self::QueueFull => "upstream queue is full",
+            Self::LegacySessions => {
+                "too many open sessions (legacy.max_sessions_per_principal), all in use"
+            }
         }
     }
 }
@@ -78,6 +85,14 @@ pub struct Throttled {
 }
 
 impl Throttled {
+    /// Every session of the principal is in use and the cap is reached.
+    pub fn legacy_sessions(retry_after: std::time::Duration) -> Self {
+        Self {
+            reason: Reason::LegacySessions,
+            retry_after,
+        }
+    }
+
     pub fn rpc_error(&self) -> RpcError {
         let ms = self.retry_after.as_millis().max(1) as u64;
         RpcError::new(THROTTLED, self.reason.message())

@@ -216,6 +216,17 @@ impl Engine {
     ) -> events::Pending {
         let want_progress = req.meta.progress_token.is_some();
         let spec = inputs::upstream_spec(req.method, &req.params, want_progress);
+        self.start_call(upstream, principal, spec)
+    }
+
+    /// Start the upstream call `spec` in its own task (a 2025-era session's request,
+    /// built by the front as sent: docs/design.md §22 "Clients of the 2025 era").
+    pub fn start_call(
+        self: &Arc<Self>,
+        upstream: &Arc<Upstream>,
+        principal: &Principal,
+        spec: CallSpec,
+    ) -> events::Pending {
         let (ev_tx, events) = tokio::sync::mpsc::channel::<CallEvent>(32);
         let up = upstream.clone();
         let p = principal.clone();

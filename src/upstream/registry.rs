@@ -200,6 +200,13 @@ impl Upstream {
     }
 
     /// The transport (and its tools cache) serving a principal's scope.
+    /// Which upstream session serves `principal` (its isolation scope): state kept
+    /// per upstream session, such as one resource subscription whoever asked for it,
+    /// is keyed by this.
+    pub fn scope_of(&self, principal: &Principal) -> String {
+        scope_key(self.cfg.isolation, principal)
+    }
+
     fn scoped(&self, principal: &Principal) -> (Arc<dyn LegacyTransport>, ToolsCache) {
         let key = scope_key(self.cfg.isolation, principal);
         if key.is_empty() {

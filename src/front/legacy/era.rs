@@ -1,0 +1,134 @@
+//! Which era a request speaks (docs/design.md §22 "Clients of the 2025 era"). A 2026
+//! marker always wins — the `MCP-Protocol-Version: 2026-07-28` header or the
+//! `_meta` protocol-version key — and then §12 holds unchanged. Without one, a request
+//! is served in the legacy era when it is `initialize` with a top-level
+//! `params.protocolVersion`, carries an `Mcp-Session-Id`, or names a 2025-era
+//! `MCP-Protocol-Version`. Pure functions over the headers and the parsed body.
+
+use http::HeaderMap;
+use serde_json::Value;
+
+use crate::protocol::legacy::is_legacy_version;
+use crate::protocol::{META_PROTOCOL_VERSION, PROTOCOL_VERSION};
+
+/// The legacy session header (MCP 2025-11-25 Streamable HTTP, "Session Management").
+pub(crate) const SESSION_HEADER: &str = "mcp-session-id";
+
+/// The 2026 header marker: the one test a valid 2026 request pays before its usual
+/// validation (every 2026 request carries the header).
+pub(crate) fn modern_by_header(headers: &HeaderMap) -> bool {
+    headers
+        .get("mcp-protocol-version")
+        .is_some_and(|v| v.as_bytes() == PROTOCOL_VERSION.as_bytes())
+}
+
+/// A GET or DELETE: legacy when it names a session and no 2026 version. (Without a
+/// session, no era serves it: 405.)
+pub(crate) fn legacy_bodiless(headers: &HeaderMap) -> bool {
+    !modern_by_header(headers) && headers.contains_key(SESSION_HEADER)
+}
+
+/// A POST without the 2026 header: does it speak the 2025 era?
+pub(crate) fn legacy_post(headers: &HeaderMap, body: &Value) -> bool {
+    let messages = match body {
+        Value::Array(a) => a.as_slice(),
+        one => std::slice::from_ref(one),
+    };
+    if messages.iter().any(has_meta_marker) {
+        return false;
+    }
+    headers.contains_key(SESSION_HEADER)
+        || headers
+            .get("mcp-protocol-version")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(is_legacy_version)
+        || messages.iter().any(is_legacy_initialize)
+}
+
+/// The body's 2026 marker: the key, whatever its value (a wrong value is the 2026
+/// path's `-32022` to answer).
+fn has_meta_marker(msg: &Value) -> bool {
+    msg.get("params")
+        .and_then(|p| p.get("_meta"))
+        .and_then(Value::as_object)
+        .is_some_and(|m| m.contains_key(META_PROTOCOL_VERSION))
+}
+
+fn is_legacy_initialize(msg: &Value) -> bool {
+    msg.get("method").and_then(Value::as_str) == Some("initialize")
+        && msg
+            .get("params")
+            .and_then(|p| p.get("protocolVersion"))
+            .is_some_and(Value::is_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, http::HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    const INIT: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"c","version":"1"}}}"#;
+
+    fn body(s: &str) -> Value {
+        serde_json::from_str(s).unwrap_or(Value::Null)
+    }
+
+    #[test]
+    fn legacy_markers() {
+        let none = headers(&[]);
+        assert!(legacy_post(&none, &body(INIT)));
+        assert!(legacy_post(
+            &headers(&[("mcp-session-id", "s")]),
+            &json!({"jsonrpc":"2.0","id":1,"method":"ping"})
+        ));
+        assert!(legacy_post(
+            &headers(&[("mcp-protocol-version", "2025-03-26")]),
+            &json!({"jsonrpc":"2.0","id":1,"method":"tools/list"})
+        ));
+        assert!(legacy_post(&none, &json!([body(INIT)])));
+        // No marker at all: the 2026 path answers (a missing header, -32020).
+        assert!(!legacy_post(
+            &none,
+            &json!({"jsonrpc":"2.0","id":1,"method":"tools/list"})
+        ));
+        // `initialize` without a top-level protocolVersion is the 2026 path's 404.
+        assert!(!legacy_post(
+            &none,
+            &json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{}})
+        ));
+        // An unknown version header is no 2025 marker either.
+        assert!(!legacy_post(
+            &headers(&[("mcp-protocol-version", "2024-11-05")]),
+            &json!({"jsonrpc":"2.0","id":1,"method":"tools/list"})
+        ));
+    }
+
+    #[test]
+    fn a_2026_marker_wins() {
+        let h = headers(&[
+            ("mcp-session-id", "s"),
+            ("mcp-protocol-version", "2026-07-28"),
+        ]);
+        assert!(modern_by_header(&h));
+        assert!(!legacy_bodiless(&h));
+        // The `_meta` key wins over a session and a 2025 header, whatever its value.
+        let h = headers(&[
+            ("mcp-session-id", "s"),
+            ("mcp-protocol-version", "2025-06-18"),
+        ]);
+        let m = json!({"jsonrpc":"2.0","id":1,"method":"tools/list",
+            "params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2025-06-18"}}});
+        assert!(!legacy_post(&h, &m));
+        assert!(!legacy_post(&h, &json!([m])));
+        assert!(legacy_bodiless(&headers(&[("mcp-session-id", "s")])));
+        assert!(!legacy_bodiless(&headers(&[])));
+    }
+}

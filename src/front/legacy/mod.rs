@@ -1,0 +1,619 @@
+//! 2025-era clients on the same endpoint (docs/design.md §22 "Clients of the 2025
+//! era"). `era.rs` decides which era a request speaks; this module serves the legacy
+//! one: the gateway answers `initialize` itself from the upstream's stored identity
+//! and mints a session bound to the principal (`tasks/sessions.rs` stores it), then
+//! forwards the session's requests and notifications (`call.rs` holds a call open),
+//! relays the client's answers to requests it was sent, serves the standalone GET
+//! stream (`stream.rs`) and `DELETE`. Session-scoped state over a shared upstream
+//! session is aggregated per replica in `live.rs`.
+//!
+//! Order of checks (after the path, Origin/Host, method, auth and content checks the
+//! stack made): JSON → envelope → session → `MCP-Protocol-Version` → method →
+//! capability → rate limits → dispatch.
+
+mod aggregate;
+mod call;
+pub(super) mod era;
+pub(super) mod live;
+mod message;
+mod stream;
+
+use std::sync::Arc;
+
+use http::request::Parts;
+use http::{HeaderValue, Response, StatusCode};
+use serde_json::{Map, Value, json};
+use tokio::time::Instant;
+
+use self::call::{DEFAULT_LOG_RANK, LegacyCall};
+use self::live::SubChange;
+use self::message::Message;
+use super::gateway::Gateway;
+use super::inline::Final;
+use super::reply::{self, Body};
+use crate::auth::Principal;
+use crate::protocol::legacy::{self as versions, LegacyMethod};
+use crate::protocol::meta::{ClientCaps, log_level_rank};
+use crate::protocol::{self, Method, RequestId, RpcError, TASKS_EXTENSION, error};
+use crate::store::SessionRecord;
+use crate::tasks::failure::Failure;
+use crate::upstream::{CallOutcome, CallSpec, Upstream, UpstreamInfo};
+
+use self::era::SESSION_HEADER;
+pub(super) use era::{legacy_post, modern_by_header};
+
+/// Serve a legacy POST (its body already parsed as JSON).
+pub(super) async fn serve_post(
+    gw: &Gateway,
+    upstream: &Arc<Upstream>,
+    principal: Principal,
+    parts: &Parts,
+    body: Value,
+    received: Instant,
+) -> Response<Body> {
+    let was_batch = body.is_array();
+    let mut messages = match message::parse_body(body) {
+        Ok(m) => m,
+        Err(rej) => return reply::rpc_error(rej.status, rej.id.as_ref(), &rej.error),
+    };
+    // `initialize` opens a session; it never travels in a batch (MCP 2025-03-26
+    // "Lifecycle").
+    let is_init =
+        |m: &Message| matches!(m, Message::Request { method, .. } if method == "initialize");
+    if messages.iter().any(is_init) {
+        if was_batch {
+            let id = messages.iter().find(|m| is_init(m)).and_then(Message::id);
+            return bad_request(id, "initialize must not be part of a batch");
+        }
+        if let Some(Message::Request { id, params, .. }) = messages.pop() {
+            return initialize(gw, upstream, &principal, id, params).await;
+        }
+    }
+    let first_id = messages.first().and_then(Message::id).cloned();
+    let session = match session_of(gw, upstream, &principal, parts, first_id.as_ref()).await {
+        Ok(s) => s,
+        Err(resp) => return resp,
+    };
+    if let Some(resp) = version_refused(parts, first_id.as_ref()) {
+        return resp;
+    }
+    if was_batch && session.protocol_version != versions::BATCH_VERSION {
+        return bad_request(
+            first_id.as_ref(),
+            &format!(
+                "batches are accepted only in protocol version {}",
+                versions::BATCH_VERSION
+            ),
+        );
+    }
+    let s = Session {
+        gw,
+        upstream,
+        principal: &principal,
+        rec: &session,
+        received,
+    };
+    if !was_batch {
+        return match messages.pop() {
+            Some(Message::Request { id, method, params }) => {
+                s.request(id, &method, params, true).await
+            }
+            Some(other) => {
+                s.no_answer(other).await;
+                reply::empty(StatusCode::ACCEPTED)
+            }
+            None => reply::empty(StatusCode::ACCEPTED),
+        };
+    }
+    // A 2025-03-26 batch: the requests' answers as one JSON array; notifications and
+    // responses need none (all of them: 202).
+    let mut answers = Vec::new();
+    for m in messages {
+        match m {
+            Message::Request { id, method, params } => {
+                let resp = s.request(id.clone(), &method, params, false).await;
+                answers.push(answer_value(&id, resp).await);
+            }
+            other => s.no_answer(other).await,
+        }
+    }
+    if answers.is_empty() {
+        reply::empty(StatusCode::ACCEPTED)
+    } else {
+        reply::json(StatusCode::OK, &Value::Array(answers))
+    }
+}
+
+/// The standalone GET stream of a session.
+pub(super) async fn serve_get(
+    gw: &Gateway,
+    upstream: &Arc<Upstream>,
+    principal: Principal,
+    parts: &Parts,
+) -> Response<Body> {
+    let session = match session_of(gw, upstream, &principal, parts, None).await {
+        Ok(s) => s,
+        Err(resp) => return resp,
+    };
+    if let Some(resp) = version_refused(parts, None) {
+        return resp;
+    }
+    stream::open(gw, upstream, principal, session).await
+}
+
+/// `DELETE`: the client ends its session.
+pub(super) async fn serve_delete(
+    gw: &Gateway,
+    upstream: &Arc<Upstream>,
+    principal: Principal,
+    parts: &Parts,
+) -> Response<Body> {
+    let session = match session_of(gw, upstream, &principal, parts, None).await {
+        Ok(s) => s,
+        Err(resp) => return resp,
+    };
+    match gw
+        .engine
+        .sessions()
+        .close(&principal, &session.session_id)
+        .await
+    {
+        Ok(true) => {
+            aggregate::end_locally(gw, upstream, &principal, &session.session_id).await;
+            reply::empty(StatusCode::NO_CONTENT)
+        }
+        Ok(false) => unknown_session(None),
+        Err(e) => store_unavailable(None, &e),
+    }
+}
+
+/// `initialize`: answered by the gateway from the upstream's stored identity (the
+/// upstream may be down), with a new session bound to the principal.
+async fn initialize(
+    gw: &Gateway,
+    upstream: &Arc<Upstream>,
+    principal: &Principal,
+    id: RequestId,
+    params: Map<String, Value>,
+) -> Response<Body> {
+    let Some(requested) = params.get("protocolVersion").and_then(Value::as_str) else {
+        return invalid_params(&id, "params.protocolVersion must be a string");
+    };
+    let version = versions::negotiate(requested);
+    let client_info = params.get("clientInfo").cloned().unwrap_or(Value::Null);
+    let caps = match params.get("capabilities") {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(c)) => c.clone(),
+        Some(_) => return invalid_params(&id, "params.capabilities must be an object"),
+    };
+    let opened = gw
+        .engine
+        .sessions()
+        .open(principal, upstream.name(), version, client_info, caps)
+        .await;
+    let rec = match opened {
+        Ok(r) => r,
+        Err(crate::tasks::sessions::SessionError::Refused { retry_after }) => {
+            return Final::of(
+                &id,
+                crate::tasks::outcome::Reply::Failed(Failure::throttled(
+                    crate::limits::Throttled::legacy_sessions(retry_after),
+                )),
+            )
+            .into_response();
+        }
+        Err(crate::tasks::sessions::SessionError::Store(e)) => {
+            return store_unavailable(Some(&id), &e);
+        }
+    };
+    let result = initialize_result(&upstream.identity(), version);
+    let mut r = reply::json(StatusCode::OK, &protocol::response(&id, result));
+    if let Ok(v) = HeaderValue::from_str(&rec.session_id) {
+        r.headers_mut().insert(SESSION_HEADER, v);
+    }
+    r
+}
+
+/// The `initialize` result from the upstream's identity: neither task dialect is
+/// advertised in this era (docs/design.md §22).
+pub fn initialize_result(info: &UpstreamInfo, version: &str) -> Value {
+    let mut caps = info.capabilities.clone();
+    strip_task_capabilities(&mut caps);
+    let mut r = Map::new();
+    r.insert("protocolVersion".into(), Value::from(version));
+    r.insert("capabilities".into(), Value::Object(caps));
+    r.insert("serverInfo".into(), info.server_info.clone());
+    if let Some(i) = &info.instructions {
+        r.insert("instructions".into(), Value::from(i.clone()));
+    }
+    Value::Object(r)
+}
+
+/// Remove the upstream's own 2025-11-25 `tasks` capability and the 2026 tasks
+/// extension.
+pub fn strip_task_capabilities(caps: &mut Map<String, Value>) {
+    caps.remove("tasks");
+    if let Some(Value::Object(ext)) = caps.get_mut("extensions") {
+        ext.remove(TASKS_EXTENSION);
+        if ext.is_empty() {
+            caps.remove("extensions");
+        }
+    }
+}
+
+/// The session named by the request, owned by `principal`, on this upstream; else
+/// the answer: 400 without one, 404 for one unknown, foreign or ended (the same
+/// bytes, so a session id is no oracle), 503 when the store cannot say.
+async fn session_of(
+    gw: &Gateway,
+    upstream: &Upstream,
+    principal: &Principal,
+    parts: &Parts,
+    id: Option<&RequestId>,
+) -> Result<SessionRecord, Response<Body>> {
+    let mut values = parts.headers.get_all(SESSION_HEADER).iter();
+    let (Some(v), None) = (values.next(), values.next()) else {
+        return Err(bad_request(
+            id,
+            "an Mcp-Session-Id header is required (send initialize first)",
+        ));
+    };
+    let Ok(sid) = v.to_str() else {
+        return Err(unknown_session(id));
+    };
+    match gw.engine.sessions().resolve(principal, sid).await {
+        Ok(Some(rec)) if rec.upstream == upstream.name() => Ok(rec),
+        Ok(_) => Err(unknown_session(id)),
+        Err(e) => Err(store_unavailable(id, &e)),
+    }
+}
+
+/// `MCP-Protocol-Version` after `initialize`: absent (2025-03-26 clients send none)
+/// or a 2025-era version; anything else is refused with 400.
+fn version_refused(parts: &Parts, id: Option<&RequestId>) -> Option<Response<Body>> {
+    let mut values = parts.headers.get_all("mcp-protocol-version").iter();
+    match (values.next(), values.next()) {
+        (None, _) => None,
+        (Some(v), None) if v.to_str().is_ok_and(versions::is_legacy_version) => None,
+        _ => Some(reply::rpc_error(
+            StatusCode::BAD_REQUEST,
+            id,
+            &RpcError::invalid_request("unsupported MCP-Protocol-Version")
+                .with_data(json!({ "supported": versions::LEGACY_VERSIONS })),
+        )),
+    }
+}
+
+fn bad_request(id: Option<&RequestId>, why: &str) -> Response<Body> {
+    reply::rpc_error(StatusCode::BAD_REQUEST, id, &RpcError::invalid_request(why))
+}
+
+fn invalid_params(id: &RequestId, why: &str) -> Response<Body> {
+    reply::rpc_error(StatusCode::OK, Some(id), &RpcError::invalid_params(why))
+}
+
+fn unknown_session(id: Option<&RequestId>) -> Response<Body> {
+    reply::rpc_error(
+        StatusCode::NOT_FOUND,
+        id,
+        &RpcError::invalid_request("unknown session; send initialize to start a new one"),
+    )
+}
+
+fn store_unavailable(id: Option<&RequestId>, e: &dyn std::fmt::Display) -> Response<Body> {
+    tracing::warn!(error = %e, "legacy session store read failed");
+    reply::unavailable(
+        id,
+        &RpcError::internal("the session store is unavailable; retry"),
+        1,
+    )
+}
+
+/// One request or notification of a resolved session.
+struct Session<'a> {
+    gw: &'a Gateway,
+    upstream: &'a Arc<Upstream>,
+    principal: &'a Principal,
+    rec: &'a SessionRecord,
+    received: Instant,
+}
+
+impl Session<'_> {
+    fn sid(&self) -> &str {
+        &self.rec.session_id
+    }
+
+    /// A notification or a response: nothing to answer.
+    async fn no_answer(&self, m: Message) {
+        match m {
+            Message::Response { id, answer } => {
+                self.gw.legacy.answer(self.sid(), &id, answer);
+            }
+            // Other notifications are informational: `initialized`, and
+            // `roots/list_changed` (a call's roots are asked for when it needs them,
+            // and a shared upstream session is never told one client's).
+            Message::Notification { method, params } => {
+                if method == "notifications/cancelled"
+                    && let Some(id) = params.get("requestId")
+                {
+                    self.gw.legacy.cancel(self.sid(), id);
+                }
+            }
+            Message::Request { .. } => {}
+        }
+    }
+
+    /// A request: `stream` when the answer may be an SSE stream (not in a batch).
+    async fn request(
+        &self,
+        id: RequestId,
+        method: &str,
+        params: Map<String, Value>,
+        stream: bool,
+    ) -> Response<Body> {
+        match LegacyMethod::of(method) {
+            LegacyMethod::Ping => call::json_answer(&id, json!({})),
+            LegacyMethod::Initialize => {
+                bad_request(Some(&id), "the session is initialized already")
+            }
+            // Hidden until the 2025-11-25 task dialect is translated: an upstream
+            // `tasks/list` on a shared session would list other tenants' tasks.
+            LegacyMethod::Tasks => reply::rpc_error(
+                StatusCode::NOT_FOUND,
+                Some(&id),
+                &RpcError::method_not_found(method),
+            ),
+            LegacyMethod::Unknown => reply::rpc_error(
+                StatusCode::OK,
+                Some(&id),
+                &RpcError::method_not_found(method),
+            ),
+            LegacyMethod::SetLogLevel => self.set_level(&id, &params).await,
+            LegacyMethod::Subscribe(on) => self.subscribe(&id, &params, on).await,
+            LegacyMethod::Forward(m) => self.forward(id, m, params, stream).await,
+        }
+    }
+
+    /// The upstream's identity, when it is up; else the failure to answer.
+    async fn info(&self, id: &RequestId) -> Result<UpstreamInfo, Response<Body>> {
+        if !self.gw.engine.lease_held() {
+            return Err(reply::unavailable(
+                Some(id),
+                &RpcError::internal("this replica lost its store lease; retry (another replica)"),
+                1,
+            ));
+        }
+        self.upstream.info().await.map_err(|e| {
+            super::inline::upstream_failure(id, self.upstream.name(), &e).into_response()
+        })
+    }
+
+    async fn forward(
+        &self,
+        id: RequestId,
+        method: Method,
+        mut params: Map<String, Value>,
+        stream: bool,
+    ) -> Response<Body> {
+        let info = match self.info(&id).await {
+            Ok(i) => i,
+            Err(r) => return r,
+        };
+        if let Some(cap) = method.capability()
+            && !info.capabilities.contains_key(cap)
+        {
+            return reply::rpc_error(
+                StatusCode::OK,
+                Some(&id),
+                &RpcError::method_not_found(method.as_str()),
+            );
+        }
+        let limits = &self.gw.limits;
+        let throttled = limits.check_request(self.principal).and_then(|()| {
+            if method.takes_queue_slot() {
+                limits.check_queue(
+                    self.upstream.name(),
+                    self.upstream.cfg.max_concurrency,
+                    self.principal,
+                )
+            } else {
+                Ok(())
+            }
+        });
+        if let Err(t) = throttled {
+            return Final::of(
+                &id,
+                crate::tasks::outcome::Reply::Failed(Failure::throttled(t)),
+            )
+            .into_response();
+        }
+        let progress_token = params
+            .remove("_meta")
+            .and_then(|m| m.get("progressToken").cloned());
+        // The 2025-11-25 task augmentation is never the upstream's to act on here.
+        params.remove("task");
+        if method == Method::ToolsList && !params.contains_key("cursor") {
+            return match self.upstream.tools_list(self.principal).await {
+                Ok(CallOutcome::Result(v)) => call::json_answer(&id, v),
+                Ok(CallOutcome::Error(e)) => reply::rpc_error(StatusCode::OK, Some(&id), &e),
+                Err(e) => {
+                    super::inline::upstream_failure(&id, self.upstream.name(), &e).into_response()
+                }
+            };
+        }
+        let spec = CallSpec {
+            method: method.as_str().to_string(),
+            tool: params
+                .get("name")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            params,
+            want_progress: progress_token.is_some(),
+            tenant: None,
+        };
+        let pending = self
+            .gw
+            .engine
+            .start_call(self.upstream, self.principal, spec);
+        let c = LegacyCall {
+            upstream: self.upstream.clone(),
+            live: self.gw.legacy.clone(),
+            session: self.sid().to_string(),
+            id,
+            progress_token,
+            caps: ClientCaps(self.rec.client_capabilities.clone()),
+            log_rank: self
+                .rec
+                .log_level
+                .as_deref()
+                .and_then(log_level_rank)
+                .unwrap_or(DEFAULT_LOG_RANK),
+            keepalive: self.gw.cfg.server.keepalive,
+            streaming: stream,
+            sync_timeout: self.gw.cfg.tasks.sync_timeout,
+            received: self.received,
+            _activity: Box::new(self.gw.engine.sessions().activity(self.sid())),
+        };
+        call::serve(c, pending).await
+    }
+
+    /// `logging/setLevel`: this session's level; the upstream is set to the most
+    /// verbose level any session on its upstream session asked for.
+    async fn set_level(&self, id: &RequestId, params: &Map<String, Value>) -> Response<Body> {
+        let Some((level, rank)) = params
+            .get("level")
+            .and_then(Value::as_str)
+            .and_then(|l| log_level_rank(l).map(|r| (l, r)))
+        else {
+            return invalid_params(id, "params.level must be a logging level");
+        };
+        let info = match self.info(id).await {
+            Ok(i) => i,
+            Err(r) => return r,
+        };
+        if !info.capabilities.contains_key("logging") {
+            return reply::rpc_error(
+                StatusCode::OK,
+                Some(id),
+                &RpcError::method_not_found("logging/setLevel"),
+            );
+        }
+        let updated = self
+            .gw
+            .engine
+            .sessions()
+            .update(self.sid(), |r| {
+                r.log_level = Some(level.to_string());
+                true
+            })
+            .await;
+        if let Err(e) = updated {
+            return store_unavailable(Some(id), &e);
+        }
+        let scope = self.upstream.scope_of(self.principal);
+        if let Some(apply) =
+            self.gw
+                .legacy
+                .log_level(self.upstream.name(), &scope, self.sid(), Some(rank))
+            && !aggregate::set_upstream_level(self.gw, self.upstream, self.principal, apply).await
+        {
+            return reply::rpc_error(
+                StatusCode::OK,
+                Some(id),
+                &RpcError::internal("the upstream did not accept the logging level"),
+            );
+        }
+        call::json_answer(id, json!({}))
+    }
+
+    /// `resources/subscribe` / `resources/unsubscribe`: kept in the session record,
+    /// and subscribed upstream once per resource whoever asked.
+    async fn subscribe(
+        &self,
+        id: &RequestId,
+        params: &Map<String, Value>,
+        on: bool,
+    ) -> Response<Body> {
+        let Some(uri) = params.get("uri").and_then(Value::as_str) else {
+            return invalid_params(id, "params.uri must be a string");
+        };
+        let info = match self.info(id).await {
+            Ok(i) => i,
+            Err(r) => return r,
+        };
+        let can = info
+            .capabilities
+            .get("resources")
+            .and_then(|r| r.get("subscribe"))
+            .and_then(Value::as_bool)
+            == Some(true);
+        if !can {
+            let m = if on {
+                "resources/subscribe"
+            } else {
+                "resources/unsubscribe"
+            };
+            return reply::rpc_error(StatusCode::OK, Some(id), &RpcError::method_not_found(m));
+        }
+        let scope = self.upstream.scope_of(self.principal);
+        let change = self
+            .gw
+            .legacy
+            .subscription(self.upstream.name(), &scope, uri, self.sid(), on);
+        let upstream_ok = match change {
+            SubChange::First | SubChange::Last => {
+                aggregate::subscribe_upstream(self.gw, self.upstream, self.principal, uri, on).await
+            }
+            SubChange::Shared => true,
+        };
+        if !upstream_ok && on {
+            self.gw
+                .legacy
+                .subscription(self.upstream.name(), &scope, uri, self.sid(), false);
+            return reply::rpc_error(
+                StatusCode::OK,
+                Some(id),
+                &RpcError::internal("the upstream did not accept the subscription"),
+            );
+        }
+        let uri = uri.to_string();
+        let updated = self
+            .gw
+            .engine
+            .sessions()
+            .update(self.sid(), move |r| {
+                let has = r.subscriptions.contains(&uri);
+                if on && !has {
+                    r.subscriptions.push(uri.clone());
+                    true
+                } else if !on && has {
+                    r.subscriptions.retain(|u| *u != uri);
+                    true
+                } else {
+                    false
+                }
+            })
+            .await;
+        if let Err(e) = updated {
+            return store_unavailable(Some(id), &e);
+        }
+        call::json_answer(id, json!({}))
+    }
+}
+
+/// A batch member's answer as a JSON value (its response was built as JSON).
+async fn answer_value(id: &RequestId, resp: Response<Body>) -> Value {
+    use http_body_util::BodyExt;
+    match resp.into_body().collect().await {
+        Ok(b) => serde_json::from_slice(&b.to_bytes()).unwrap_or_else(|_| {
+            protocol::error_response(
+                Some(id),
+                &RpcError::new(error::INTERNAL_ERROR, "internal error"),
+            )
+        }),
+        Err(_) => protocol::error_response(
+            Some(id),
+            &RpcError::new(error::INTERNAL_ERROR, "internal error"),
+        ),
+    }
+}

@@ -1,0 +1,95 @@
+//! The standalone GET stream of a legacy session (MCP 2025-11-25 Streamable HTTP,
+//! "Listening for Messages from the Server"): the upstream's list-changed
+//! notifications and the updates of the resources this session subscribed to, with
+//! keep-alive comments, until the client goes away or the session ends. No `id:`
+//! lines, so no `Last-Event-ID` resumption: a client that loses the stream opens
+//! another (docs/design.md §22 "Clients of the 2025 era").
+//!
+//! Opening it re-subscribes what the session record lists and this replica does not
+//! hold yet: after a restart or a replica loss, the session's subscriptions follow
+//! the stream to the replica that holds it now.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::Response;
+use serde_json::Value;
+use tokio::sync::{broadcast, mpsc};
+
+use super::super::gateway::Gateway;
+use super::super::reply::{self, Body};
+use super::live::SubChange;
+use crate::auth::Principal;
+use crate::protocol;
+use crate::store::SessionRecord;
+use crate::upstream::Upstream;
+
+/// The list-changed notifications relayed (the upstream sends only those it declares).
+const LIST_CHANGED: [&str; 3] = [
+    "notifications/tools/list_changed",
+    "notifications/prompts/list_changed",
+    "notifications/resources/list_changed",
+];
+
+pub(super) async fn open(
+    gw: &Gateway,
+    upstream: &Arc<Upstream>,
+    principal: Principal,
+    rec: SessionRecord,
+) -> Response<Body> {
+    let scope = upstream.scope_of(&principal);
+    let sid = rec.session_id.clone();
+    for uri in &rec.subscriptions {
+        let change = gw
+            .legacy
+            .subscription(upstream.name(), &scope, uri, &sid, true);
+        if change == SubChange::First {
+            super::aggregate::subscribe_upstream(gw, upstream, &principal, uri, true).await;
+        }
+    }
+    let mut notes = upstream.session_notifications(&principal);
+    // Held while the stream is open: the session is in use here (never evicted or
+    // expired), and its end (DELETE, expiry) on this replica ends the stream.
+    let activity = gw.engine.sessions().activity(&sid);
+    let live = gw.legacy.clone();
+    let up = upstream.clone();
+    let keepalive = gw.cfg.server.keepalive;
+    let (tx, out) = mpsc::channel::<Bytes>(32);
+    tokio::spawn(async move {
+        let ended = activity.ended();
+        tokio::pin!(ended);
+        let mut ticker = tokio::time::interval(keepalive);
+        ticker.tick().await;
+        // The headers go out at once with a first comment.
+        if tx.send(reply::sse_keepalive()).await.is_err() {
+            return;
+        }
+        loop {
+            tokio::select! {
+                n = notes.recv() => match n {
+                    Ok(n) => {
+                        let wanted = LIST_CHANGED.contains(&n.method.as_str())
+                            || (n.method == "notifications/resources/updated"
+                                && n.params.as_ref().and_then(|p| p.get("uri")).and_then(Value::as_str)
+                                    .is_some_and(|u| live.subscribed(up.name(), &scope, &sid, u)));
+                        if wanted {
+                            let msg = protocol::notification(&n.method, n.params.unwrap_or_else(|| Value::Object(Default::default())));
+                            if tx.send(reply::sse_event(&msg)).await.is_err() {
+                                break;
+                            }
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(broadcast::error::RecvError::Closed) => break,
+                },
+                () = &mut ended => break,
+                _ = ticker.tick() => {
+                    if tx.send(reply::sse_keepalive()).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    });
+    reply::sse(out, ())
+}

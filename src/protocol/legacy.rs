@@ -1,0 +1,107 @@
+//! The 2025-era protocol as the gateway serves it to clients that speak it
+//! (docs/design.md §22 "Clients of the 2025 era"): the versions it negotiates and what
+//! a legacy request asks for. The methods both eras share are named by [`Method`], the
+//! one table of served methods; only the methods of the 2025 lifecycle are spelled here.
+
+use super::Method;
+
+/// The 2025-era versions served, oldest first (MCP 2025-11-25 "Lifecycle").
+pub const LEGACY_VERSIONS: [&str; 3] = ["2025-03-26", "2025-06-18", "2025-11-25"];
+
+/// What `initialize` answers when the client asks for a version not served.
+pub const LATEST_LEGACY_VERSION: &str = "2025-11-25";
+
+/// The version answered to an `initialize` asking for `requested`: the client's own if
+/// served, else the latest (MCP 2025-11-25 "Lifecycle", "Version Negotiation").
+pub fn negotiate(requested: &str) -> &'static str {
+    LEGACY_VERSIONS
+        .iter()
+        .find(|v| **v == requested)
+        .copied()
+        .unwrap_or(LATEST_LEGACY_VERSION)
+}
+
+/// Whether `v` names a 2025-era version.
+pub fn is_legacy_version(v: &str) -> bool {
+    LEGACY_VERSIONS.contains(&v)
+}
+
+/// The 2025-03-26 version, the only one whose clients may send JSON-RPC batches.
+pub const BATCH_VERSION: &str = "2025-03-26";
+
+/// What a legacy request asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LegacyMethod {
+    Initialize,
+    Ping,
+    /// `logging/setLevel`: session state, kept per client session.
+    SetLogLevel,
+    /// `resources/subscribe` (`true`) or `resources/unsubscribe` (`false`).
+    Subscribe(bool),
+    /// A method the upstream answers, forwarded as sent.
+    Forward(Method),
+    /// Any `tasks/*`: hidden in this era until the 2025-11-25 task dialect is
+    /// translated (docs/design.md §22).
+    Tasks,
+    Unknown,
+}
+
+impl LegacyMethod {
+    pub fn of(name: &str) -> Self {
+        match name {
+            "initialize" => return Self::Initialize,
+            "ping" => return Self::Ping,
+            "logging/setLevel" => return Self::SetLogLevel,
+            "resources/subscribe" => return Self::Subscribe(true),
+            "resources/unsubscribe" => return Self::Subscribe(false),
+            _ => {}
+        }
+        match Method::from_wire(name) {
+            Some(m) if m.is_task_method() => Self::Tasks,
+            Some(m) if m.capability().is_some() => Self::Forward(m),
+            // `server/discover` and `subscriptions/listen` are 2026-07-28 only.
+            Some(_) => Self::Unknown,
+            None if name.starts_with("tasks/") => Self::Tasks,
+            None => Self::Unknown,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn negotiation_echoes_a_served_version_else_the_latest() {
+        assert_eq!(negotiate("2025-03-26"), "2025-03-26");
+        assert_eq!(negotiate("2025-06-18"), "2025-06-18");
+        assert_eq!(negotiate("2025-11-25"), "2025-11-25");
+        assert_eq!(negotiate("2024-11-05"), LATEST_LEGACY_VERSION);
+        assert_eq!(negotiate("2026-07-28"), LATEST_LEGACY_VERSION);
+        assert_eq!(negotiate(""), LATEST_LEGACY_VERSION);
+    }
+
+    #[test]
+    fn methods_of_the_legacy_era() {
+        assert_eq!(LegacyMethod::of("initialize"), LegacyMethod::Initialize);
+        assert_eq!(
+            LegacyMethod::of("tools/call"),
+            LegacyMethod::Forward(Method::ToolsCall)
+        );
+        assert_eq!(
+            LegacyMethod::of("resources/templates/list"),
+            LegacyMethod::Forward(Method::ResourcesTemplatesList)
+        );
+        for t in ["tasks/get", "tasks/list", "tasks/result", "tasks/cancel"] {
+            assert_eq!(LegacyMethod::of(t), LegacyMethod::Tasks, "{t}");
+        }
+        for u in [
+            "server/discover",
+            "subscriptions/listen",
+            "sampling/createMessage",
+            "",
+        ] {
+            assert_eq!(LegacyMethod::of(u), LegacyMethod::Unknown, "{u}");
+        }
+    }
+}
