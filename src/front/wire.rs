@@ -34,23 +34,47 @@ impl Reject {
     }
 }
 
-/// Decode an MCP header value: `=?base64?…?=` carries UTF-8 that is not plain visible
-/// ASCII (MCP 2026-07-28 Streamable HTTP, "Value Encoding"). `None` when the value is
-/// not valid.
+/// The marker of an encoded header value, `=?base64?{base64}?=` (SEP-2243 "Value
+/// Encoding"); the prefix is matched without regard to ASCII case, as the SEP's server
+/// table accepts `=?BASE64?…?=`.
+const ENCODED_PREFIX: &[u8] = b"=?base64?";
+const ENCODED_SUFFIX: &[u8] = b"?=";
+
+/// The value without the optional whitespace around it (RFC 9110 OWS: SP and HTAB).
+/// hyper already strips it from HTTP/1 fields; trimming here states the rule rather
+/// than relying on the parser.
+fn trim_ows(raw: &[u8]) -> &[u8] {
+    let ows = |b: &u8| *b == b' ' || *b == b'\t';
+    let start = raw.iter().position(|b| !ows(b)).unwrap_or(raw.len());
+    let end = raw.iter().rposition(|b| !ows(b)).map_or(start, |i| i + 1);
+    &raw[start..end]
+}
+
+/// The base64 text of a value in the encoded form, `None` for a literal value.
+fn encoded_inner(v: &[u8]) -> Option<&[u8]> {
+    let body_len = v
+        .len()
+        .checked_sub(ENCODED_PREFIX.len() + ENCODED_SUFFIX.len())?;
+    let (prefix, rest) = v.split_at(ENCODED_PREFIX.len());
+    (prefix.eq_ignore_ascii_case(ENCODED_PREFIX) && rest.ends_with(ENCODED_SUFFIX))
+        .then(|| &rest[..body_len])
+}
+
+/// Decode an MCP header value (`MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name`,
+/// `Mcp-Param-*`), as SEP-2243 "Server Behavior" says: the surrounding whitespace is
+/// trimmed; `=?base64?…?=` carries UTF-8 in padded standard base64 (unpadded or
+/// otherwise undecodable text is refused, never read as a literal); anything else is a
+/// literal and must be visible ASCII. `None` when the value is not valid.
 pub fn decode_header_value(raw: &[u8]) -> Option<String> {
-    let s = std::str::from_utf8(raw).ok()?;
-    if let Some(inner) = s
-        .strip_prefix("=?base64?")
-        .and_then(|r| r.strip_suffix("?="))
-    {
+    let v = trim_ows(raw);
+    if let Some(inner) = encoded_inner(v) {
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(inner)
-            .or_else(|_| base64::engine::general_purpose::STANDARD_NO_PAD.decode(inner))
             .ok()?;
         return String::from_utf8(bytes).ok();
     }
-    if s.bytes().all(|b| (0x20..0x7f).contains(&b)) {
-        Some(s.to_string())
+    if v.iter().all(|b| (0x20..0x7f).contains(b)) {
+        String::from_utf8(v.to_vec()).ok()
     } else {
         None
     }
@@ -84,13 +108,25 @@ fn fault_message(fault: HeaderFault, header: &str) -> String {
     }
 }
 
-/// The first `Mcp-Param-*` header sent more than once, if any.
-fn repeated_param_header(headers: &HeaderMap) -> Option<&str> {
+/// The first `Mcp-Param-*` header that cannot be read, with why: sent more than once,
+/// or a value with invalid characters or bad base64 (SEP-2243 "Server Behavior": such
+/// a header is refused whether or not the tool's schema names it).
+fn bad_param_header(headers: &HeaderMap) -> Option<(&str, HeaderFault)> {
     headers
         .keys()
         .map(http::HeaderName::as_str)
         .filter(|k| k.starts_with("mcp-param-"))
-        .find(|k| headers.get_all(*k).iter().nth(1).is_some())
+        .find_map(|k| {
+            let mut all = headers.get_all(k).iter();
+            let first = all.next()?;
+            if all.next().is_some() {
+                Some((k, HeaderFault::Repeated))
+            } else if decode_header_value(first.as_bytes()).is_none() {
+                Some((k, HeaderFault::Invalid))
+            } else {
+                None
+            }
+        })
 }
 
 /// Serde's nesting limit (128 levels) stops a parse; the envelope's own members are
@@ -262,8 +298,8 @@ fn validate_inner(body: &[u8], headers: &HeaderMap) -> Result<Incoming, Reject> 
     {
         return Err(mismatch(fault_message(HeaderFault::Repeated, "Mcp-Name")));
     }
-    if let Some(name) = repeated_param_header(headers) {
-        return Err(mismatch(format!("repeated {name} header")));
+    if let Some((name, fault)) = bad_param_header(headers) {
+        return Err(mismatch(fault_message(fault, name)));
     }
     // A repeated key is a header fault like the others; an unreadable one is a bad
     // parameter, answered after the method checks below.
@@ -501,6 +537,117 @@ mod tests {
             )
             .is_ok()
         );
+    }
+
+    /// SEP-2243 "Conformance Test Cases", the server table: what a header value decodes
+    /// to, `None` for a value refused.
+    #[test]
+    fn sep_2243_server_table() {
+        for (raw, want) in [
+            ("=?base64?SGVsbG8=?=", Some("Hello")),
+            ("=?base64?SGVsbG8?=", None),
+            ("=?base64?SGVs!!!bG8=?=", None),
+            ("SGVsbG8=", Some("SGVsbG8=")),
+            ("=?base64?SGVsbG8=", Some("=?base64?SGVsbG8=")),
+            ("=?BASE64?SGVsbG8=?=", Some("Hello")),
+            ("=?Base64?SGVsbG8=?=", Some("Hello")),
+            // The encoded form carries what a literal cannot.
+            ("=?base64?aMOpbGxv?=", Some("héllo")),
+            ("=?base64?ICBwYWRkZWQg?=", Some("  padded ")),
+            ("=?base64??=", Some("")),
+            ("", Some("")),
+            // Too short to hold both markers: a literal.
+            ("=?base64?=", Some("=?base64?=")),
+            // Not UTF-8 once decoded.
+            ("=?base64?/w==?=", None),
+        ] {
+            assert_eq!(
+                decode_header_value(raw.as_bytes()).as_deref(),
+                want,
+                "{raw:?}"
+            );
+        }
+    }
+
+    /// RFC 9110 OWS around a value is not part of it; inside a literal a tab is not
+    /// visible ASCII.
+    #[test]
+    fn header_whitespace_is_trimmed() {
+        for (raw, want) in [
+            (" Hello", Some("Hello")),
+            ("Hello \t", Some("Hello")),
+            ("\t =?base64?SGVsbG8=?= ", Some("Hello")),
+            ("a b", Some("a b")),
+            ("a\tb", None),
+            (" \t ", Some("")),
+        ] {
+            assert_eq!(
+                decode_header_value(raw.as_bytes()).as_deref(),
+                want,
+                "{raw:?}"
+            );
+        }
+        assert_eq!(decode_header_value(b"caf\xe9"), None);
+    }
+
+    /// Strict padding holds for `Mcp-Name` too: an unpadded value is refused, not
+    /// decoded leniently.
+    #[test]
+    fn unpadded_name_header_is_a_mismatch() {
+        // "hél" is 4 bytes of UTF-8: padded "aMOpbA==", unpadded "aMOpbA".
+        let body = json!({"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"hél","arguments":{},"_meta":meta()}});
+        let mut h = ok_headers("tools/call");
+        h.insert("mcp-name", "=?base64?aMOpbA?=".parse().unwrap());
+        let r = reject(body.clone(), &h);
+        assert_eq!((r.status.as_u16(), r.error.code), (400, -32020));
+        assert_eq!(r.id, Some(json!(3)));
+        assert_eq!(r.error.message, "invalid Mcp-Name header");
+        h.insert("mcp-name", "=?base64?aMOpbA==?=".parse().unwrap());
+        assert!(validate(body.to_string().as_bytes(), &h).is_ok());
+    }
+
+    /// An `Mcp-Param-*` header that cannot be read is refused whatever the tool's
+    /// schema (none is given here), on any method, with the id.
+    #[test]
+    fn unreadable_param_header_is_a_mismatch() {
+        let body = call_body("{}", r#""p-1""#);
+        for bad in [
+            "=?base64?SGVsbG8?=",
+            "=?base64?SGVs!!!bG8=?=",
+            "=?base64?/w==?=",
+        ] {
+            let mut h = call_headers();
+            h.insert("mcp-param-region", bad.parse().unwrap());
+            let r = *validate(body.as_bytes(), &h).unwrap_err();
+            assert_eq!((r.status.as_u16(), r.error.code), (400, -32020), "{bad}");
+            assert_eq!(r.id, Some(json!("p-1")), "{bad}");
+            assert_eq!(r.error.message, "invalid mcp-param-region header");
+        }
+        let mut h = call_headers();
+        h.insert(
+            "mcp-param-region",
+            http::HeaderValue::from_bytes(b"caf\xe9").unwrap(),
+        );
+        assert_eq!(reject_raw(&body, &h).error.code, -32020);
+        let list = json!({"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":meta()}});
+        let mut h = ok_headers("tools/list");
+        h.insert("mcp-param-x", "=?base64?eA?=".parse().unwrap());
+        assert_eq!(reject(list.clone(), &h).error.code, -32020);
+        // Readable values pass, in either form; nothing checks them against a schema.
+        for good in [
+            "eu-west",
+            "=?base64?SGVsbG8=?=",
+            "SGVsbG8=",
+            "=?base64?SGVsbG8=",
+        ] {
+            let mut h = call_headers();
+            h.insert("mcp-param-region", good.parse().unwrap());
+            assert!(validate(body.as_bytes(), &h).is_ok(), "{good}");
+        }
+    }
+
+    fn reject_raw(body: &str, h: &HeaderMap) -> Reject {
+        *validate(body.as_bytes(), h).unwrap_err()
     }
 
     #[test]
