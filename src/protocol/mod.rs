@@ -7,6 +7,7 @@
 pub mod error;
 pub mod meta;
 pub mod method;
+pub mod param_headers;
 pub mod params;
 pub mod results;
 pub mod upstream_info;

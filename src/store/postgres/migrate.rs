@@ -28,14 +28,21 @@ statements! {
 
 /// The migrations, in order. A version is never edited once released; a change is a
 /// new file.
-pub(super) const MIGRATIONS: &[(i32, &str, &str)] = &[(
-    1,
-    "init",
-    include_str!("../../../migrations/postgres/0001_init.sql"),
-)];
+pub(super) const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (
+        1,
+        "init",
+        include_str!("../../../migrations/postgres/0001_init.sql"),
+    ),
+    (
+        2,
+        "upstream_tool_headers",
+        include_str!("../../../migrations/postgres/0002_upstream_tool_headers.sql"),
+    ),
+];
 
 /// The newest schema version this gateway knows.
-pub const LATEST_MIGRATION: i32 = 1;
+pub const LATEST_MIGRATION: i32 = 2;
 
 /// What [`migrate`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,7 +9,7 @@ use super::schema::key_str;
 use crate::protocol::UpstreamInfo;
 use crate::store::{
     Corruption, IdempotencyEntry, RequestRoute, SCHEMA_VERSION, StoreError, StoredIdentity,
-    TaskRecord, Tombstone,
+    StoredToolHeaders, TaskRecord, Tombstone,
 };
 
 /// Only `v` of a record, to pick the fast path.
@@ -53,7 +53,8 @@ records!(
     RequestRoute,
     Tombstone,
     StoredIdempotency,
-    StoredIdentity<UpstreamInfo>
+    StoredIdentity<UpstreamInfo>,
+    StoredToolHeaders
 );
 
 /// Decode a versioned JSON record of `tree` at `key`. A current-version record is

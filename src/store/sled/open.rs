@@ -89,6 +89,7 @@ impl SledStore {
         let live = tree("live")?;
         let seen = tree("seen")?;
         let upstream_identity = tree("upstream_identity")?;
+        let upstream_tool_headers = tree("upstream_tool_headers")?;
 
         // Store-wide schema version: refuse a store written by a newer gateway.
         match meta
@@ -169,6 +170,7 @@ impl SledStore {
             seen,
             seen_since_ms,
             upstream_identity,
+            upstream_tool_headers,
             live_counts: Mutex::new(HashMap::new()),
             path: path.clone(),
             strict_fsync: cfg.strict_fsync,
