@@ -70,7 +70,8 @@ async fn serve_rpc(gw: &Gateway, req: ReadRequest) -> Resp {
         );
     };
     let received = ext.get::<Received>().map_or_else(Instant::now, |r| r.0);
-    let valid = match wire::validate(&bytes, &parts.headers) {
+    let tool_headers = || upstream.tool_headers_to_check();
+    let valid = match wire::validate_with(&bytes, &parts.headers, &tool_headers) {
         Ok(wire::Incoming::Notification) => return reply::empty(StatusCode::ACCEPTED),
         Ok(wire::Incoming::Request(r)) => r,
         Err(rej) => return reply::rpc_error(rej.status, rej.id.as_ref(), &rej.error),

@@ -3,10 +3,13 @@
 //! version → method. Pure functions over the body bytes and the headers, so every rule
 //! is unit-testable and lives in this one file.
 
+use std::sync::Arc;
+
 use base64::Engine;
 use http::{HeaderMap, StatusCode};
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
+use crate::protocol::param_headers::{self, ToolHeaders};
 use crate::protocol::params::Params;
 use crate::protocol::{self, Method, PROTOCOL_VERSION, RequestId, RequestMeta, RpcError, error};
 
@@ -142,16 +145,72 @@ fn shallow_id(body: &[u8]) -> Option<RequestId> {
     protocol::canonical_id(id)
 }
 
-/// Validate a POST body against the headers. The caller has already checked path,
-/// method, Origin/Host, auth, Content-Type, Accept and size.
+/// Where [`validate_with`] finds the `Mcp-Param-*` header map of the upstream's tools:
+/// asked only for a `tools/call`, so no other request pays for it. `None` when no
+/// `tools/list` of the upstream was ever seen (the headers then go unchecked).
+pub type ToolHeaderLookup<'a> = &'a dyn Fn() -> Option<Arc<ToolHeaders>>;
+
+/// Validate a POST body against the headers, with no tool header map known (the
+/// `Mcp-Param-*` headers are read but not compared with the arguments). The caller has
+/// already checked path, method, Origin/Host, auth, Content-Type, Accept and size.
 pub fn validate(body: &[u8], headers: &HeaderMap) -> Result<Incoming, Box<Reject>> {
-    validate_inner(body, headers).map_err(Box::new)
+    validate_inner(body, headers, &|| None).map_err(Box::new)
+}
+
+/// [`validate`], with the upstream's tool header map for the `Mcp-Param-*` check of a
+/// `tools/call`.
+pub fn validate_with(
+    body: &[u8],
+    headers: &HeaderMap,
+    tool_headers: ToolHeaderLookup<'_>,
+) -> Result<Incoming, Box<Reject>> {
+    validate_inner(body, headers, tool_headers).map_err(Box::new)
+}
+
+/// Why a `tools/call`'s `Mcp-Param-*` headers disagree with its arguments (SEP-2243
+/// "Server Behavior"), checked against the tool's annotated parameters: each one whose
+/// argument has a value (not absent, not null) must come with its header, and the
+/// decoded header must carry that value. A header for an argument without a value is
+/// not expected and not refused.
+fn param_header_mismatch(
+    params: Option<&Map<String, Value>>,
+    headers: &HeaderMap,
+    tool_headers: ToolHeaderLookup<'_>,
+) -> Option<String> {
+    let params = params?;
+    let tool = params.get("name").and_then(Value::as_str)?;
+    let args = params.get("arguments").and_then(Value::as_object)?;
+    let map = tool_headers()?;
+    for p in map.for_tool(tool) {
+        let Some(value) = args.get(&p.property).filter(|v| !v.is_null()) else {
+            continue;
+        };
+        // Repeated or unreadable parameter headers were refused before this.
+        let header = headers
+            .get(p.header_name())
+            .and_then(|h| decode_header_value(h.as_bytes()));
+        match header {
+            None => return Some(format!("missing Mcp-Param-{} header", p.name)),
+            Some(h) if !param_headers::header_matches(&h, value) => {
+                return Some(format!(
+                    "Mcp-Param-{} header does not match arguments.{}",
+                    p.name, p.property
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    None
 }
 
 // The rejection is boxed once at the public boundary; inside, plain values keep the
 // early returns readable.
 #[allow(clippy::result_large_err)]
-fn validate_inner(body: &[u8], headers: &HeaderMap) -> Result<Incoming, Reject> {
+fn validate_inner(
+    body: &[u8],
+    headers: &HeaderMap,
+    tool_headers: ToolHeaderLookup<'_>,
+) -> Result<Incoming, Reject> {
     let bad = |id: Option<RequestId>, e: RpcError| Reject::new(StatusCode::BAD_REQUEST, id, e);
 
     // 1. JSON parse. Numbers keep their text (`arbitrary_precision`), so valid JSON is
@@ -300,6 +359,12 @@ fn validate_inner(body: &[u8], headers: &HeaderMap) -> Result<Incoming, Reject> 
     }
     if let Some((name, fault)) = bad_param_header(headers) {
         return Err(mismatch(fault_message(fault, name)));
+    }
+    // Only a `tools/call` carries tool arguments, so only it looks the map up.
+    if served == Some(Method::ToolsCall)
+        && let Some(what) = param_header_mismatch(params.as_ref(), headers, tool_headers)
+    {
+        return Err(mismatch(what));
     }
     // A repeated key is a header fault like the others; an unreadable one is a bad
     // parameter, answered after the method checks below.
@@ -644,6 +709,147 @@ mod tests {
             h.insert("mcp-param-region", good.parse().unwrap());
             assert!(validate(body.as_bytes(), &h).is_ok(), "{good}");
         }
+    }
+
+    /// The header map of one tool, `route`: `region` (string), `zone` (integer) and
+    /// `fast` (boolean) travel as `Mcp-Param-Region`/`-Zone`/`-Fast`.
+    fn route_headers() -> Option<Arc<ToolHeaders>> {
+        let list = json!({"tools": [{"name": "route", "inputSchema": {"type": "object", "properties": {
+            "region": {"type": "string", "x-mcp-header": "Region"},
+            "zone": {"type": "integer", "x-mcp-header": "Zone"},
+            "fast": {"type": "boolean", "x-mcp-header": "Fast"},
+            "note": {"type": "string"}
+        }}}]});
+        Some(Arc::new(ToolHeaders::from_tools_list(&list).0))
+    }
+
+    fn route_call(args: Value, extra: &[(&str, &str)]) -> Result<Incoming, Box<Reject>> {
+        let body = json!({"jsonrpc":"2.0","id":"r","method":"tools/call","params":{"name":"route","arguments":args,"_meta":meta()}});
+        let mut h = ok_headers("tools/call");
+        h.insert("mcp-name", "route".parse().unwrap());
+        for (k, v) in extra {
+            h.insert(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        validate_with(body.to_string().as_bytes(), &h, &route_headers)
+    }
+
+    fn route_mismatch(args: Value, extra: &[(&str, &str)]) -> String {
+        let r = route_call(args, extra).unwrap_err();
+        assert_eq!((r.status.as_u16(), r.error.code), (400, -32020));
+        assert_eq!(r.id, Some(json!("r")));
+        r.error.message
+    }
+
+    #[test]
+    fn param_headers_must_carry_their_arguments() {
+        let ok = |args: Value, extra: &[(&str, &str)]| {
+            let r = route_call(args.clone(), extra);
+            assert!(r.is_ok(), "{args} {extra:?}: {r:?}");
+        };
+        ok(json!({"region": "eu"}), &[("mcp-param-region", "eu")]);
+        ok(
+            json!({"region": "Zürich"}),
+            &[("mcp-param-region", "=?base64?WsO8cmljaA==?=")],
+        );
+        ok(
+            json!({"region": "SGVsbG8="}),
+            &[("mcp-param-region", "SGVsbG8=")],
+        );
+        ok(
+            json!({"region": "Hello"}),
+            &[("mcp-param-region", "=?BASE64?SGVsbG8=?=")],
+        );
+        ok(
+            json!({"region": "eu", "zone": 3}),
+            &[("mcp-param-region", "eu"), ("mcp-param-zone", "3")],
+        );
+        ok(json!({"zone": 3}), &[("mcp-param-zone", "3.0")]);
+        ok(json!({"fast": false}), &[("mcp-param-fast", "false")]);
+        // No value, no header expected; one sent anyway is not refused.
+        ok(json!({}), &[]);
+        ok(json!({"region": null, "note": "n"}), &[]);
+        ok(json!({"region": null}), &[("mcp-param-region", "eu")]);
+        ok(
+            json!({"zone": 3}),
+            &[("mcp-param-zone", "3"), ("mcp-param-region", "eu")],
+        );
+
+        assert_eq!(
+            route_mismatch(json!({"region": "eu"}), &[]),
+            "missing Mcp-Param-Region header"
+        );
+        assert_eq!(
+            route_mismatch(json!({"region": "eu"}), &[("mcp-param-region", "EU")]),
+            "Mcp-Param-Region header does not match arguments.region"
+        );
+        assert_eq!(
+            route_mismatch(
+                json!({"region": "eu", "zone": 3}),
+                &[("mcp-param-region", "eu")]
+            ),
+            "missing Mcp-Param-Zone header"
+        );
+        assert_eq!(
+            route_mismatch(json!({"zone": 3}), &[("mcp-param-zone", "4")]),
+            "Mcp-Param-Zone header does not match arguments.zone"
+        );
+        assert_eq!(
+            route_mismatch(json!({"fast": true}), &[("mcp-param-fast", "1")]),
+            "Mcp-Param-Fast header does not match arguments.fast"
+        );
+        assert_eq!(
+            route_mismatch(
+                json!({"region": "Hello"}),
+                &[("mcp-param-region", "=?base64?SGVsbG8?=")]
+            ),
+            "invalid mcp-param-region header"
+        );
+        // A literal that merely looks encoded is compared as it is.
+        assert_eq!(
+            route_mismatch(
+                json!({"region": "Hello"}),
+                &[("mcp-param-region", "=?base64?SGVsbG8=")]
+            ),
+            "Mcp-Param-Region header does not match arguments.region"
+        );
+    }
+
+    #[test]
+    fn the_map_is_asked_for_tools_call_only() {
+        let asked = std::cell::Cell::new(0);
+        let lookup = || {
+            asked.set(asked.get() + 1);
+            route_headers()
+        };
+        let list = json!({"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":meta()}});
+        let mut h = ok_headers("tools/list");
+        h.insert("mcp-param-region", "x".parse().unwrap());
+        assert!(validate_with(list.to_string().as_bytes(), &h, &lookup).is_ok());
+        assert_eq!(asked.get(), 0);
+        // Unknown map: nothing is compared.
+        let body = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"route","arguments":{"region":"eu"},"_meta":meta()}});
+        let mut h = ok_headers("tools/call");
+        h.insert("mcp-name", "route".parse().unwrap());
+        assert!(validate_with(body.to_string().as_bytes(), &h, &|| None).is_ok());
+        assert!(validate(body.to_string().as_bytes(), &h).is_ok());
+        assert!(validate_with(body.to_string().as_bytes(), &h, &lookup).is_err());
+        assert_eq!(asked.get(), 1);
+    }
+
+    /// Headers vs body comes before `_meta`: the mismatch answers first.
+    #[test]
+    fn param_mismatch_precedes_meta() {
+        let body = json!({"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"route","arguments":{"region":"eu"}}});
+        let mut h = ok_headers("tools/call");
+        h.insert("mcp-name", "route".parse().unwrap());
+        let r = validate_with(body.to_string().as_bytes(), &h, &route_headers).unwrap_err();
+        assert_eq!((r.error.code, r.id), (-32020, Some(json!(5))));
+        h.insert("mcp-param-region", "eu".parse().unwrap());
+        let r = validate_with(body.to_string().as_bytes(), &h, &route_headers).unwrap_err();
+        assert_eq!(r.error.code, -32602);
     }
 
     fn reject_raw(body: &str, h: &HeaderMap) -> Reject {

@@ -6,6 +6,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -73,6 +74,8 @@ pub struct Upstream {
     /// Tools whose `x-mcp-header` annotations were found invalid and logged, so each is
     /// logged once.
     excluded_logged: Mutex<HashSet<String>>,
+    /// Whether a `tools/call` found no header map to check against and said so.
+    unchecked_logged: AtomicBool,
 }
 
 impl Upstream {
@@ -178,6 +181,7 @@ impl Upstream {
             identity,
             tls,
             excluded_logged: Mutex::new(HashSet::new()),
+            unchecked_logged: AtomicBool::new(false),
         }))
     }
 
@@ -199,6 +203,7 @@ impl Upstream {
             identity,
             tls: crate::tls::client::plaintext_only().expect("a TLS configuration"),
             excluded_logged: Mutex::new(HashSet::new()),
+            unchecked_logged: AtomicBool::new(false),
         })
     }
 
@@ -262,6 +267,23 @@ impl Upstream {
     /// `tools/list` of any scope (or the stored one); `None` when none is known.
     pub fn tool_headers(&self) -> Option<Arc<ToolHeaders>> {
         self.identity.tool_headers()
+    }
+
+    /// The header map a `tools/call`'s `Mcp-Param-*` headers are checked against
+    /// (docs/design.md §12 "HTTP front"). While none is known (no `tools/list` seen in
+    /// this run, none stored by an earlier one) they go unchecked, which is logged once.
+    pub fn tool_headers_to_check(&self) -> Option<Arc<ToolHeaders>> {
+        let map = self.identity.tool_headers();
+        if map.is_none()
+            && !self.unchecked_logged.load(Ordering::Relaxed)
+            && !self.unchecked_logged.swap(true, Ordering::Relaxed)
+        {
+            tracing::info!(
+                upstream = %self.name(),
+                "no tools/list of this upstream known yet: Mcp-Param-* headers are not checked until one is"
+            );
+        }
+        map
     }
 
     /// Wakes when the tools' header map changes (to keep it durable).
