@@ -330,11 +330,14 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
         tracing::info!(replica = %seat.replica_id, epoch = seat.epoch, "replica registered");
     }
     let stored = engine.stored_identities().await;
+    let stored_tool_headers = engine.stored_tool_headers().await;
     let upstreams = Arc::new(
-        UpstreamSet::start(&cfg.upstreams, pid_dir, &stored).context("starting the upstreams")?,
+        UpstreamSet::start(&cfg.upstreams, pid_dir, &stored, &stored_tool_headers)
+            .context("starting the upstreams")?,
     );
     upstreams.spawn_reaper();
     engine.persist_identities(&upstreams);
+    engine.persist_tool_headers(&upstreams);
 
     let recovered = engine
         .recover()

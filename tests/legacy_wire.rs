@@ -741,7 +741,11 @@ async fn a_session_continues_across_a_restart() {
     let mut c = Legacy::new(&gw, alice());
     c.initialize(json!({})).await;
     let s = c
-        .request(json!(1), "resources/subscribe", json!({"uri": "demo://counter"}))
+        .request(
+            json!(1),
+            "resources/subscribe",
+            json!({"uri": "demo://counter"}),
+        )
         .await;
     assert_eq!(s.json()["result"], json!({}), "{}", text(&s));
 
@@ -755,7 +759,10 @@ async fn a_session_continues_across_a_restart() {
     let mut proc = proc;
     let start = Instant::now();
     while proc.child.try_wait().ok().flatten().is_none() {
-        assert!(start.elapsed() < Duration::from_secs(30), "gateway did not exit");
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "gateway did not exit"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     drop(proc);
@@ -769,7 +776,11 @@ async fn a_session_continues_across_a_restart() {
     let mut get = Events::open(&again.url, "GET", &again.headers(), String::new()).await;
     assert_eq!(get.status, 200);
     let r = again
-        .request(json!(3), "tools/call", json!({"name": "counter", "arguments": {}}))
+        .request(
+            json!(3),
+            "tools/call",
+            json!({"name": "counter", "arguments": {}}),
+        )
         .await;
     assert_eq!(r.status, 200, "{}", text(&r));
     let n = get.next(Duration::from_secs(10)).await;

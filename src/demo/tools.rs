@@ -50,6 +50,21 @@ pub(crate) fn list() -> Vec<Value> {
             "Echoes its arguments back as JSON text, exactly as received",
             json!({"type": "object"}),
         ),
+        // The one tool with `x-mcp-header` parameters (docs/design.md §12 "HTTP front"):
+        // a 2026 client sends `region` and `zone` as `Mcp-Param-Region`/`Mcp-Param-Zone`
+        // too, and the gateway checks them.
+        tool(
+            "route",
+            "Echoes its arguments back as JSON text; region and zone also travel as Mcp-Param-* headers",
+            schema(
+                json!({
+                    "region": {"type": "string", "x-mcp-header": "Region"},
+                    "zone": {"type": "integer", "x-mcp-header": "Zone"},
+                    "note": {"type": "string"}
+                }),
+                &["region"],
+            ),
+        ),
         tool(
             "sleep",
             "Sleeps, reporting progress",
@@ -162,7 +177,7 @@ pub(crate) async fn call(ctx: &CallCtx, name: &str, args: &Value) -> ToolOutcome
             Some(t) => ok(t),
             None => ToolOutcome::Error(RpcError::invalid_params("echo: missing string 'text'")),
         },
-        "echo_arguments" => ok(args.to_string()),
+        "echo_arguments" | "route" => ok(args.to_string()),
         "sleep" | "slow_required" => sleep(ctx, args).await,
         "elicit" => {
             if !ctx.session.caps().elicitation {

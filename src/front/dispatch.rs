@@ -81,14 +81,15 @@ async fn serve_rpc(gw: &Gateway, req: ReadRequest) -> Resp {
     // Which era (docs/design.md §22 "Clients of the 2025 era"): a valid 2026 request
     // carries its version header and goes straight on; only a body without it is
     // parsed first to look for the markers.
+    let tool_headers = || upstream.tool_headers_to_check();
     let validated = if legacy::modern_by_header(&parts.headers) {
-        wire::validate(&bytes, &parts.headers)
+        wire::validate_with(&bytes, &parts.headers, &tool_headers)
     } else {
         match wire::parse(&bytes) {
             Ok(v) if legacy::legacy_post(&parts.headers, &v) => {
                 return legacy::serve_post(gw, &upstream, principal, &parts, v, received).await;
             }
-            Ok(v) => wire::validate_parsed(v, &parts.headers),
+            Ok(v) => wire::validate_parsed(v, &parts.headers, &tool_headers),
             Err(rej) => Err(rej),
         }
     };

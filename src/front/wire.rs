@@ -3,10 +3,13 @@
 //! version → method. Pure functions over the body bytes and the headers, so every rule
 //! is unit-testable and lives in this one file.
 
+use std::sync::Arc;
+
 use base64::Engine;
 use http::{HeaderMap, StatusCode};
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
+use crate::protocol::param_headers::{self, ToolHeaders};
 use crate::protocol::params::Params;
 use crate::protocol::{self, Method, PROTOCOL_VERSION, RequestId, RequestMeta, RpcError, error};
 
@@ -34,23 +37,47 @@ impl Reject {
     }
 }
 
-/// Decode an MCP header value: `=?base64?…?=` carries UTF-8 that is not plain visible
-/// ASCII (MCP 2026-07-28 Streamable HTTP, "Value Encoding"). `None` when the value is
-/// not valid.
+/// The marker of an encoded header value, `=?base64?{base64}?=` (SEP-2243 "Value
+/// Encoding"); the prefix is matched without regard to ASCII case, as the SEP's server
+/// table accepts `=?BASE64?…?=`.
+const ENCODED_PREFIX: &[u8] = b"=?base64?";
+const ENCODED_SUFFIX: &[u8] = b"?=";
+
+/// The value without the optional whitespace around it (RFC 9110 OWS: SP and HTAB).
+/// hyper already strips it from HTTP/1 fields; trimming here states the rule rather
+/// than relying on the parser.
+fn trim_ows(raw: &[u8]) -> &[u8] {
+    let ows = |b: &u8| *b == b' ' || *b == b'\t';
+    let start = raw.iter().position(|b| !ows(b)).unwrap_or(raw.len());
+    let end = raw.iter().rposition(|b| !ows(b)).map_or(start, |i| i + 1);
+    &raw[start..end]
+}
+
+/// The base64 text of a value in the encoded form, `None` for a literal value.
+fn encoded_inner(v: &[u8]) -> Option<&[u8]> {
+    let body_len = v
+        .len()
+        .checked_sub(ENCODED_PREFIX.len() + ENCODED_SUFFIX.len())?;
+    let (prefix, rest) = v.split_at(ENCODED_PREFIX.len());
+    (prefix.eq_ignore_ascii_case(ENCODED_PREFIX) && rest.ends_with(ENCODED_SUFFIX))
+        .then(|| &rest[..body_len])
+}
+
+/// Decode an MCP header value (`MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name`,
+/// `Mcp-Param-*`), as SEP-2243 "Server Behavior" says: the surrounding whitespace is
+/// trimmed; `=?base64?…?=` carries UTF-8 in padded standard base64 (unpadded or
+/// otherwise undecodable text is refused, never read as a literal); anything else is a
+/// literal and must be visible ASCII. `None` when the value is not valid.
 pub fn decode_header_value(raw: &[u8]) -> Option<String> {
-    let s = std::str::from_utf8(raw).ok()?;
-    if let Some(inner) = s
-        .strip_prefix("=?base64?")
-        .and_then(|r| r.strip_suffix("?="))
-    {
+    let v = trim_ows(raw);
+    if let Some(inner) = encoded_inner(v) {
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(inner)
-            .or_else(|_| base64::engine::general_purpose::STANDARD_NO_PAD.decode(inner))
             .ok()?;
         return String::from_utf8(bytes).ok();
     }
-    if s.bytes().all(|b| (0x20..0x7f).contains(&b)) {
-        Some(s.to_string())
+    if v.iter().all(|b| (0x20..0x7f).contains(b)) {
+        String::from_utf8(v.to_vec()).ok()
     } else {
         None
     }
@@ -84,13 +111,25 @@ fn fault_message(fault: HeaderFault, header: &str) -> String {
     }
 }
 
-/// The first `Mcp-Param-*` header sent more than once, if any.
-fn repeated_param_header(headers: &HeaderMap) -> Option<&str> {
+/// The first `Mcp-Param-*` header that cannot be read, with why: sent more than once,
+/// or a value with invalid characters or bad base64 (SEP-2243 "Server Behavior": such
+/// a header is refused whether or not the tool's schema names it).
+fn bad_param_header(headers: &HeaderMap) -> Option<(&str, HeaderFault)> {
     headers
         .keys()
         .map(http::HeaderName::as_str)
         .filter(|k| k.starts_with("mcp-param-"))
-        .find(|k| headers.get_all(*k).iter().nth(1).is_some())
+        .find_map(|k| {
+            let mut all = headers.get_all(k).iter();
+            let first = all.next()?;
+            if all.next().is_some() {
+                Some((k, HeaderFault::Repeated))
+            } else if decode_header_value(first.as_bytes()).is_none() {
+                Some((k, HeaderFault::Invalid))
+            } else {
+                None
+            }
+        })
 }
 
 /// Serde's nesting limit (128 levels) stops a parse; the envelope's own members are
@@ -106,10 +145,62 @@ fn shallow_id(body: &[u8]) -> Option<RequestId> {
     protocol::canonical_id(id)
 }
 
-/// Validate a POST body against the headers. The caller has already checked path,
-/// method, Origin/Host, auth, Content-Type, Accept and size.
+/// Where [`validate_with`] finds the `Mcp-Param-*` header map of the upstream's tools:
+/// asked only for a `tools/call`, so no other request pays for it. `None` when no
+/// `tools/list` of the upstream was ever seen (the headers then go unchecked).
+pub type ToolHeaderLookup<'a> = &'a dyn Fn() -> Option<Arc<ToolHeaders>>;
+
+/// Validate a POST body against the headers, with no tool header map known (the
+/// `Mcp-Param-*` headers are read but not compared with the arguments). The caller has
+/// already checked path, method, Origin/Host, auth, Content-Type, Accept and size.
 pub fn validate(body: &[u8], headers: &HeaderMap) -> Result<Incoming, Box<Reject>> {
-    validate_parsed(parse(body)?, headers)
+    validate_with(body, headers, &|| None)
+}
+
+/// [`validate`], with the upstream's tool header map for the `Mcp-Param-*` check of a
+/// `tools/call`.
+pub fn validate_with(
+    body: &[u8],
+    headers: &HeaderMap,
+    tool_headers: ToolHeaderLookup<'_>,
+) -> Result<Incoming, Box<Reject>> {
+    validate_parsed(parse(body)?, headers, tool_headers)
+}
+
+/// Why a `tools/call`'s `Mcp-Param-*` headers disagree with its arguments (SEP-2243
+/// "Server Behavior"), checked against the tool's annotated parameters: each one whose
+/// argument has a value (not absent, not null) must come with its header, and the
+/// decoded header must carry that value. A header for an argument without a value is
+/// not expected and not refused.
+fn param_header_mismatch(
+    params: Option<&Map<String, Value>>,
+    headers: &HeaderMap,
+    tool_headers: ToolHeaderLookup<'_>,
+) -> Option<String> {
+    let params = params?;
+    let tool = params.get("name").and_then(Value::as_str)?;
+    let args = params.get("arguments").and_then(Value::as_object)?;
+    let map = tool_headers()?;
+    for p in map.for_tool(tool) {
+        let Some(value) = args.get(&p.property).filter(|v| !v.is_null()) else {
+            continue;
+        };
+        // Repeated or unreadable parameter headers were refused before this.
+        let header = headers
+            .get(p.header_name())
+            .and_then(|h| decode_header_value(h.as_bytes()));
+        match header {
+            None => return Some(format!("missing Mcp-Param-{} header", p.name)),
+            Some(h) if !param_headers::header_matches(&h, value) => {
+                return Some(format!(
+                    "Mcp-Param-{} header does not match arguments.{}",
+                    p.name, p.property
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    None
 }
 
 /// Step 1, JSON parse, for both eras (docs/design.md §22 "Clients of the 2025 era":
@@ -131,14 +222,22 @@ pub fn parse(body: &[u8]) -> Result<Value, Box<Reject>> {
 }
 
 /// Steps 2–6 over a parsed 2026 body.
-pub fn validate_parsed(value: Value, headers: &HeaderMap) -> Result<Incoming, Box<Reject>> {
-    validate_inner(value, headers).map_err(Box::new)
+pub fn validate_parsed(
+    value: Value,
+    headers: &HeaderMap,
+    tool_headers: ToolHeaderLookup<'_>,
+) -> Result<Incoming, Box<Reject>> {
+    validate_inner(value, headers, tool_headers).map_err(Box::new)
 }
 
 // The rejection is boxed once at the public boundary; inside, plain values keep the
 // early returns readable.
 #[allow(clippy::result_large_err)]
-fn validate_inner(value: Value, headers: &HeaderMap) -> Result<Incoming, Reject> {
+fn validate_inner(
+    value: Value,
+    headers: &HeaderMap,
+    tool_headers: ToolHeaderLookup<'_>,
+) -> Result<Incoming, Reject> {
     let bad = |id: Option<RequestId>, e: RpcError| Reject::new(StatusCode::BAD_REQUEST, id, e);
 
     // 2. Envelope.
@@ -271,8 +370,14 @@ fn validate_inner(value: Value, headers: &HeaderMap) -> Result<Incoming, Reject>
     {
         return Err(mismatch(fault_message(HeaderFault::Repeated, "Mcp-Name")));
     }
-    if let Some(name) = repeated_param_header(headers) {
-        return Err(mismatch(format!("repeated {name} header")));
+    if let Some((name, fault)) = bad_param_header(headers) {
+        return Err(mismatch(fault_message(fault, name)));
+    }
+    // Only a `tools/call` carries tool arguments, so only it looks the map up.
+    if served == Some(Method::ToolsCall)
+        && let Some(what) = param_header_mismatch(params.as_ref(), headers, tool_headers)
+    {
+        return Err(mismatch(what));
     }
     // A repeated key is a header fault like the others; an unreadable one is a bad
     // parameter, answered after the method checks below.
@@ -510,6 +615,258 @@ mod tests {
             )
             .is_ok()
         );
+    }
+
+    /// SEP-2243 "Conformance Test Cases", the server table: what a header value decodes
+    /// to, `None` for a value refused.
+    #[test]
+    fn sep_2243_server_table() {
+        for (raw, want) in [
+            ("=?base64?SGVsbG8=?=", Some("Hello")),
+            ("=?base64?SGVsbG8?=", None),
+            ("=?base64?SGVs!!!bG8=?=", None),
+            ("SGVsbG8=", Some("SGVsbG8=")),
+            ("=?base64?SGVsbG8=", Some("=?base64?SGVsbG8=")),
+            ("=?BASE64?SGVsbG8=?=", Some("Hello")),
+            ("=?Base64?SGVsbG8=?=", Some("Hello")),
+            // The encoded form carries what a literal cannot.
+            ("=?base64?aMOpbGxv?=", Some("héllo")),
+            ("=?base64?ICBwYWRkZWQg?=", Some("  padded ")),
+            ("=?base64??=", Some("")),
+            ("", Some("")),
+            // Too short to hold both markers: a literal.
+            ("=?base64?=", Some("=?base64?=")),
+            // Not UTF-8 once decoded.
+            ("=?base64?/w==?=", None),
+        ] {
+            assert_eq!(
+                decode_header_value(raw.as_bytes()).as_deref(),
+                want,
+                "{raw:?}"
+            );
+        }
+    }
+
+    /// RFC 9110 OWS around a value is not part of it; inside a literal a tab is not
+    /// visible ASCII.
+    #[test]
+    fn header_whitespace_is_trimmed() {
+        for (raw, want) in [
+            (" Hello", Some("Hello")),
+            ("Hello \t", Some("Hello")),
+            ("\t =?base64?SGVsbG8=?= ", Some("Hello")),
+            ("a b", Some("a b")),
+            ("a\tb", None),
+            (" \t ", Some("")),
+        ] {
+            assert_eq!(
+                decode_header_value(raw.as_bytes()).as_deref(),
+                want,
+                "{raw:?}"
+            );
+        }
+        assert_eq!(decode_header_value(b"caf\xe9"), None);
+    }
+
+    /// Strict padding holds for `Mcp-Name` too: an unpadded value is refused, not
+    /// decoded leniently.
+    #[test]
+    fn unpadded_name_header_is_a_mismatch() {
+        // "hél" is 4 bytes of UTF-8: padded "aMOpbA==", unpadded "aMOpbA".
+        let body = json!({"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"hél","arguments":{},"_meta":meta()}});
+        let mut h = ok_headers("tools/call");
+        h.insert("mcp-name", "=?base64?aMOpbA?=".parse().unwrap());
+        let r = reject(body.clone(), &h);
+        assert_eq!((r.status.as_u16(), r.error.code), (400, -32020));
+        assert_eq!(r.id, Some(json!(3)));
+        assert_eq!(r.error.message, "invalid Mcp-Name header");
+        h.insert("mcp-name", "=?base64?aMOpbA==?=".parse().unwrap());
+        assert!(validate(body.to_string().as_bytes(), &h).is_ok());
+    }
+
+    /// An `Mcp-Param-*` header that cannot be read is refused whatever the tool's
+    /// schema (none is given here), on any method, with the id.
+    #[test]
+    fn unreadable_param_header_is_a_mismatch() {
+        let body = call_body("{}", r#""p-1""#);
+        for bad in [
+            "=?base64?SGVsbG8?=",
+            "=?base64?SGVs!!!bG8=?=",
+            "=?base64?/w==?=",
+        ] {
+            let mut h = call_headers();
+            h.insert("mcp-param-region", bad.parse().unwrap());
+            let r = *validate(body.as_bytes(), &h).unwrap_err();
+            assert_eq!((r.status.as_u16(), r.error.code), (400, -32020), "{bad}");
+            assert_eq!(r.id, Some(json!("p-1")), "{bad}");
+            assert_eq!(r.error.message, "invalid mcp-param-region header");
+        }
+        let mut h = call_headers();
+        h.insert(
+            "mcp-param-region",
+            http::HeaderValue::from_bytes(b"caf\xe9").unwrap(),
+        );
+        assert_eq!(reject_raw(&body, &h).error.code, -32020);
+        let list = json!({"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":meta()}});
+        let mut h = ok_headers("tools/list");
+        h.insert("mcp-param-x", "=?base64?eA?=".parse().unwrap());
+        assert_eq!(reject(list.clone(), &h).error.code, -32020);
+        // Readable values pass, in either form; nothing checks them against a schema.
+        for good in [
+            "eu-west",
+            "=?base64?SGVsbG8=?=",
+            "SGVsbG8=",
+            "=?base64?SGVsbG8=",
+        ] {
+            let mut h = call_headers();
+            h.insert("mcp-param-region", good.parse().unwrap());
+            assert!(validate(body.as_bytes(), &h).is_ok(), "{good}");
+        }
+    }
+
+    /// The header map of one tool, `route`: `region` (string), `zone` (integer) and
+    /// `fast` (boolean) travel as `Mcp-Param-Region`/`-Zone`/`-Fast`.
+    fn route_headers() -> Option<Arc<ToolHeaders>> {
+        let list = json!({"tools": [{"name": "route", "inputSchema": {"type": "object", "properties": {
+            "region": {"type": "string", "x-mcp-header": "Region"},
+            "zone": {"type": "integer", "x-mcp-header": "Zone"},
+            "fast": {"type": "boolean", "x-mcp-header": "Fast"},
+            "note": {"type": "string"}
+        }}}]});
+        Some(Arc::new(ToolHeaders::from_tools_list(&list).0))
+    }
+
+    fn route_call(args: Value, extra: &[(&str, &str)]) -> Result<Incoming, Box<Reject>> {
+        let body = json!({"jsonrpc":"2.0","id":"r","method":"tools/call","params":{"name":"route","arguments":args,"_meta":meta()}});
+        let mut h = ok_headers("tools/call");
+        h.insert("mcp-name", "route".parse().unwrap());
+        for (k, v) in extra {
+            h.insert(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        validate_with(body.to_string().as_bytes(), &h, &route_headers)
+    }
+
+    fn route_mismatch(args: Value, extra: &[(&str, &str)]) -> String {
+        let r = route_call(args, extra).unwrap_err();
+        assert_eq!((r.status.as_u16(), r.error.code), (400, -32020));
+        assert_eq!(r.id, Some(json!("r")));
+        r.error.message
+    }
+
+    #[test]
+    fn param_headers_must_carry_their_arguments() {
+        let ok = |args: Value, extra: &[(&str, &str)]| {
+            let r = route_call(args.clone(), extra);
+            assert!(r.is_ok(), "{args} {extra:?}: {r:?}");
+        };
+        ok(json!({"region": "eu"}), &[("mcp-param-region", "eu")]);
+        ok(
+            json!({"region": "Zürich"}),
+            &[("mcp-param-region", "=?base64?WsO8cmljaA==?=")],
+        );
+        ok(
+            json!({"region": "SGVsbG8="}),
+            &[("mcp-param-region", "SGVsbG8=")],
+        );
+        ok(
+            json!({"region": "Hello"}),
+            &[("mcp-param-region", "=?BASE64?SGVsbG8=?=")],
+        );
+        ok(
+            json!({"region": "eu", "zone": 3}),
+            &[("mcp-param-region", "eu"), ("mcp-param-zone", "3")],
+        );
+        ok(json!({"zone": 3}), &[("mcp-param-zone", "3.0")]);
+        ok(json!({"fast": false}), &[("mcp-param-fast", "false")]);
+        // No value, no header expected; one sent anyway is not refused.
+        ok(json!({}), &[]);
+        ok(json!({"region": null, "note": "n"}), &[]);
+        ok(json!({"region": null}), &[("mcp-param-region", "eu")]);
+        ok(
+            json!({"zone": 3}),
+            &[("mcp-param-zone", "3"), ("mcp-param-region", "eu")],
+        );
+
+        assert_eq!(
+            route_mismatch(json!({"region": "eu"}), &[]),
+            "missing Mcp-Param-Region header"
+        );
+        assert_eq!(
+            route_mismatch(json!({"region": "eu"}), &[("mcp-param-region", "EU")]),
+            "Mcp-Param-Region header does not match arguments.region"
+        );
+        assert_eq!(
+            route_mismatch(
+                json!({"region": "eu", "zone": 3}),
+                &[("mcp-param-region", "eu")]
+            ),
+            "missing Mcp-Param-Zone header"
+        );
+        assert_eq!(
+            route_mismatch(json!({"zone": 3}), &[("mcp-param-zone", "4")]),
+            "Mcp-Param-Zone header does not match arguments.zone"
+        );
+        assert_eq!(
+            route_mismatch(json!({"fast": true}), &[("mcp-param-fast", "1")]),
+            "Mcp-Param-Fast header does not match arguments.fast"
+        );
+        assert_eq!(
+            route_mismatch(
+                json!({"region": "Hello"}),
+                &[("mcp-param-region", "=?base64?SGVsbG8?=")]
+            ),
+            "invalid mcp-param-region header"
+        );
+        // A literal that merely looks encoded is compared as it is.
+        assert_eq!(
+            route_mismatch(
+                json!({"region": "Hello"}),
+                &[("mcp-param-region", "=?base64?SGVsbG8=")]
+            ),
+            "Mcp-Param-Region header does not match arguments.region"
+        );
+    }
+
+    #[test]
+    fn the_map_is_asked_for_tools_call_only() {
+        let asked = std::cell::Cell::new(0);
+        let lookup = || {
+            asked.set(asked.get() + 1);
+            route_headers()
+        };
+        let list = json!({"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":meta()}});
+        let mut h = ok_headers("tools/list");
+        h.insert("mcp-param-region", "x".parse().unwrap());
+        assert!(validate_with(list.to_string().as_bytes(), &h, &lookup).is_ok());
+        assert_eq!(asked.get(), 0);
+        // Unknown map: nothing is compared.
+        let body = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"route","arguments":{"region":"eu"},"_meta":meta()}});
+        let mut h = ok_headers("tools/call");
+        h.insert("mcp-name", "route".parse().unwrap());
+        assert!(validate_with(body.to_string().as_bytes(), &h, &|| None).is_ok());
+        assert!(validate(body.to_string().as_bytes(), &h).is_ok());
+        assert!(validate_with(body.to_string().as_bytes(), &h, &lookup).is_err());
+        assert_eq!(asked.get(), 1);
+    }
+
+    /// Headers vs body comes before `_meta`: the mismatch answers first.
+    #[test]
+    fn param_mismatch_precedes_meta() {
+        let body = json!({"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"route","arguments":{"region":"eu"}}});
+        let mut h = ok_headers("tools/call");
+        h.insert("mcp-name", "route".parse().unwrap());
+        let r = validate_with(body.to_string().as_bytes(), &h, &route_headers).unwrap_err();
+        assert_eq!((r.error.code, r.id), (-32020, Some(json!(5))));
+        h.insert("mcp-param-region", "eu".parse().unwrap());
+        let r = validate_with(body.to_string().as_bytes(), &h, &route_headers).unwrap_err();
+        assert_eq!(r.error.code, -32602);
+    }
+
+    fn reject_raw(body: &str, h: &HeaderMap) -> Reject {
+        *validate(body.as_bytes(), h).unwrap_err()
     }
 
     #[test]

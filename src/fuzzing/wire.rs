@@ -22,7 +22,7 @@
 //! and status with the id echoed where there is one.
 
 use base64::Engine as _;
-use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD};
+use base64::engine::general_purpose::STANDARD;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri, Version};
 use serde_json::{Map, Value, json};
 
@@ -73,7 +73,7 @@ pub struct Request {
     pub tasks: bool,
     pub log_level: Option<usize>,
     pub idempotency_key: Option<String>,
-    /// Header encoding choices (cycled): plain when possible, base64 padded or not.
+    /// Header encoding choices (cycled): plain when possible, or base64.
     pub encoding: u8,
 }
 
@@ -194,20 +194,18 @@ pub fn check(case: &Case) {
     }
 }
 
-/// How a client spells a header value: as it is when it is visible ASCII and does not
-/// itself look encoded, else `=?base64?…?=` (padded or not, as `choice` says).
+/// How a client spells a header value: as it is when it is visible ASCII, has no
+/// whitespace at either end and does not itself look encoded (in any case), else
+/// `=?base64?…?=` (always padded: SEP-2243 refuses unpadded base64), as `choice` says.
 pub fn encode_header_value(s: &str, choice: u8) -> String {
-    let plain = s.bytes().all(|b| (0x20..0x7f).contains(&b))
-        && !(s.starts_with("=?base64?") && s.ends_with("?="));
+    let lower = s.to_ascii_lowercase();
+    let looks_encoded = lower.starts_with("=?base64?") && lower.ends_with("?=");
+    let spaced = s.starts_with(' ') || s.ends_with(' ');
+    let plain = s.bytes().all(|b| (0x20..0x7f).contains(&b)) && !spaced && !looks_encoded;
     if plain && choice % 3 != 2 {
         return s.to_string();
     }
-    let engine = if choice.is_multiple_of(2) {
-        &STANDARD
-    } else {
-        &STANDARD_NO_PAD
-    };
-    format!("=?base64?{}?=", engine.encode(s))
+    format!("=?base64?{}?=", STANDARD.encode(s))
 }
 
 const TABLE: [i64; 6] = [
@@ -357,6 +355,7 @@ pub fn check_any(body: &[u8], headers: &HeaderMap) {
         .filter(|k| k.as_str().starts_with("mcp-param-"))
     {
         assert_eq!(headers.get_all(name).iter().count(), 1, "{name} repeated");
+        decoded(headers, name.as_str());
     }
 }
 

@@ -8,6 +8,7 @@ pub mod error;
 pub mod legacy;
 pub mod meta;
 pub mod method;
+pub mod param_headers;
 pub mod params;
 pub mod results;
 pub mod upstream_info;

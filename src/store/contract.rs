@@ -459,6 +459,50 @@ pub(crate) async fn upstream_identity_and_secrets(mut h: Harness) {
     }
 }
 
+/// The `Mcp-Param-*` header map of an upstream's tools: absent until stored, written
+/// only when it differs, an empty map kept as "known, nothing to check", separate
+/// from the identity, and kept across a restart.
+pub(crate) async fn upstream_tool_headers(mut h: Harness) {
+    use crate::protocol::param_headers::ToolHeaders;
+    let s = h.store();
+    let list = json!({"tools": [{"name": "route", "inputSchema": {"type": "object",
+        "properties": {"region": {"type": "string", "x-mcp-header": "Region"}}}}]});
+    let (map, _) = ToolHeaders::from_tools_list(&list);
+    assert_eq!(s.upstream_tool_headers("demo").await.unwrap(), None);
+    assert!(s.put_upstream_tool_headers("demo", &map).await.unwrap());
+    assert!(
+        !s.put_upstream_tool_headers("demo", &map).await.unwrap(),
+        "unchanged"
+    );
+    assert_eq!(
+        s.upstream_tool_headers("demo").await.unwrap(),
+        Some(map.clone())
+    );
+    let empty = ToolHeaders::default();
+    assert!(s.put_upstream_tool_headers("other", &empty).await.unwrap());
+    assert_eq!(
+        s.upstream_tool_headers("other").await.unwrap(),
+        Some(empty.clone())
+    );
+    assert_eq!(
+        s.upstream_identity("demo").await.unwrap(),
+        None,
+        "a record of its own"
+    );
+    s.flush().await.unwrap();
+    drop(s);
+    if h.restart() {
+        let s = h.store();
+        assert_eq!(s.upstream_tool_headers("demo").await.unwrap(), Some(map));
+        assert_eq!(
+            s.upstream_tool_headers("other").await.unwrap(),
+            Some(empty.clone())
+        );
+        assert!(s.put_upstream_tool_headers("demo", &empty).await.unwrap());
+        assert_eq!(s.upstream_tool_headers("demo").await.unwrap(), Some(empty));
+    }
+}
+
 // The `sessions` group: 2025-era client sessions (docs/design.md §22 "Clients of the
 // 2025 era").
 
@@ -763,6 +807,10 @@ macro_rules! contract_suite {
             #[tokio::test]
             async fn upstream_identity_and_secrets() {
                 super::upstream_identity_and_secrets($factory()).await
+            }
+            #[tokio::test]
+            async fn upstream_tool_headers() {
+                super::upstream_tool_headers($factory()).await
             }
             mod sessions {
                 use super::super::*;

@@ -13,6 +13,7 @@ use super::{
     SessionRecord, SessionUpdate, StoreError, TaskRecord, TaskStatus, TaskStore, Tombstone, Update,
 };
 use crate::protocol::UpstreamInfo;
+use crate::protocol::param_headers::ToolHeaders;
 use futures_util::future::BoxFuture;
 
 /// See the module documentation. Operation names are the trait's method names.
@@ -228,6 +229,29 @@ impl TaskStore for FaultyStore {
             self,
             "put_upstream_identity",
             self.inner.put_upstream_identity(name, identity)
+        )
+    }
+
+    fn upstream_tool_headers<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ToolHeaders>, StoreError>> {
+        pass!(
+            self,
+            "upstream_tool_headers",
+            self.inner.upstream_tool_headers(name)
+        )
+    }
+
+    fn put_upstream_tool_headers<'a>(
+        &'a self,
+        name: &'a str,
+        headers: &'a ToolHeaders,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        pass!(
+            self,
+            "put_upstream_tool_headers",
+            self.inner.put_upstream_tool_headers(name, headers)
         )
     }
 

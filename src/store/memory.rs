@@ -12,9 +12,10 @@ use rand::RngCore;
 use super::{
     Corruption, Created, Expired, IdempotencyEntry, Owned, OwnedSession, RequestRoute,
     SCHEMA_VERSION, SessionCreated, SessionRecord, SessionUpdate, StoreError, StoredIdentity,
-    TaskRecord, TaskStatus, TaskStore, Tombstone, Update,
+    StoredToolHeaders, TaskRecord, TaskStatus, TaskStore, Tombstone, Update,
 };
 use crate::protocol::UpstreamInfo;
+use crate::protocol::param_headers::ToolHeaders;
 use futures_util::future::BoxFuture;
 
 #[derive(Default)]
@@ -29,6 +30,7 @@ struct State {
     tombstones: HashMap<String, Tombstone>,
     seen: HashSet<String>,
     identities: HashMap<String, Vec<u8>>,
+    tool_headers: HashMap<String, Vec<u8>>,
     secrets: HashMap<String, [u8; 32]>,
     /// Non-terminal tasks per tenant.
     live: HashMap<String, u64>,
@@ -282,11 +284,26 @@ impl MemoryStore {
         s.identities.insert(name.to_string(), bytes);
         Ok(true)
     }
+
+    fn put_tool_headers_now(&self, name: &str, headers: &ToolHeaders) -> Result<bool, StoreError> {
+        let bytes = serde_json::to_vec(&StoredToolHeaders::current(headers))
+            .map_err(|e| corrupt_tool_headers(name, e))?;
+        let mut s = self.state();
+        if s.tool_headers.get(name) == Some(&bytes) {
+            return Ok(false);
+        }
+        s.tool_headers.insert(name.to_string(), bytes);
+        Ok(true)
+    }
 }
 
 /// A future that is ready at once with `v` (every operation here is in memory).
 fn corrupt_identity(name: &str, e: serde_json::Error) -> StoreError {
     StoreError::Corrupt(Corruption::from(format!("upstream_identity/{name}: {e}")).caused_by(e))
+}
+
+fn corrupt_tool_headers(name: &str, e: serde_json::Error) -> StoreError {
+    StoreError::Corrupt(Corruption::from(format!("upstream_tool_headers/{name}: {e}")).caused_by(e))
 }
 
 fn ready<'a, T: Send + 'a>(v: T) -> BoxFuture<'a, T> {
@@ -449,6 +466,27 @@ impl TaskStore for MemoryStore {
         identity: &'a UpstreamInfo,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         ready(self.put_identity_now(name, identity))
+    }
+
+    fn upstream_tool_headers<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ToolHeaders>, StoreError>> {
+        let r = match self.state().tool_headers.get(name) {
+            None => Ok(None),
+            Some(b) => serde_json::from_slice::<StoredToolHeaders>(b)
+                .map(|stored| Some(stored.tools))
+                .map_err(|e| corrupt_tool_headers(name, e)),
+        };
+        ready(r)
+    }
+
+    fn put_upstream_tool_headers<'a>(
+        &'a self,
+        name: &'a str,
+        headers: &'a ToolHeaders,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        ready(self.put_tool_headers_now(name, headers))
     }
 
     fn secret<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<[u8; 32], StoreError>> {

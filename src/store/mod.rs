@@ -5,8 +5,9 @@
 //! idempotency index, an expiry index, owner-only tombstones, read marks
 //! (whether the owner received a task's terminal snapshot) and the last known identity
 //! of each upstream (what the task plane shows while that upstream is not ready:
-//! README "Task plane and upstream plane"), and the 2025-era client sessions
-//! (docs/design.md §22). The engine talks to the
+//! README "Task plane and upstream plane") with the `Mcp-Param-*` header map of its
+//! tools (what the front checks a `tools/call` against), and the 2025-era client
+//! sessions (docs/design.md §22). The engine talks to the
 //! [`TaskStore`] trait (async, so a backend may sit across a network); `sled/` is the
 //! embedded single-replica backend, `postgres/` the one several replicas share, and
 //! `memory.rs` an in-process one (tests, demos: it keeps nothing across a restart).
@@ -37,6 +38,7 @@ use serde_json::{Map, Value};
 pub use error::{Corruption, IoError, SetupError, StoreError};
 
 use crate::protocol::UpstreamInfo;
+use crate::protocol::param_headers::ToolHeaders;
 
 /// Schema version written into every stored record; a newer gateway reads older ones.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -251,6 +253,26 @@ pub enum OwnedSession {
 /// A read-modify-write step for [`TaskStore::update_session`], like [`Update`].
 pub type SessionUpdate<'a> = &'a mut (dyn FnMut(&mut SessionRecord) -> bool + Send);
 
+/// The stored form of an upstream's `Mcp-Param-*` header map (the *upstream tool
+/// headers* table, one record per upstream name): `{"v", "tools": {tool: [{"name",
+/// "property"}]}}`, derived from the upstream's last `tools/list`. A record of its own,
+/// so the identity record stays as it was.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct StoredToolHeaders {
+    pub v: u32,
+    pub tools: ToolHeaders,
+}
+
+impl StoredToolHeaders {
+    /// `tools` as a record of the current schema.
+    pub(crate) fn current(tools: &ToolHeaders) -> Self {
+        Self {
+            v: SCHEMA_VERSION,
+            tools: tools.clone(),
+        }
+    }
+}
+
 /// Result of [`TaskStore::create`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum Created {
@@ -410,6 +432,22 @@ pub trait TaskStore: Send + Sync + 'static {
         &'a self,
         name: &'a str,
         identity: &'a UpstreamInfo,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// The `Mcp-Param-*` header map last stored for upstream `name` by
+    /// [`put_upstream_tool_headers`](Self::put_upstream_tool_headers), if any.
+    fn upstream_tool_headers<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ToolHeaders>, StoreError>>;
+
+    /// Store `headers` for upstream `name` unless the stored record is byte-identical
+    /// (a refilled tools cache costs a read, not a write); returns whether it wrote.
+    /// Not durable until [`flush`](Self::flush) resolves.
+    fn put_upstream_tool_headers<'a>(
+        &'a self,
+        name: &'a str,
+        headers: &'a ToolHeaders,
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
 
     /// A 32-byte secret stored under `name`, created from the CSPRNG on first use and

@@ -52,6 +52,7 @@ use tokio::sync::broadcast;
 use crate::auth::Principal;
 use crate::config::Config;
 use crate::limits::Limits;
+use crate::protocol::param_headers::ToolHeaders;
 use crate::store::{StoreError, TaskRecord, TaskStore};
 use crate::upstream::{
     CallEvent, CallOutcome, CallSpec, QueuePosition, Upstream, UpstreamError, UpstreamInfo,
@@ -145,6 +146,59 @@ impl Engine {
                     engine.store_identity(&name, &info).await;
                 }
             });
+        }
+    }
+
+    /// The tools' `Mcp-Param-*` header maps earlier runs stored, by upstream name (what
+    /// the front checks `tools/call` headers against until a new `tools/list`). A read
+    /// error is logged and counts as nothing stored: the headers are then not checked
+    /// until the upstream lists its tools again.
+    pub async fn stored_tool_headers(&self) -> HashMap<String, ToolHeaders> {
+        let mut out = HashMap::new();
+        for u in &self.cfg.upstreams {
+            match self.tasks.upstream_tool_headers(&u.name).await {
+                Ok(Some(headers)) => {
+                    out.insert(u.name.clone(), headers);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(upstream = %u.name, error = %e, "reading the stored tool header map failed");
+                }
+            }
+        }
+        out
+    }
+
+    /// Keep every upstream's tool header map durable, as
+    /// [`persist_identities`](Self::persist_identities) does the identity.
+    pub fn persist_tool_headers(self: &Arc<Self>, upstreams: &UpstreamSet) {
+        for u in upstreams.iter() {
+            let mut changes = u.tool_header_changes();
+            let name = u.name().to_string();
+            let engine = self.clone();
+            tokio::spawn(async move {
+                while changes.changed().await.is_ok() {
+                    let Some(headers) = changes.borrow_and_update().clone() else {
+                        continue;
+                    };
+                    engine.store_tool_headers(&name, &headers).await;
+                }
+            });
+        }
+    }
+
+    async fn store_tool_headers(&self, name: &str, headers: &ToolHeaders) {
+        match self.tasks.put_upstream_tool_headers(name, headers).await {
+            Ok(false) => {}
+            Ok(true) => {
+                tracing::info!(upstream = %name, "tool header map stored");
+                if let Err(e) = self.flush().await {
+                    tracing::warn!(upstream = %name, error = %e, "flushing the tool header map failed");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(upstream = %name, error = %e, "storing the tool header map failed");
+            }
         }
     }
 

@@ -11,6 +11,7 @@ use tokio::sync::broadcast;
 
 use super::seen::SeenMarks;
 use crate::protocol::UpstreamInfo;
+use crate::protocol::param_headers::ToolHeaders;
 use crate::store::{
     Created, Expired, IdempotencyEntry, Owned, RequestRoute, StoreError, TaskRecord, TaskStatus,
     TaskStore,
@@ -260,6 +261,21 @@ impl TaskRepo {
         identity: &UpstreamInfo,
     ) -> Result<bool, StoreError> {
         self.store.put_upstream_identity(name, identity).await
+    }
+
+    pub(super) async fn upstream_tool_headers(
+        &self,
+        name: &str,
+    ) -> Result<Option<ToolHeaders>, StoreError> {
+        self.store.upstream_tool_headers(name).await
+    }
+
+    pub(super) async fn put_upstream_tool_headers(
+        &self,
+        name: &str,
+        headers: &ToolHeaders,
+    ) -> Result<bool, StoreError> {
+        self.store.put_upstream_tool_headers(name, headers).await
     }
 
     /// Whether the store takes writes (a failed write or flush turns it off until a

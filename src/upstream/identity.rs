@@ -10,6 +10,11 @@
 //! only when it differs from what is stored). A restarted gateway starts from the
 //! stored one, and an upstream that never answered falls back to `{name, version:
 //! "unknown"}` with no capabilities.
+//!
+//! The `Mcp-Param-*` header map of the upstream's tools (docs/design.md §12 "HTTP
+//! front") travels the same way: derived from each `tools/list` any scope fetches,
+//! kept in memory, published to the engine, which stores it beside the identity, and
+//! read back at start, so a restarted gateway checks headers before the first list.
 
 use std::sync::Arc;
 
@@ -17,11 +22,15 @@ use serde_json::{Map, json};
 use tokio::sync::watch;
 
 use super::UpstreamInfo;
+use crate::protocol::param_headers::ToolHeaders;
 
 /// The last known identity of one upstream; shared by all its transports.
 pub struct Identity {
     name: String,
     last: watch::Sender<Option<UpstreamInfo>>,
+    /// The header map of the last `tools/list` (or the stored one); `None` until one is
+    /// known. Shared as an `Arc`: the front reads it on every `tools/call`.
+    tool_headers: watch::Sender<Option<Arc<ToolHeaders>>>,
 }
 
 impl std::fmt::Debug for Identity {
@@ -33,12 +42,43 @@ impl std::fmt::Debug for Identity {
 }
 
 impl Identity {
-    /// Start from `stored`: what an earlier run learned, if anything.
-    pub fn new(name: &str, stored: Option<UpstreamInfo>) -> Arc<Self> {
+    /// Start from what an earlier run learned, if anything: its identity and its
+    /// tools' header map.
+    pub fn new(
+        name: &str,
+        stored: Option<UpstreamInfo>,
+        stored_tool_headers: Option<ToolHeaders>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             name: name.to_string(),
             last: watch::Sender::new(stored),
+            tool_headers: watch::Sender::new(stored_tool_headers.map(Arc::new)),
         })
+    }
+
+    /// A scope fetched `tools/list` and `headers` is its header map. Costs a comparison
+    /// when nothing changed; otherwise [`tool_header_changes`](Self::tool_header_changes)
+    /// wakes up.
+    pub fn learned_tool_headers(&self, headers: ToolHeaders) {
+        self.tool_headers.send_if_modified(|last| {
+            if last.as_deref() == Some(&headers) {
+                return false;
+            }
+            *last = Some(Arc::new(headers));
+            true
+        });
+    }
+
+    /// The header map of the last `tools/list` (or the stored one), `None` when no list
+    /// was ever seen.
+    pub fn tool_headers(&self) -> Option<Arc<ToolHeaders>> {
+        self.tool_headers.borrow().clone()
+    }
+
+    /// Wakes whenever the header map changes, seeing only the latest (as
+    /// [`changes`](Self::changes)).
+    pub fn tool_header_changes(&self) -> watch::Receiver<Option<Arc<ToolHeaders>>> {
+        self.tool_headers.subscribe()
     }
 
     /// A transport completed `initialize` with `info`. Costs a comparison when the

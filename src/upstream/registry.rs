@@ -1,10 +1,12 @@
 //! Upstreams by name, each with one transport per isolation scope (docs/design.md §14
 //! "Upstream sessions", isolation), and the per-session `tools/list` cache that the
-//! promotion decision reads `execution.taskSupport` from.
+//! promotion decision reads `execution.taskSupport` from and the `Mcp-Param-*` header
+//! map is derived from.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -19,6 +21,7 @@ use super::{
 };
 use crate::auth::Principal;
 use crate::config::{Isolation, UpstreamConfig, UpstreamTransport};
+use crate::protocol::param_headers::ToolHeaders;
 use crate::protocol::{Method, RpcError};
 
 /// An upstream that cannot be started as configured (its TLS files, so far).
@@ -70,6 +73,11 @@ pub struct Upstream {
     /// How an HTTP upstream's server is verified, read once at start-up and shared by
     /// every scope's session.
     tls: Arc<rustls::ClientConfig>,
+    /// Tools whose `x-mcp-header` annotations were found invalid and logged, so each is
+    /// logged once.
+    excluded_logged: Mutex<HashSet<String>>,
+    /// Whether a `tools/call` found no header map to check against and said so.
+    unchecked_logged: AtomicBool,
 }
 
 impl Upstream {
@@ -153,14 +161,16 @@ impl Upstream {
         });
     }
 
-    /// Start the boot transport; `stored` is the identity learned by earlier runs.
+    /// Start the boot transport; `stored` and `stored_tool_headers` are what earlier
+    /// runs learned (the identity, the tools' header map).
     pub fn start(
         cfg: UpstreamConfig,
         pid_dir: PathBuf,
         stored: Option<UpstreamInfo>,
+        stored_tool_headers: Option<ToolHeaders>,
     ) -> Result<Arc<Self>, StartError> {
         let tls = Self::client_tls(&cfg)?;
-        let identity = Identity::new(&cfg.name, stored);
+        let identity = Identity::new(&cfg.name, stored, stored_tool_headers);
         let boot = Self::start_transport(&cfg, &pid_dir, &identity, &tls);
         let boot_tools = Arc::new(Mutex::new(None));
         Self::watch_tools(&boot, boot_tools.clone());
@@ -172,6 +182,8 @@ impl Upstream {
             pid_dir,
             identity,
             tls,
+            excluded_logged: Mutex::new(HashSet::new()),
+            unchecked_logged: AtomicBool::new(false),
         }))
     }
 
@@ -182,7 +194,7 @@ impl Upstream {
         mut cfg: UpstreamConfig,
         transport: Arc<dyn LegacyTransport>,
     ) -> Arc<Self> {
-        let identity = Identity::new(&cfg.name, None);
+        let identity = Identity::new(&cfg.name, None, None);
         cfg.isolation = Isolation::Shared;
         Arc::new(Self {
             cfg,
@@ -192,6 +204,8 @@ impl Upstream {
             pid_dir: PathBuf::new(),
             identity,
             tls: crate::tls::client::plaintext_only().expect("a TLS configuration"),
+            excluded_logged: Mutex::new(HashSet::new()),
+            unchecked_logged: AtomicBool::new(false),
         })
     }
 
@@ -256,6 +270,54 @@ impl Upstream {
     /// Wakes when the task-plane identity changes (to keep it durable).
     pub fn identity_changes(&self) -> tokio::sync::watch::Receiver<Option<UpstreamInfo>> {
         self.identity.changes()
+    }
+
+    /// The `Mcp-Param-*` header map of this upstream's tools, from the last
+    /// `tools/list` of any scope (or the stored one); `None` when none is known.
+    pub fn tool_headers(&self) -> Option<Arc<ToolHeaders>> {
+        self.identity.tool_headers()
+    }
+
+    /// The header map a `tools/call`'s `Mcp-Param-*` headers are checked against
+    /// (docs/design.md §12 "HTTP front"). While none is known (no `tools/list` seen in
+    /// this run, none stored by an earlier one) they go unchecked, which is logged once.
+    pub fn tool_headers_to_check(&self) -> Option<Arc<ToolHeaders>> {
+        let map = self.identity.tool_headers();
+        if map.is_none()
+            && !self.unchecked_logged.load(Ordering::Relaxed)
+            && !self.unchecked_logged.swap(true, Ordering::Relaxed)
+        {
+            tracing::info!(
+                upstream = %self.name(),
+                "no tools/list of this upstream known yet: Mcp-Param-* headers are not checked until one is"
+            );
+        }
+        map
+    }
+
+    /// Wakes when the tools' header map changes (to keep it durable).
+    pub fn tool_header_changes(&self) -> tokio::sync::watch::Receiver<Option<Arc<ToolHeaders>>> {
+        self.identity.tool_header_changes()
+    }
+
+    /// Derive the header map from a fetched `tools/list` and publish it; a tool whose
+    /// annotations are invalid is left out (not checked) and logged once.
+    fn learn_tool_headers(&self, list: &Value) {
+        let (headers, excluded) = ToolHeaders::from_tools_list(list);
+        if !excluded.is_empty() {
+            let mut logged = self.excluded_logged.lock();
+            for e in excluded {
+                if logged.insert(e.tool.clone()) {
+                    tracing::warn!(
+                        upstream = %self.name(),
+                        tool = %e.tool,
+                        reason = %e.reason,
+                        "invalid x-mcp-header annotation: the tool's Mcp-Param-* headers are not checked"
+                    );
+                }
+            }
+        }
+        self.identity.learned_tool_headers(headers);
     }
 
     pub fn state(&self) -> TransportState {
@@ -325,6 +387,7 @@ impl Upstream {
                     let mut c = cache.lock();
                     *c = Some(v.clone());
                 }
+                self.learn_tool_headers(&v);
                 Ok(v)
             }
             CallOutcome::Error(e) => Err(e),
@@ -383,16 +446,24 @@ pub struct UpstreamSet {
 }
 
 impl UpstreamSet {
-    /// Start every upstream; `stored` holds the identities learned by earlier runs, by
-    /// upstream name.
+    /// Start every upstream; `stored` and `stored_tool_headers` hold what earlier runs
+    /// learned (identities, tools' header maps), by upstream name.
     pub fn start(
         cfgs: &[UpstreamConfig],
         pid_dir: PathBuf,
         stored: &HashMap<String, UpstreamInfo>,
+        stored_tool_headers: &HashMap<String, ToolHeaders>,
     ) -> Result<Self, StartError> {
         let upstreams = cfgs
             .iter()
-            .map(|c| Upstream::start(c.clone(), pid_dir.clone(), stored.get(&c.name).cloned()))
+            .map(|c| {
+                Upstream::start(
+                    c.clone(),
+                    pid_dir.clone(),
+                    stored.get(&c.name).cloned(),
+                    stored_tool_headers.get(&c.name).cloned(),
+                )
+            })
             .collect::<Result<_, _>>()?;
         Ok(Self { upstreams })
     }

@@ -35,6 +35,11 @@ pub(super) const MIGRATIONS: &[(i32, &str, &str)] = &[
         include_str!("../../../migrations/postgres/0001_init.sql"),
     ),
     (
+        2,
+        "upstream_tool_headers",
+        include_str!("../../../migrations/postgres/0002_upstream_tool_headers.sql"),
+    ),
+    (
         3,
         "legacy_sessions",
         include_str!("../../../migrations/postgres/0003_legacy_sessions.sql"),

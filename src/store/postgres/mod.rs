@@ -55,6 +55,7 @@ use super::{
 use crate::config::as_millis;
 use crate::config::{StoreConfig, is_pg_schema_name};
 use crate::protocol::UpstreamInfo;
+use crate::protocol::param_headers::ToolHeaders;
 use futures_util::future::BoxFuture;
 
 /// Longest any one store operation may take (pool wait, connect and query together).
@@ -1008,6 +1009,46 @@ impl TaskStore for PgStore {
                 record: &record,
             };
             Ok(self.sql.put_upstream_identity.execute(&c, &put).await? > 0)
+        })
+        .boxed()
+    }
+
+    fn upstream_tool_headers<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ToolHeaders>, StoreError>> {
+        self.run("upstream_tool_headers", async move {
+            let c = self.pool.get().await?;
+            let get = statements::GetUpstreamToolHeaders { name };
+            match self.sql.upstream_tool_headers.query_opt(&c, &get).await? {
+                None => Ok(None),
+                Some(row) => {
+                    let bytes: Vec<u8> = row.try_get(0)?;
+                    decode::<super::StoredToolHeaders>(
+                        &format!("upstream_tool_headers/{name}"),
+                        &bytes,
+                    )
+                    .map(|stored| Some(stored.tools))
+                }
+            }
+        })
+        .boxed()
+    }
+
+    fn put_upstream_tool_headers<'a>(
+        &'a self,
+        name: &'a str,
+        headers: &'a ToolHeaders,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        self.run("put_upstream_tool_headers", async move {
+            let stored = super::StoredToolHeaders::current(headers);
+            let record = encode("upstream tool headers", &stored)?;
+            let c = self.pool.get().await?;
+            let put = statements::PutUpstreamToolHeaders {
+                name,
+                record: &record,
+            };
+            Ok(self.sql.put_upstream_tool_headers.execute(&c, &put).await? > 0)
         })
         .boxed()
     }

@@ -217,6 +217,17 @@ SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM i)";
            ON CONFLICT (name) DO UPDATE SET record = EXCLUDED.record
            WHERE upstream_identities.record IS DISTINCT FROM EXCLUDED.record";
 
+    // The `Mcp-Param-*` header maps of the upstreams' tools (migration 2).
+
+    upstream_tool_headers: GetUpstreamToolHeaders<'a> { name: &'a str }
+        = "SELECT record FROM upstream_tool_headers WHERE name = $name";
+
+    /// Compared as bytes: an identical record is not rewritten.
+    put_upstream_tool_headers: PutUpstreamToolHeaders<'a> { name: &'a str, record: &'a [u8] }
+        = "INSERT INTO upstream_tool_headers (name, record) VALUES ($name, $record)
+           ON CONFLICT (name) DO UPDATE SET record = EXCLUDED.record
+           WHERE upstream_tool_headers.record IS DISTINCT FROM EXCLUDED.record";
+
     secret: GetSecret<'a> { name: &'a str }
         = "SELECT secret FROM store_secrets WHERE name = $name";
 

@@ -9,7 +9,7 @@ use super::schema::key_str;
 use crate::protocol::UpstreamInfo;
 use crate::store::{
     Corruption, IdempotencyEntry, RequestRoute, SCHEMA_VERSION, SessionRecord, StoreError,
-    StoredIdentity, TaskRecord, Tombstone,
+    StoredIdentity, StoredToolHeaders, TaskRecord, Tombstone,
 };
 
 /// Only `v` of a record, to pick the fast path.
@@ -54,7 +54,8 @@ records!(
     Tombstone,
     StoredIdempotency,
     StoredIdentity<UpstreamInfo>,
-    SessionRecord
+    SessionRecord,
+    StoredToolHeaders
 );
 
 /// Decode a versioned JSON record of `tree` at `key`. A current-version record is

@@ -1,10 +1,11 @@
-//! Upstream identities and secrets.
+//! Upstream identities, their tools' `Mcp-Param-*` header maps, and secrets.
 
 use super::codec::{decode, encode, upgrade_none};
 use super::schema::{META_SECRET, meta_key};
 use super::{Cas, SledStore};
 use crate::protocol::UpstreamInfo;
-use crate::store::{StoreError, StoredIdentity};
+use crate::protocol::param_headers::ToolHeaders;
+use crate::store::{StoreError, StoredIdentity, StoredToolHeaders};
 use rand::RngCore;
 
 impl SledStore {
@@ -41,6 +42,49 @@ impl SledStore {
         self.put(
             &self.upstream_identity,
             "put upstream identity",
+            key,
+            &bytes,
+        )?;
+        Ok(true)
+    }
+
+    pub(crate) fn upstream_tool_headers(
+        &self,
+        name: &str,
+    ) -> Result<Option<ToolHeaders>, StoreError> {
+        let key = name.as_bytes();
+        match self.upstream_tool_headers.get(key) {
+            Ok(None) => Ok(None),
+            Ok(Some(b)) => {
+                decode::<StoredToolHeaders>("upstream_tool_headers", key, &b, upgrade_none)
+                    .map(|stored| Some(stored.tools))
+            }
+            Err(e) => Err(self.read_failed("get upstream tool headers", e)),
+        }
+    }
+
+    /// Written only when the bytes differ, like the identity.
+    pub(crate) fn put_upstream_tool_headers(
+        &self,
+        name: &str,
+        headers: &ToolHeaders,
+    ) -> Result<bool, StoreError> {
+        let bytes = encode(
+            "upstream_tool_headers",
+            name,
+            &StoredToolHeaders::current(headers),
+        )?;
+        let key = name.as_bytes();
+        let stored = self
+            .upstream_tool_headers
+            .get(key)
+            .map_err(|e| self.read_failed("get upstream tool headers", e))?;
+        if stored.as_deref() == Some(bytes.as_slice()) {
+            return Ok(false);
+        }
+        self.put(
+            &self.upstream_tool_headers,
+            "put upstream tool headers",
             key,
             &bytes,
         )?;

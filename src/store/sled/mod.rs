@@ -147,6 +147,7 @@
 //! | `tombstones`  | task id                                          | [`Tombstone`] JSON |
 //! | `live`        | 4-byte big-endian tenant length ++ tenant ++ task id | empty; one entry per non-terminal task |
 //! | `upstream_identity` | upstream name (UTF-8)                      | `StoredIdentity` JSON: `{"v", "protocol_version", "server_info", "capabilities", "instructions"?}`, the upstream's last `initialize` result; `server_info` and `capabilities` byte-exact as the upstream sent them (key order and number text kept) |
+//! | `upstream_tool_headers` | upstream name (UTF-8)                  | `{"v", "tools": {tool: [{"name", "property"}]}}`: the `Mcp-Param-*` header map derived from the upstream's last `tools/list` (docs/design.md §12 "HTTP front"); only tools with annotated parameters are listed, and a record with none still says the list is known |
 //! | `meta`        | `schema`                                         | 4-byte big-endian schema version of the store as a whole |
 //! | `meta`        | `secret/<name>`                                  | 32 raw random bytes (see [`TaskStore::secret`]) |
 //! | `meta`        | `layout/live_index`                              | `[1]`: the `live` tree is built (stores without it are migrated at open) |
@@ -161,7 +162,8 @@
 //! tombstone (docs/design.md §9 "Idempotency") and is deleted by [`TaskStore::sweep_tombstones`] together
 //! with the tombstone. Request routes live until [`TaskStore::remove_route`]. An
 //! upstream identity is rewritten only when an `initialize` answers differently and is
-//! never deleted (an upstream removed from the configuration leaves one small record).
+//! never deleted (an upstream removed from the configuration leaves one small record);
+//! the same holds for an upstream's tool header map and its `tools/list`.
 //! A session lives until it is deleted, expired idle or evicted at its principal's cap
 //! (the engine decides which); sessions are never flushed on their own, since one lost
 //! to a crash only costs its client a new `initialize`.
@@ -198,6 +200,7 @@ use super::{
     SessionRecord, SessionUpdate, StoreError, TaskRecord, TaskStore, Tombstone, Update,
 };
 use crate::protocol::UpstreamInfo;
+use crate::protocol::param_headers::ToolHeaders;
 use futures_util::future::BoxFuture;
 
 type Waiter = oneshot::Sender<Result<(), StoreError>>;
@@ -222,6 +225,7 @@ pub struct SledStore {
     /// Held while a session is created (the count and the write are one step) and
     /// while leftovers of the owner index are dropped.
     session_create: Mutex<()>,
+    upstream_tool_headers: sled::Tree,
     /// Non-terminal tasks per tenant: the `live` tree counted at open, then kept in
     /// step with it.
     live_counts: Mutex<HashMap<String, i64>>,
@@ -422,6 +426,21 @@ impl TaskStore for SledStore {
         identity: &'a UpstreamInfo,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move { SledStore::put_upstream_identity(self, name, identity) })
+    }
+
+    fn upstream_tool_headers<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ToolHeaders>, StoreError>> {
+        Box::pin(async move { SledStore::upstream_tool_headers(self, name) })
+    }
+
+    fn put_upstream_tool_headers<'a>(
+        &'a self,
+        name: &'a str,
+        headers: &'a ToolHeaders,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move { SledStore::put_upstream_tool_headers(self, name, headers) })
     }
 
     fn secret<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<[u8; 32], StoreError>> {

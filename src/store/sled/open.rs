@@ -91,6 +91,7 @@ impl SledStore {
         let upstream_identity = tree("upstream_identity")?;
         let sessions = tree("sessions")?;
         let session_owner = tree("session_owner")?;
+        let upstream_tool_headers = tree("upstream_tool_headers")?;
 
         // Store-wide schema version: refuse a store written by a newer gateway.
         match meta
@@ -174,6 +175,7 @@ impl SledStore {
             sessions,
             session_owner,
             session_create: Mutex::new(()),
+            upstream_tool_headers,
             live_counts: Mutex::new(HashMap::new()),
             path: path.clone(),
             strict_fsync: cfg.strict_fsync,
