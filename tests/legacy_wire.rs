@@ -794,3 +794,46 @@ async fn a_session_continues_across_a_restart() {
     bob.session = c.session.clone();
     assert_eq!(bob.request(json!(4), "ping", json!({})).await.status, 404);
 }
+
+/// `isolation = "session"`: each client session gets an upstream child of its own
+/// (the demo counts per child), ended with the session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_isolation_gives_each_session_its_own_upstream() {
+    let gw = Gateway::start(&format!(
+        "{}{}",
+        jwt_auth(),
+        demo_stdio_upstream("isolation = \"session\"\nstdio_processes = 1\n")
+    ))
+    .await;
+    gw.wait_ready().await;
+    let count = |r: &Resp| first_text(&r.json()["result"]);
+    let mut a = Legacy::new(&gw, alice());
+    a.initialize(json!({})).await;
+    let mut b = Legacy::new(&gw, alice());
+    b.initialize(json!({})).await;
+    let counter = json!({"name": "counter", "arguments": {}});
+    for want in ["count=1", "count=2"] {
+        let r = a.request(json!(1), "tools/call", counter.clone()).await;
+        assert_eq!(count(&r), want, "{}", text(&r));
+    }
+    let r = b.request(json!(1), "tools/call", counter.clone()).await;
+    assert_eq!(
+        count(&r),
+        "count=1",
+        "b has a child of its own: {}",
+        text(&r)
+    );
+    let children = child_processes(gw.pid()).len();
+    // DELETE ends the session's child at once.
+    let del = raw(&a.url, "DELETE", &a.headers(), Bytes::new())
+        .await
+        .unwrap();
+    assert_eq!(del.status, 204);
+    let gone = eventually_async(Duration::from_secs(20), || async {
+        child_processes(gw.pid()).len() < children
+    })
+    .await;
+    assert!(gone, "a's child still runs:\n{}", gw.proc.log_text());
+    let r = b.request(json!(2), "tools/call", counter.clone()).await;
+    assert_eq!(count(&r), "count=2", "{}", text(&r));
+}

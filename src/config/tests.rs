@@ -356,16 +356,17 @@ fn legacy_table_defaults_and_bounds() {
 }
 
 #[test]
-fn session_isolation_is_refused_until_built() {
+fn isolation_values() {
     let text = MIN.replace(
         "name = \"demo\"",
         "name = \"demo\"\nisolation = \"session\"",
     );
-    let err = Config::parse(&text).unwrap_err().to_string();
-    assert!(
-        err.contains("upstream[0].isolation") && err.contains("not built yet"),
-        "{err}"
+    assert_eq!(
+        Config::parse(&text).unwrap().upstreams[0].isolation,
+        Isolation::Session
     );
+    let bad = MIN.replace("name = \"demo\"", "name = \"demo\"\nisolation = \"user\"");
+    assert!(Config::parse(&bad).is_err());
     let tenant = MIN.replace("name = \"demo\"", "name = \"demo\"\nisolation = \"tenant\"");
     assert_eq!(
         Config::parse(&tenant).unwrap().upstreams[0].isolation,

@@ -22,8 +22,8 @@ pub enum Isolation {
     Shared,
     Tenant,
     Principal,
-    /// One upstream session or child per 2025-era client session (§22). Read so the
-    /// key is known, but refused at load until it is built.
+    /// One upstream session or child pool per 2025-era client session
+    /// (docs/design.md §22); a request without a session gets its principal's.
     Session,
 }
 
@@ -310,12 +310,6 @@ impl UpstreamConfig {
             return Err(invalid(
                 key("client_cert"),
                 "client_cert and client_key go together",
-            ));
-        }
-        if self.isolation == Isolation::Session {
-            return Err(invalid(
-                key("isolation"),
-                "\"session\" is not built yet; use \"shared\", \"tenant\" or \"principal\"",
             ));
         }
         if self.max_concurrency == 0 {

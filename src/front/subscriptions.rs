@@ -170,6 +170,7 @@ async fn subscribe(
         params,
         want_progress: false,
         tenant: None,
+        session: None,
     };
     matches!(
         engine.call_upstream(up, who, spec, tx).await,

@@ -99,5 +99,6 @@ pub fn upstream_spec(method: Method, fwd: &Forward, want_progress: bool) -> Call
         params: fwd.upstream.as_map().clone(),
         want_progress,
         tenant: None,
+        session: None,
     }
 }

@@ -25,7 +25,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 
 use crate::protocol::RpcError;
 
-pub use registry::{Upstream, UpstreamSet};
+pub use registry::{Scope, Upstream, UpstreamSet};
 
 /// What the upstream told us in its `initialize` result; the store keeps the same type.
 pub use crate::protocol::UpstreamInfo;
@@ -48,6 +48,9 @@ pub struct CallSpec {
     /// the cached `tools/list`). A stdio pool throttles a tenant + tool whose calls
     /// keep killing its children.
     pub tenant: Option<String>,
+    /// The 2025-era client session the call is made for, which picks the upstream
+    /// session under `isolation = "session"` (docs/design.md §22); `None` otherwise.
+    pub session: Option<String>,
 }
 
 /// Something the upstream said about an in-flight call.

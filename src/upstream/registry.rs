@@ -32,21 +32,53 @@ pub struct StartError {
     pub reason: String,
 }
 
-/// Scope key for upstream state isolation: "" (shared), tenant, or tenant + subject.
-/// The tenant's length comes first, so no two `(tenant, subject)` pairs share a key
-/// whatever characters (NUL included) their names hold.
-fn scope_key(isolation: Isolation, principal: &Principal) -> String {
-    match isolation {
-        Isolation::Shared => String::new(),
-        Isolation::Tenant => format!("t:{}", principal.tenant),
-        // The configuration refuses `session` until it is built, so no scope is
-        // keyed by it; were one, the principal's own scope is the narrowest there is.
-        Isolation::Principal | Isolation::Session => format!(
-            "p:{}:{}\u{0}{}",
-            principal.tenant.len(),
-            principal.tenant,
-            principal.subject
-        ),
+/// Whom an upstream session serves: the principal, and for a 2025-era client its
+/// session (docs/design.md §22 "Clients of the 2025 era"), which only
+/// `isolation = "session"` keys by.
+#[derive(Debug, Clone, Copy)]
+pub struct Scope<'a> {
+    pub principal: &'a Principal,
+    pub session: Option<&'a str>,
+}
+
+impl<'a> From<&'a Principal> for Scope<'a> {
+    fn from(principal: &'a Principal) -> Self {
+        Self {
+            principal,
+            session: None,
+        }
+    }
+}
+
+impl<'a> Scope<'a> {
+    /// A 2025-era client session's scope.
+    pub fn session(principal: &'a Principal, session: &'a str) -> Self {
+        Self {
+            principal,
+            session: Some(session),
+        }
+    }
+}
+
+/// The key of a client session's own scope (`isolation = "session"`).
+fn session_key(session: &str) -> String {
+    format!("s:{session}")
+}
+
+/// Scope key for upstream state isolation: "" (shared), tenant, tenant + subject, or
+/// a 2025-era client session. The tenant's length comes first, so no two `(tenant,
+/// subject)` pairs share a key whatever characters (NUL included) their names hold.
+/// Under `session`, a request without a session (a 2026-07-28 client) gets its
+/// principal's scope: the narrowest it has.
+fn scope_key(isolation: Isolation, scope: Scope<'_>) -> String {
+    let p = scope.principal;
+    match (isolation, scope.session) {
+        (Isolation::Shared, _) => String::new(),
+        (Isolation::Tenant, _) => format!("t:{}", p.tenant),
+        (Isolation::Session, Some(s)) => session_key(s),
+        (Isolation::Principal | Isolation::Session, _) => {
+            format!("p:{}:{}\u{0}{}", p.tenant.len(), p.tenant, p.subject)
+        }
     }
 }
 
@@ -213,23 +245,31 @@ impl Upstream {
         &self.cfg.name
     }
 
-    /// The transport (and its tools cache) serving a principal's scope.
-    /// Which upstream session serves `principal` (its isolation scope): state kept
-    /// per upstream session, such as one resource subscription whoever asked for it,
-    /// is keyed by this.
-    pub fn scope_of(&self, principal: &Principal) -> String {
-        scope_key(self.cfg.isolation, principal)
+    /// Which upstream session serves `scope` (its isolation key): state kept per
+    /// upstream session, such as one resource subscription whoever asked for it, is
+    /// keyed by this.
+    pub fn scope_of<'a>(&self, scope: impl Into<Scope<'a>>) -> String {
+        scope_key(self.cfg.isolation, scope.into())
     }
 
-    fn scoped(&self, principal: &Principal) -> (Arc<dyn LegacyTransport>, ToolsCache) {
-        let key = scope_key(self.cfg.isolation, principal);
+    /// The transport (and its tools cache) serving a scope.
+    fn scoped(&self, scope: Scope<'_>) -> (Arc<dyn LegacyTransport>, ToolsCache) {
+        let key = scope_key(self.cfg.isolation, scope);
         if key.is_empty() {
             return (self.boot.clone(), self.boot_tools.clone());
         }
         let mut scopes = self.scopes.lock();
-        let entry = scopes.entry(key).or_insert_with(|| {
-            let transport =
-                Self::start_transport(&self.cfg, &self.pid_dir, &self.identity, &self.tls);
+        let entry = scopes.entry(key).or_insert_with_key(|key| {
+            // A client session's own pool keeps no spare: it serves one client, and
+            // a spare per session would double the children.
+            let cfg = if key.starts_with("s:") {
+                let mut c = self.cfg.clone();
+                c.stdio_spares = Some(0);
+                std::borrow::Cow::Owned(c)
+            } else {
+                std::borrow::Cow::Borrowed(&self.cfg)
+            };
+            let transport = Self::start_transport(&cfg, &self.pid_dir, &self.identity, &self.tls);
             let tools = Arc::new(Mutex::new(None));
             Self::watch_tools(&transport, tools.clone());
             Scoped {
@@ -242,12 +282,24 @@ impl Upstream {
         (entry.transport.clone(), entry.tools.clone())
     }
 
-    /// Session notifications (list changes, resource updates) of the principal's scope.
-    pub fn session_notifications(
+    /// Session notifications (list changes, resource updates) of a scope.
+    pub fn session_notifications<'a>(
         &self,
-        principal: &Principal,
+        scope: impl Into<Scope<'a>>,
     ) -> tokio::sync::broadcast::Receiver<super::SessionNotification> {
-        self.scoped(principal).0.notifications()
+        self.scoped(scope.into()).0.notifications()
+    }
+
+    /// A 2025-era client session ended: under `isolation = "session"` its upstream
+    /// session (or stdio pool) goes with it, at once rather than at `idle_reap_ms`.
+    pub async fn end_session_scope(&self, session: &str) {
+        if self.cfg.isolation != Isolation::Session {
+            return;
+        }
+        let ended = self.scopes.lock().remove(&session_key(session));
+        if let Some(s) = ended {
+            s.transport.shutdown().await;
+        }
     }
 
     /// Identity for `server/discover`, initialising the boot transport if needed.
@@ -324,7 +376,8 @@ impl Upstream {
         self.boot.state()
     }
 
-    /// Call the upstream in the principal's scope. Dropping the future cancels it.
+    /// Call the upstream in the scope of the principal and `spec.session`. Dropping the
+    /// future cancels it.
     /// Admission (the concurrency limit) is the caller's: the engine takes a slot
     /// before it calls this.
     pub async fn call(
@@ -335,7 +388,11 @@ impl Upstream {
     ) -> Result<CallOutcome, UpstreamError> {
         spec.tenant = Some(principal.tenant.clone());
         let started = std::time::Instant::now();
-        let (transport, _) = self.scoped(principal);
+        let scope = Scope {
+            principal,
+            session: spec.session.as_deref(),
+        };
+        let (transport, _) = self.scoped(scope);
         transport.ensure_ready().await?;
         let r = transport.call(spec, events).await;
         let outcome = match &r {
@@ -347,10 +404,12 @@ impl Upstream {
         r
     }
 
-    /// `tools/list` (first page) for the principal's scope, from the session cache
-    /// when it is fresh.
-    pub async fn tools_list(&self, principal: &Principal) -> Result<CallOutcome, UpstreamError> {
-        self.cached_tools(principal)
+    /// `tools/list` (first page) for a scope, from the session cache when it is fresh.
+    pub async fn tools_list<'a>(
+        &self,
+        scope: impl Into<Scope<'a>>,
+    ) -> Result<CallOutcome, UpstreamError> {
+        self.cached_tools(scope.into())
             .await
             .map(|r| r.map_or_else(CallOutcome::Error, |v| CallOutcome::Result((*v).clone())))
     }
@@ -360,9 +419,9 @@ impl Upstream {
     /// JSON-RPC error, which is not cached.
     async fn cached_tools(
         &self,
-        principal: &Principal,
+        scope: Scope<'_>,
     ) -> Result<Result<Arc<Value>, RpcError>, UpstreamError> {
-        let (transport, cache) = self.scoped(principal);
+        let (transport, cache) = self.scoped(scope);
         if let Some(v) = cache.lock().clone() {
             return Ok(Ok(v));
         }
@@ -376,6 +435,7 @@ impl Upstream {
                     params: Map::new(),
                     want_progress: false,
                     tenant: None,
+                    session: None,
                 },
                 tx,
             )
@@ -396,7 +456,7 @@ impl Upstream {
 
     /// The upstream's `execution.taskSupport` for a tool, from the cached tools list.
     pub async fn tool_task_support(&self, principal: &Principal, tool: &str) -> Option<String> {
-        let list = self.cached_tools(principal).await.ok()?.ok()?;
+        let list = self.cached_tools(principal.into()).await.ok()?.ok()?;
         list.get("tools")?
             .as_array()?
             .iter()

@@ -11,10 +11,11 @@ use super::super::gateway::Gateway;
 use super::live::SubChange;
 use crate::auth::Principal;
 use crate::protocol::meta::LOG_LEVELS;
-use crate::upstream::{CallOutcome, CallSpec, Upstream};
+use crate::upstream::{CallOutcome, CallSpec, Scope, Upstream};
 
 /// What this replica holds for a session that ended: its calls, its relayed
-/// requests, its share of upstream subscriptions and log level.
+/// requests, its share of upstream subscriptions and log level, and under
+/// `isolation = "session"` its own upstream session.
 pub(crate) async fn end_locally(
     gw: &Gateway,
     upstream: &Arc<Upstream>,
@@ -23,25 +24,27 @@ pub(crate) async fn end_locally(
 ) {
     let live = &gw.legacy;
     live.end_calls(session);
-    let scope = upstream.scope_of(principal);
+    let scope = Scope::session(principal, session);
+    let key = upstream.scope_of(scope);
     for (up, sc, uri) in live.subscriptions_of(session) {
         if up == upstream.name()
-            && sc == scope
+            && sc == key
             && live.subscription(&up, &sc, &uri, session, false) == SubChange::Last
         {
-            subscribe_upstream(gw, upstream, principal, &uri, false).await;
+            subscribe_upstream(gw, upstream, scope, &uri, false).await;
         }
     }
-    if let Some(level) = live.log_level(upstream.name(), &scope, session, None) {
-        set_upstream_level(gw, upstream, principal, level).await;
+    if let Some(level) = live.log_level(upstream.name(), &key, session, None) {
+        set_upstream_level(gw, upstream, scope, level).await;
     }
+    upstream.end_session_scope(session).await;
 }
 
 /// Ask the upstream to (un)subscribe `uri`; `true` when it accepted.
 pub(super) async fn subscribe_upstream(
     gw: &Gateway,
     upstream: &Upstream,
-    principal: &Principal,
+    scope: Scope<'_>,
     uri: &str,
     on: bool,
 ) -> bool {
@@ -52,13 +55,13 @@ pub(super) async fn subscribe_upstream(
     };
     let mut params = Map::new();
     params.insert("uri".into(), Value::from(uri));
-    upstream_request(gw, upstream, principal, method, params).await
+    upstream_request(gw, upstream, scope, method, params).await
 }
 
 pub(super) async fn set_upstream_level(
     gw: &Gateway,
     upstream: &Upstream,
-    principal: &Principal,
+    scope: Scope<'_>,
     rank: usize,
 ) -> bool {
     let Some(level) = LOG_LEVELS.get(rank) else {
@@ -66,13 +69,14 @@ pub(super) async fn set_upstream_level(
     };
     let mut params = Map::new();
     params.insert("level".into(), Value::from(*level));
-    upstream_request(gw, upstream, principal, "logging/setLevel", params).await
+    upstream_request(gw, upstream, scope, "logging/setLevel", params).await
 }
 
+/// A request of the gateway's own on the scope's upstream session.
 async fn upstream_request(
     gw: &Gateway,
     upstream: &Upstream,
-    principal: &Principal,
+    scope: Scope<'_>,
     method: &str,
     params: Map<String, Value>,
 ) -> bool {
@@ -83,9 +87,12 @@ async fn upstream_request(
         params,
         want_progress: false,
         tenant: None,
+        session: scope.session.map(str::to_string),
     };
     matches!(
-        gw.engine.call_upstream(upstream, principal, spec, tx).await,
+        gw.engine
+            .call_upstream(upstream, scope.principal, spec, tx)
+            .await,
         Ok(CallOutcome::Result(_))
     )
 }

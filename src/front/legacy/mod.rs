@@ -37,7 +37,7 @@ use crate::protocol::meta::{ClientCaps, log_level_rank};
 use crate::protocol::{self, Method, RequestId, RpcError, TASKS_EXTENSION, error};
 use crate::store::SessionRecord;
 use crate::tasks::failure::Failure;
-use crate::upstream::{CallOutcome, CallSpec, Upstream, UpstreamInfo};
+use crate::upstream::{CallOutcome, CallSpec, Scope, Upstream, UpstreamInfo};
 
 use self::era::SESSION_HEADER;
 pub(super) use era::{legacy_post, modern_by_header};
@@ -323,6 +323,11 @@ impl Session<'_> {
         &self.rec.session_id
     }
 
+    /// The upstream session this client session is served by.
+    fn scope(&self) -> Scope<'_> {
+        Scope::session(self.principal, self.sid())
+    }
+
     /// A notification or a response: nothing to answer.
     async fn no_answer(&self, m: Message) {
         match m {
@@ -433,7 +438,7 @@ impl Session<'_> {
         // The 2025-11-25 task augmentation is never the upstream's to act on here.
         params.remove("task");
         if method == Method::ToolsList && !params.contains_key("cursor") {
-            return match self.upstream.tools_list(self.principal).await {
+            return match self.upstream.tools_list(self.scope()).await {
                 Ok(CallOutcome::Result(v)) => call::json_answer(&id, v),
                 Ok(CallOutcome::Error(e)) => reply::rpc_error(StatusCode::OK, Some(&id), &e),
                 Err(e) => {
@@ -450,6 +455,7 @@ impl Session<'_> {
             params,
             want_progress: progress_token.is_some(),
             tenant: None,
+            session: Some(self.sid().to_string()),
         };
         let pending = self
             .gw
@@ -510,12 +516,12 @@ impl Session<'_> {
         if let Err(e) = updated {
             return store_unavailable(Some(id), &e);
         }
-        let scope = self.upstream.scope_of(self.principal);
+        let scope = self.upstream.scope_of(self.scope());
         if let Some(apply) =
             self.gw
                 .legacy
                 .log_level(self.upstream.name(), &scope, self.sid(), Some(rank))
-            && !aggregate::set_upstream_level(self.gw, self.upstream, self.principal, apply).await
+            && !aggregate::set_upstream_level(self.gw, self.upstream, self.scope(), apply).await
         {
             return reply::rpc_error(
                 StatusCode::OK,
@@ -555,14 +561,14 @@ impl Session<'_> {
             };
             return reply::rpc_error(StatusCode::OK, Some(id), &RpcError::method_not_found(m));
         }
-        let scope = self.upstream.scope_of(self.principal);
+        let scope = self.upstream.scope_of(self.scope());
         let change = self
             .gw
             .legacy
             .subscription(self.upstream.name(), &scope, uri, self.sid(), on);
         let upstream_ok = match change {
             SubChange::First | SubChange::Last => {
-                aggregate::subscribe_upstream(self.gw, self.upstream, self.principal, uri, on).await
+                aggregate::subscribe_upstream(self.gw, self.upstream, self.scope(), uri, on).await
             }
             SubChange::Shared => true,
         };

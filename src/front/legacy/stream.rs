@@ -22,7 +22,7 @@ use super::live::SubChange;
 use crate::auth::Principal;
 use crate::protocol;
 use crate::store::SessionRecord;
-use crate::upstream::Upstream;
+use crate::upstream::{Scope, Upstream};
 
 /// The list-changed notifications relayed (the upstream sends only those it declares).
 const LIST_CHANGED: [&str; 3] = [
@@ -37,17 +37,18 @@ pub(super) async fn open(
     principal: Principal,
     rec: SessionRecord,
 ) -> Response<Body> {
-    let scope = upstream.scope_of(&principal);
     let sid = rec.session_id.clone();
+    let own = Scope::session(&principal, &sid);
+    let scope = upstream.scope_of(own);
     for uri in &rec.subscriptions {
         let change = gw
             .legacy
             .subscription(upstream.name(), &scope, uri, &sid, true);
         if change == SubChange::First {
-            super::aggregate::subscribe_upstream(gw, upstream, &principal, uri, true).await;
+            super::aggregate::subscribe_upstream(gw, upstream, own, uri, true).await;
         }
     }
-    let mut notes = upstream.session_notifications(&principal);
+    let mut notes = upstream.session_notifications(own);
     // Held while the stream is open: the session is in use here (never evicted or
     // expired), and its end (DELETE, expiry) on this replica ends the stream.
     let activity = gw.engine.sessions().activity(&sid);

@@ -33,6 +33,7 @@ fn spec(tool: &str, want_progress: bool) -> CallSpec {
         params,
         want_progress,
         tenant: None,
+        session: None,
     }
 }
 

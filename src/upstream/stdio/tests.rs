@@ -104,6 +104,7 @@ fn tool(name: &str, args: Value) -> CallSpec {
         params,
         want_progress: false,
         tenant: None,
+        session: None,
     }
 }
 
