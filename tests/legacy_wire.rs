@@ -837,3 +837,88 @@ async fn session_isolation_gives_each_session_its_own_upstream() {
     let r = b.request(json!(2), "tools/call", counter.clone()).await;
     assert_eq!(count(&r), "count=2", "{}", text(&r));
 }
+
+/// `[legacy] max_sessions_per_principal`: at the cap a new session closes the least
+/// recently seen idle one; when every session is in use (a GET stream open here) the
+/// new one is refused with 429 + `Retry-After`, `-32005`; other principals are not
+/// affected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_are_capped_per_principal() {
+    let gw = demo_gateway("[legacy]\nmax_sessions_per_principal = 2\n").await;
+    let mut a = Legacy::new(&gw, alice());
+    a.initialize(json!({})).await;
+    let mut b = Legacy::new(&gw, alice());
+    b.initialize(json!({})).await;
+    // `b` was seen last: `a` is the one a third session evicts.
+    let mut c = Legacy::new(&gw, alice());
+    c.initialize(json!({})).await;
+    assert_eq!(a.request(json!(1), "ping", json!({})).await.status, 404);
+    assert_eq!(b.request(json!(1), "ping", json!({})).await.status, 200);
+    // Both sessions in use: the next one is refused.
+    let _gb = Events::open(&b.url, "GET", &b.headers(), String::new()).await;
+    let _gc = Events::open(&c.url, "GET", &c.headers(), String::new()).await;
+    let refused = Legacy::new(&gw, alice())
+        .post(json!({"jsonrpc": "2.0", "id": 9, "method": "initialize", "params": {
+            "protocolVersion": INIT_VERSION, "capabilities": {},
+            "clientInfo": {"name": "n", "version": "1"}}}))
+        .await;
+    assert_error(&refused, 429, -32005, Some(json!(9)));
+    assert!(refused.header("retry-after").is_some(), "{:?}", refused.headers);
+    assert!(refused.header("mcp-session-id").is_none());
+    // Another principal has a cap of its own.
+    let mut other = Legacy::new(&gw, Some(token("bob", "acme")));
+    other.initialize(json!({})).await;
+    let m = raw(&gw.url("/metrics"), "GET", &[], Bytes::new()).await.unwrap();
+    let metrics = text(&m);
+    assert!(
+        metrics.contains("taskgate_legacy_sessions_total{event=\"evicted\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("taskgate_legacy_sessions_total{event=\"refused\"} 1"),
+        "{metrics}"
+    );
+}
+
+/// `logging/setLevel` over a shared upstream session: the upstream is set to the most
+/// verbose level any session asked for, and each session hears only its own level.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_levels_are_per_session() {
+    let gw = demo_gateway("").await;
+    let mut verbose = Legacy::new(&gw, alice());
+    verbose.initialize(json!({})).await;
+    let mut quiet = Legacy::new(&gw, alice());
+    quiet.initialize(json!({})).await;
+    for (s, level) in [(&verbose, "debug"), (&quiet, "error")] {
+        let r = s
+            .request(json!(1), "logging/setLevel", json!({"level": level}))
+            .await;
+        assert_eq!(r.json()["result"], json!({}), "{}", text(&r));
+    }
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "sleep", "arguments": {"ms": 300}}});
+    // The demo logs "sleep started" at info: the debug session hears it...
+    let mut ev = verbose.open("POST", call.clone()).await;
+    let mut logs = Vec::new();
+    loop {
+        match ev.next(Duration::from_secs(20)).await {
+            Some(m) if m["method"] == "notifications/message" => logs.push(m["params"].clone()),
+            Some(m) if m.get("id").is_some() => break,
+            Some(_) => {}
+            None => panic!("no answer"),
+        }
+    }
+    assert!(
+        logs.iter().any(|l| l["level"] == "info"),
+        "the debug session hears info: {logs:?}"
+    );
+    // ...the error session does not: a quiet, quick call is one JSON answer.
+    let r = quiet.post(call).await;
+    assert_eq!(
+        r.header("content-type").as_deref(),
+        Some("application/json"),
+        "{}",
+        text(&r)
+    );
+    assert_eq!(first_text(&r.json()["result"]), "slept 300 ms");
+}

@@ -5,7 +5,7 @@
 //!
 //! `cargo build --release && cargo bench --bench load -- [--quick] [--out FILE]
 //!  [--duration-ms N] [--scale 100000,1000000] [--mcp-proxy PATH]
-//!  [--only inline,get,create,tls,scale,native,pool,stores,replicas,edge,versus]`
+//!  [--only inline,get,create,sessions,tls,scale,native,pool,stores,replicas,edge,versus]`
 //!
 //! `versus` (only when named) runs this build beside `TASKGATE_BENCH_BASELINE_BIN`.
 //!
@@ -25,6 +25,7 @@ mod replicas;
 mod report;
 mod requests;
 mod scenarios;
+mod sessions;
 mod stdio_pool;
 mod stores;
 mod tls;
@@ -193,6 +194,9 @@ fn main() {
     }
     if want("create") {
         durable_create(&rt, &o, &mut rep, &c, &gw, &demo);
+    }
+    if want("sessions") {
+        sessions::sessions(&rt, &o, &mut rep, &c, &gw);
     }
     drop(gw);
     if want("tls") {

@@ -131,22 +131,38 @@ pub(super) fn echo_body_2026(seq: u64) -> String {
     )
 }
 
-pub(super) fn legacy_req(url: &str, session: &str, body: String) -> Request<Full<Bytes>> {
-    post(url)
-        .header("mcp-session-id", session)
+/// A 2025-era request on `session`, with a bearer token when the server wants one
+/// (taskgate's legacy era does; the demo upstream and mcp-proxy do not).
+pub(super) fn legacy_req(
+    url: &str,
+    session: &str,
+    bearer: Option<&HeaderValue>,
+    body: String,
+) -> Request<Full<Bytes>> {
+    let mut b = post(url);
+    if let Some(t) = bearer {
+        b = b.header("authorization", t.clone());
+    }
+    b.header("mcp-session-id", session)
         .header("mcp-protocol-version", LEGACY_VERSION)
         .body(Full::new(Bytes::from(body)))
         .unwrap()
 }
 
 /// Legacy `initialize` + `notifications/initialized`; returns the session id.
-pub(super) async fn legacy_session(client: &HttpClient, url: &str) -> Result<String, String> {
+pub(super) async fn legacy_session(
+    client: &HttpClient,
+    url: &str,
+    bearer: Option<&HeaderValue>,
+) -> Result<String, String> {
     let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
         "protocolVersion": LEGACY_VERSION, "capabilities": {},
         "clientInfo": {"name": "taskgate-bench", "version": "0.1"}}});
-    let req = post(url)
-        .body(Full::new(Bytes::from(init.to_string())))
-        .unwrap();
+    let mut req = post(url);
+    if let Some(t) = bearer {
+        req = req.header("authorization", t.clone());
+    }
+    let req = req.body(Full::new(Bytes::from(init.to_string()))).unwrap();
     let resp = client.request(req).await.map_err(|e| e.to_string())?;
     let status = resp.status();
     let sid = resp
@@ -168,7 +184,7 @@ pub(super) async fn legacy_session(client: &HttpClient, url: &str) -> Result<Str
     })?;
     let note = json!({"jsonrpc":"2.0","method":"notifications/initialized"}).to_string();
     let resp = client
-        .request(legacy_req(url, &sid, note))
+        .request(legacy_req(url, &sid, bearer, note))
         .await
         .map_err(|e| e.to_string())?;
     let _ = resp.into_body().collect().await;

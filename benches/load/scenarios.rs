@@ -35,11 +35,16 @@ pub(super) fn inline(
     let bearer = HeaderValue::from_str(&format!("Bearer {}", token("alice", "acme"))).unwrap();
     let direct_url = format!("http://{up}/mcp");
     let direct_sid = rt
-        .block_on(legacy_session(c, &direct_url))
+        .block_on(legacy_session(c, &direct_url, None))
         .expect("demo session");
+    // A 2025-era client of the gateway: the same JWT, its own session.
+    let gw_url = format!("http://{}/mcp", gw.addr);
+    let gw_sid = rt
+        .block_on(legacy_session(c, &gw_url, Some(&bearer)))
+        .expect("gateway legacy session");
     let proxy_sid = match &proxy {
         Ok((_, addr)) => rt
-            .block_on(legacy_session(c, &format!("http://{addr}/")))
+            .block_on(legacy_session(c, &format!("http://{addr}/"), None))
             .map_err(|e| format!("session failed: {e}")),
         Err(e) => Err(e.clone()),
     };
@@ -64,6 +69,7 @@ pub(super) fn inline(
             legacy_req(
                 &url,
                 &sid,
+                None,
                 format!(
                     r#"{{"jsonrpc":"2.0","id":{n},"method":"tools/call","params":{{"name":"echo","arguments":{{"text":"hello"}}}}}}"#
                 ),
@@ -81,6 +87,19 @@ pub(super) fn inline(
             Arc::new(move |n| gw_req(addr, &b, "tools/call", "echo", echo_body_2026(n)));
         let t = rt.block_on(run_load(c, conc, o.warmup, o.duration, via, check_echo));
         rows.push(("taskgate (2026-07-28 + JWT)".into(), Some(t), None));
+        let (url, sid, b) = (gw_url.clone(), gw_sid.clone(), bearer.clone());
+        let legacy: MakeReq = Arc::new(move |n| {
+            legacy_req(
+                &url,
+                &sid,
+                Some(&b),
+                format!(
+                    r#"{{"jsonrpc":"2.0","id":{n},"method":"tools/call","params":{{"name":"echo","arguments":{{"text":"hello"}}}}}}"#
+                ),
+            )
+        });
+        let l = rt.block_on(run_load(c, conc, o.warmup, o.duration, legacy, check_echo));
+        rows.push(("taskgate (2025-era session + JWT)".into(), Some(l), None));
         match (&proxy, &proxy_sid) {
             (Ok((_, paddr)), Ok(psid)) => {
                 let url = format!("http://{paddr}/");
@@ -89,6 +108,7 @@ pub(super) fn inline(
                     legacy_req(
                         &url,
                         &sid,
+                        None,
                         format!(
                             r#"{{"jsonrpc":"2.0","id":{n},"method":"tools/call","params":{{"name":"ev/echo","arguments":{{"text":"hello"}}}}}}"#
                         ),

@@ -176,6 +176,9 @@ async fn initialize(
     id: RequestId,
     params: Map<String, Value>,
 ) -> Response<Body> {
+    if let Err(t) = gw.limits.check_request(principal) {
+        return throttled(&id, t);
+    }
     let Some(requested) = params.get("protocolVersion").and_then(Value::as_str) else {
         return invalid_params(&id, "params.protocolVersion must be a string");
     };
@@ -194,13 +197,7 @@ async fn initialize(
     let rec = match opened {
         Ok(r) => r,
         Err(crate::tasks::sessions::SessionError::Refused { retry_after }) => {
-            return Final::of(
-                &id,
-                crate::tasks::outcome::Reply::Failed(Failure::throttled(
-                    crate::limits::Throttled::legacy_sessions(retry_after),
-                )),
-            )
-            .into_response();
+            return throttled(&id, crate::limits::Throttled::legacy_sessions(retry_after));
         }
         Err(crate::tasks::sessions::SessionError::Store(e)) => {
             return store_unavailable(Some(&id), &e);
@@ -284,6 +281,15 @@ fn version_refused(parts: &Parts, id: Option<&RequestId>) -> Option<Response<Bod
     }
 }
 
+/// 429 (or 503 for a full queue) + `Retry-After`, `-32005` (docs/design.md §8).
+fn throttled(id: &RequestId, t: crate::limits::Throttled) -> Response<Body> {
+    Final::of(
+        id,
+        crate::tasks::outcome::Reply::Failed(Failure::throttled(t)),
+    )
+    .into_response()
+}
+
 fn bad_request(id: Option<&RequestId>, why: &str) -> Response<Body> {
     reply::rpc_error(StatusCode::BAD_REQUEST, id, &RpcError::invalid_request(why))
 }
@@ -356,6 +362,10 @@ impl Session<'_> {
         params: Map<String, Value>,
         stream: bool,
     ) -> Response<Body> {
+        // Every request counts against the principal's rate, as in the 2026 era.
+        if let Err(t) = self.gw.limits.check_request(self.principal) {
+            return throttled(&id, t);
+        }
         match LegacyMethod::of(method) {
             LegacyMethod::Ping => call::json_answer(&id, json!({})),
             LegacyMethod::Initialize => {
@@ -413,24 +423,14 @@ impl Session<'_> {
                 &RpcError::method_not_found(method.as_str()),
             );
         }
-        let limits = &self.gw.limits;
-        let throttled = limits.check_request(self.principal).and_then(|()| {
-            if method.takes_queue_slot() {
-                limits.check_queue(
-                    self.upstream.name(),
-                    self.upstream.cfg.max_concurrency,
-                    self.principal,
-                )
-            } else {
-                Ok(())
-            }
-        });
-        if let Err(t) = throttled {
-            return Final::of(
-                &id,
-                crate::tasks::outcome::Reply::Failed(Failure::throttled(t)),
+        if method.takes_queue_slot()
+            && let Err(t) = self.gw.limits.check_queue(
+                self.upstream.name(),
+                self.upstream.cfg.max_concurrency,
+                self.principal,
             )
-            .into_response();
+        {
+            return throttled(&id, t);
         }
         let progress_token = params
             .remove("_meta")
