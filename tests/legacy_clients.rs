@@ -70,7 +70,7 @@ impl Up {
                 "sample": {"tool": "trigger-sampling-request", "args": {"prompt": "hi", "maxTokens": 10}},
                 "cancel": {"tool": "trigger-long-running-operation", "args": {"duration": 30, "steps": 30}},
                 "touch": null,
-                "subscribe": null,
+                "subscribe": {"uri": null, "tool": "toggle-subscriber-updates", "args": {}},
             }),
         }
     }
@@ -276,8 +276,10 @@ async fn all_flows(up: Up, driver: Driver) {
             "{}",
             ctx()
         );
-        assert_eq!(v["updates"], json!(["demo://counter"]), "{}", ctx());
     }
+    // The subscribed resource's update reached the client on its GET stream.
+    assert!(v["subscribed"].is_string(), "{}", ctx());
+    assert_eq!(v["updates"], json!([v["subscribed"]]), "{}", ctx());
     if !matches!(driver, Driver::Remote) {
         // DELETE ended the session: its id is now unknown.
         assert_eq!(v["afterDelete"], 404, "{}", ctx());
@@ -324,6 +326,11 @@ async fn ts_sdk_on_everything_stdio() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_sdk_on_everything_stdio() {
     all_flows(Up::EverythingStdio, Driver::Py).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_remote_on_everything_stdio() {
+    all_flows(Up::EverythingStdio, Driver::Remote).await;
 }
 
 /// A session id replayed with another principal's token is answered 404, exactly as an

@@ -858,17 +858,25 @@ async fn sessions_are_capped_per_principal() {
     let _gb = Events::open(&b.url, "GET", &b.headers(), String::new()).await;
     let _gc = Events::open(&c.url, "GET", &c.headers(), String::new()).await;
     let refused = Legacy::new(&gw, alice())
-        .post(json!({"jsonrpc": "2.0", "id": 9, "method": "initialize", "params": {
+        .post(
+            json!({"jsonrpc": "2.0", "id": 9, "method": "initialize", "params": {
             "protocolVersion": INIT_VERSION, "capabilities": {},
-            "clientInfo": {"name": "n", "version": "1"}}}))
+            "clientInfo": {"name": "n", "version": "1"}}}),
+        )
         .await;
     assert_error(&refused, 429, -32005, Some(json!(9)));
-    assert!(refused.header("retry-after").is_some(), "{:?}", refused.headers);
+    assert!(
+        refused.header("retry-after").is_some(),
+        "{:?}",
+        refused.headers
+    );
     assert!(refused.header("mcp-session-id").is_none());
     // Another principal has a cap of its own.
     let mut other = Legacy::new(&gw, Some(token("bob", "acme")));
     other.initialize(json!({})).await;
-    let m = raw(&gw.url("/metrics"), "GET", &[], Bytes::new()).await.unwrap();
+    let m = raw(&gw.url("/metrics"), "GET", &[], Bytes::new())
+        .await
+        .unwrap();
     let metrics = text(&m);
     assert!(
         metrics.contains("taskgate_legacy_sessions_total{event=\"evicted\"} 1"),

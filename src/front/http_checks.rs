@@ -169,18 +169,23 @@ pub fn content_type_is_json(headers: &HeaderMap) -> bool {
 /// `Accept` must admit both `application/json` and `text/event-stream` (MCP 2026-07-28
 /// Streamable HTTP, "Sending Messages").
 pub fn accept_allows_json_and_sse(headers: &HeaderMap) -> bool {
-    accept_allows(headers, "application/json") && accept_allows(headers, "text/event-stream")
+    let ranges = accept_ranges(headers);
+    admits(&ranges, "application/json") && admits(&ranges, "text/event-stream")
 }
 
-/// Whether `Accept` admits the media type `t` (exactly, `*/*` or `major/*`).
-fn accept_allows(headers: &HeaderMap, t: &str) -> bool {
-    let ranges: Vec<String> = headers
+/// The media ranges `Accept` lists (read once per request: every POST checks two).
+fn accept_ranges(headers: &HeaderMap) -> Vec<String> {
+    headers
         .get_all(header::ACCEPT)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .map(media_type)
-        .collect();
+        .collect()
+}
+
+/// Whether `ranges` admit the media type `t` (exactly, `*/*` or `major/*`).
+fn admits(ranges: &[String], t: &str) -> bool {
     let (major, _) = t.split_once('/').unwrap_or((t, ""));
     ranges
         .iter()
@@ -342,7 +347,7 @@ impl Step for Negotiate {
             return Ok(());
         }
         if req.method() == Method::GET {
-            return if accept_allows(req.headers(), "text/event-stream") {
+            return if admits(&accept_ranges(req.headers()), "text/event-stream") {
                 Ok(())
             } else {
                 Err(reply::rpc_error(

@@ -88,8 +88,11 @@ async def all_flows():
             facts["tools"] = [t.name for t in (await s.list_tools()).tools]
             if init.capabilities.prompts is not None:
                 facts["prompts"] = len((await s.list_prompts()).prompts)
+            first_uri = None
             if init.capabilities.resources is not None:
-                facts["resources"] = len((await s.list_resources()).resources)
+                listed = (await s.list_resources()).resources
+                facts["resources"] = len(listed)
+                first_uri = str(listed[0].uri) if listed else None
             facts["fast"] = text(await s.call_tool(SPEC["fast"]["tool"], SPEC["fast"]["args"]))
             progress = []
 
@@ -129,11 +132,14 @@ async def all_flows():
                 facts["listChanged"] = len(list_changed)
             if SPEC.get("subscribe"):
                 sub = SPEC["subscribe"]
-                await s.subscribe_resource(sub["uri"])
+                # The spec's resource, or the first the upstream lists.
+                uri = sub.get("uri") or first_uri
+                facts["subscribed"] = uri
+                await s.subscribe_resource(uri)
                 await s.call_tool(sub["tool"], sub["args"])
-                await until(lambda: updates, 10)
-                facts["updates"] = updates
-                await s.unsubscribe_resource(sub["uri"])
+                await until(lambda: updates, 15)
+                facts["updates"] = updates[:1]
+                await s.unsubscribe_resource(uri)
     # Leaving the client sent DELETE (terminate_on_close): the session is gone.
     facts["afterDelete"] = await raw_status(TOKEN, facts["sessionId"])
 

@@ -10,7 +10,7 @@
 // names the upstream's tools for each flow, so the same driver runs in front of any
 // upstream: {"fast": {tool, args}, "slow": {tool, args},
 // "elicit": {tool, args, answer}|null, "sample": {...}|null, "cancel": {...}|null, "touch": {...}|null,
-// "subscribe": {"uri", "tool", "args"}|null}. Prints one JSON object on the last
+// "subscribe": {"uri" (null: the first listed), "tool", "args"}|null}. Prints one JSON object on the last
 // stdout line: {"ok": true, ...facts} or {"ok": false, "error": ...};
 // tests/legacy_clients.rs asserts on the facts.
 
@@ -90,7 +90,12 @@ async function all(transport) {
 
   facts.tools = (await client.listTools()).tools.map((t) => t.name);
   if (facts.capabilities?.prompts) facts.prompts = (await client.listPrompts()).prompts.length;
-  if (facts.capabilities?.resources) facts.resources = (await client.listResources()).resources.length;
+  let firstUri = null;
+  if (facts.capabilities?.resources) {
+    const listed = (await client.listResources()).resources;
+    facts.resources = listed.length;
+    firstUri = listed[0]?.uri ?? null;
+  }
 
   facts.fast = text(await client.callTool({ name: SPEC.fast.tool, arguments: SPEC.fast.args }));
 
@@ -134,11 +139,14 @@ async function all(transport) {
     facts.listChanged = listChanged;
   }
   if (SPEC.subscribe) {
-    await client.subscribeResource({ uri: SPEC.subscribe.uri });
+    // The spec's resource, or the first the upstream lists.
+    const uri = SPEC.subscribe.uri ?? firstUri;
+    facts.subscribed = uri;
+    await client.subscribeResource({ uri });
     await client.callTool({ name: SPEC.subscribe.tool, arguments: SPEC.subscribe.args });
-    await until(() => updates.length > 0, 10000);
-    facts.updates = updates;
-    await client.unsubscribeResource({ uri: SPEC.subscribe.uri });
+    await until(() => updates.length > 0, 15000);
+    facts.updates = updates.slice(0, 1);
+    await client.unsubscribeResource({ uri });
   }
   if (transport.terminateSession) {
     await transport.terminateSession();
