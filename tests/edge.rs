@@ -3,9 +3,12 @@
 //! talks only to the edge. Every poll of one task reaches one replica; other calls
 //! spread; a replica killed with SIGKILL leaves the ring within a bound over the
 //! health interval, its tasks keep resolving elsewhere and the others' do not move.
+//! A 2025-era session's requests all reach one replica, and after that replica is
+//! killed the session goes on elsewhere with its subscriptions (§22).
 #![cfg(feature = "edge")]
 
 mod common;
+mod legacy_support;
 mod replicas_support;
 mod tasks_support;
 
@@ -15,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::*;
+use legacy_support::*;
 use replicas_support::*;
 use serde_json::{Value, json};
 use tasks_support::*;
@@ -520,6 +524,208 @@ async fn the_edge_writes_json_lines_with_log_format_json() {
     for l in text.lines().filter(|l| !l.trim().is_empty()) {
         assert!(serde_json::from_str::<Value>(l).is_ok(), "not JSON: {l}");
     }
+}
+
+// ---------------------------------------------------------------------------------
+// 2025-era sessions through the edge (docs/design.md §22 "Clients of the 2025 era").
+
+/// The replica that answered `r`, which must be 200.
+fn served_by(r: &Resp, what: &str) -> String {
+    assert_eq!(r.status, 200, "{what}: {}", text(r));
+    replica_of(r)
+}
+
+/// The replica index of a `Taskgate-Replica` value (`r1` → 1).
+fn replica_index(name: &str) -> usize {
+    name.trim_start_matches('r').parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_of_a_legacy_session_reaches_one_replica() {
+    let rs = Replicas::start(3, "").await;
+    let edge = Edge::start(&rs).await;
+    let mut holders = BTreeSet::new();
+    for s in 0..9 {
+        let mut c = Legacy::at(edge.url("/mcp"), Some(token("alice", "acme")));
+        c.initialize(json!({})).await;
+        // Its GET stream, held open while its POSTs go through.
+        let get = c.get_stream().await;
+        assert_eq!(get.status, 200, "session {s}");
+        let mut seen = BTreeSet::new();
+        seen.insert(get.header("taskgate-replica").unwrap_or_default());
+        for i in 0..3 {
+            let ping = c.request(json!(i), "ping", json!({})).await;
+            seen.insert(served_by(&ping, "ping"));
+            let list = c.request(json!(i), "tools/list", json!({})).await;
+            seen.insert(served_by(&list, "tools/list"));
+            let echo = c
+                .request(
+                    json!(i),
+                    "tools/call",
+                    json!({"name": "echo", "arguments": {"text": "x"}}),
+                )
+                .await;
+            seen.insert(served_by(&echo, "tools/call"));
+        }
+        assert_eq!(seen.len(), 1, "session {s} reached {seen:?}");
+        holders.extend(seen);
+    }
+    // Different sessions spread over the ring (9 sessions all on one of 3 replicas
+    // would happen by chance once in ~2 000 runs).
+    assert!(holders.len() >= 2, "9 sessions all held by {holders:?}");
+    assert!(holders.iter().all(|r| r.starts_with('r')), "{holders:?}");
+    let m = raw(&edge.url("/metrics"), "GET", &[], Bytes::new())
+        .await
+        .unwrap();
+    let metrics = String::from_utf8_lossy(&m.body);
+    assert!(
+        metrics.contains("taskgate_edge_requests_total{route=\"session\",status=\"200\"}"),
+        "{metrics}"
+    );
+}
+
+/// The first message on `get` within `limit` that is `method`, skipping others.
+async fn next_method(get: &mut Events, method: &str, limit: Duration) -> Option<Value> {
+    let deadline = Instant::now() + limit;
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        match get.next(left).await {
+            Some(m) if m["method"] == method => return Some(m),
+            Some(_) => {}
+            None if get.ended() => return None,
+            None => {}
+        }
+    }
+    None
+}
+
+/// The final answer on a held call's stream, skipping notifications and keep-alives.
+async fn final_answer(ev: &mut Events, limit: Duration) -> Option<Value> {
+    let deadline = Instant::now() + limit;
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        match ev.next(left).await {
+            Some(m) if m.get("id").is_some() && m.get("method").is_none() => return Some(m),
+            Some(_) => {}
+            None if ev.ended() => return None,
+            None => {}
+        }
+    }
+    None
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_legacy_session_survives_the_loss_of_its_replica() {
+    let mut rs = Replicas::start(2, "").await;
+    let edge = Edge::start(&rs).await;
+    let mut c = Legacy::at(edge.url("/mcp"), Some(token("alice", "acme")));
+    c.initialize(json!({})).await;
+    let sub = c
+        .request(
+            json!(1),
+            "resources/subscribe",
+            json!({"uri": "demo://counter"}),
+        )
+        .await;
+    let holder = served_by(&sub, "resources/subscribe");
+    assert_eq!(sub.json()["result"], json!({}), "{}", text(&sub));
+    let mut get = c.get_stream().await;
+    assert_eq!(get.status, 200);
+    assert_eq!(get.header("taskgate-replica"), Some(holder.clone()));
+    let updated = json!({"jsonrpc": "2.0", "method": "notifications/resources/updated",
+        "params": {"uri": "demo://counter"}});
+
+    // Before the loss: an update reaches the stream on the holder.
+    let r = c
+        .request(
+            json!(2),
+            "tools/call",
+            json!({"name": "counter", "arguments": {}}),
+        )
+        .await;
+    assert_eq!(served_by(&r, "counter"), holder);
+    let n = next_method(
+        &mut get,
+        "notifications/resources/updated",
+        Duration::from_secs(15),
+    )
+    .await;
+    assert_eq!(n, Some(updated.clone()), "{}", rs.gws[0].proc.log_text());
+
+    // A call in flight on the holder when it dies.
+    let slow = json!({"jsonrpc": "2.0", "id": "slow", "method": "tools/call", "params": {
+        "name": "sleep", "arguments": {"ms": 6000}}});
+    let mut inflight = c.open("POST", slow.clone()).await;
+    assert_eq!(inflight.status, 200);
+    assert_eq!(inflight.header("taskgate-replica"), Some(holder.clone()));
+    // Let the call reach the upstream.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let victim = replica_index(&holder);
+    rs.gws[victim].proc.kill9();
+    let killed = Instant::now();
+
+    // Both streams end; the call was never answered.
+    let (ended, seen) = inflight.drain(Duration::from_secs(30)).await;
+    assert!(ended, "the in-flight call's stream did not end");
+    assert!(
+        seen.iter().all(|m| m.get("result").is_none()),
+        "an answer from a killed replica: {seen:?}"
+    );
+    let (ended, _) = get.drain(Duration::from_secs(30)).await;
+    assert!(ended, "the GET stream did not end");
+    eprintln!("streams ended {:?} after the kill", killed.elapsed());
+
+    // The client reconnects at once, as a client does (not waiting for the edge's
+    // probes to eject the dead replica): its GET stream is now on the survivor, which
+    // re-subscribes what the session record lists.
+    let mut get = c.get_stream().await;
+    assert_eq!(get.status, 200, "{}", edge.proc.log_text());
+    let survivor = get.header("taskgate-replica").unwrap_or_default();
+    assert_ne!(survivor, holder);
+    // And it retries the call that was lost: the survivor holds it.
+    let mut retry = c.open("POST", slow).await;
+    assert_eq!(retry.status, 200);
+    assert_eq!(retry.header("taskgate-replica"), Some(survivor.clone()));
+
+    // An update after the loss reaches the new stream.
+    let r = c
+        .request(
+            json!(3),
+            "tools/call",
+            json!({"name": "counter", "arguments": {}}),
+        )
+        .await;
+    assert_eq!(served_by(&r, "counter"), survivor);
+    let n = next_method(
+        &mut get,
+        "notifications/resources/updated",
+        Duration::from_secs(15),
+    )
+    .await;
+    assert_eq!(
+        n,
+        Some(updated),
+        "no update on the new stream:\n{}",
+        rs.gws[replica_index(&survivor)].proc.log_text()
+    );
+    eprintln!(
+        "update on the new stream {:?} after the kill",
+        killed.elapsed()
+    );
+    let answer = final_answer(&mut retry, Duration::from_secs(30)).await;
+    let answer =
+        answer.unwrap_or_else(|| panic!("no answer to the retry:\n{}", edge.proc.log_text()));
+    assert_eq!(answer["id"], "slow", "{answer}");
+    assert_eq!(
+        answer["result"]["content"][0]["text"], "slept 6000 ms",
+        "{answer}"
+    );
+
+    // And the dead replica has left the ring.
+    let out = eventually_async(EJECT_BOUND, || async {
+        edge.healthz().await["replicas"]["healthy"] == 1
+    })
+    .await;
+    assert!(out, "{}\n{}", edge.healthz().await, edge.proc.log_text());
 }
 
 // ---------------------------------------------------------------------------------

@@ -6,6 +6,7 @@
 //! cannot write.
 
 mod common;
+mod legacy_support;
 mod replicas_support;
 mod tasks_support;
 
@@ -13,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::*;
+use legacy_support::*;
 use replicas_support::*;
 use serde_json::{Value, json};
 use tasks_support::*;
@@ -412,4 +414,72 @@ async fn every_replica_counts_the_tasks_another_one_finished() {
         }
         assert_eq!(task_gauge(&rs, i, "working").await, 0.0, "replica r{i}");
     }
+}
+
+/// A 2025-era session opened on one replica is served by another directly: its record
+/// is in the shared store (docs/design.md §22 "Clients of the 2025 era"), still bound
+/// to its principal, and a DELETE anywhere ends it everywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_legacy_session_opened_on_one_replica_is_served_by_another() {
+    let rs = Replicas::start(2, "").await;
+    let alice = Some(token("alice", "acme"));
+    let mut on_a = Legacy::at(rs.gws[0].url("/mcp"), alice.clone());
+    let init = on_a.initialize(json!({})).await;
+    assert_eq!(replica_of(&init), "r0");
+
+    let on_b = on_a.presenting(rs.gws[1].url("/mcp"), alice.clone());
+    let ping = on_b.request(json!("p"), "ping", json!({})).await;
+    assert_eq!(
+        ping.status,
+        200,
+        "{}\n{}",
+        text(&ping),
+        rs.gws[1].proc.log_text()
+    );
+    assert_eq!(replica_of(&ping), "r1");
+    assert_eq!(
+        ping.json(),
+        json!({"jsonrpc": "2.0", "id": "p", "result": {}})
+    );
+    let echo = on_b
+        .request(
+            json!(2),
+            "tools/call",
+            json!({"name": "echo", "arguments": {"text": "on b"}}),
+        )
+        .await;
+    assert_eq!(echo.status, 200, "{}", text(&echo));
+    assert_eq!(replica_of(&echo), "r1");
+    assert_eq!(
+        echo.json()["result"]["content"][0]["text"],
+        "on b",
+        "{}",
+        text(&echo)
+    );
+    let get = on_b.get_stream().await;
+    assert_eq!(get.status, 200);
+    assert_eq!(get.header("taskgate-replica").as_deref(), Some("r1"));
+    drop(get);
+
+    // Another principal presenting it on B reads it as never issued: 404, the same
+    // body as an unknown session.
+    let bob = Some(token("bob", "acme"));
+    let foreign = on_a
+        .presenting(rs.gws[1].url("/mcp"), bob.clone())
+        .request(json!(3), "ping", json!({}))
+        .await;
+    assert_eq!(foreign.status, 404, "{}", text(&foreign));
+    let mut unknown = Legacy::at(rs.gws[1].url("/mcp"), bob);
+    unknown.session = Some("mcs_never-issued-0000000000000000000000000000".into());
+    unknown.version = on_a.version.clone();
+    let never = unknown.request(json!(3), "ping", json!({})).await;
+    assert_eq!(foreign.body, never.body);
+
+    // A DELETE on B ends it on A too (A reads it from the store).
+    let del = raw(&on_b.url, "DELETE", &on_b.headers(), Bytes::new())
+        .await
+        .unwrap();
+    assert_eq!(del.status, 204, "{}", text(&del));
+    let gone = on_a.request(json!(4), "ping", json!({})).await;
+    assert_eq!(gone.status, 404, "{}", text(&gone));
 }
