@@ -12,7 +12,7 @@ use super::requests::{legacy_session, token};
 use super::{HttpClient, Opts};
 
 /// Principals, each filled to the default cap of 100 sessions.
-const PRINCIPALS: usize = 20;
+const PRINCIPALS: usize = 100;
 const CAP: usize = 100;
 
 pub(super) fn sessions(
