@@ -15,7 +15,10 @@ use super::memory::MemoryStore;
 use super::postgres::{PgStore, testing as pg};
 use super::sled::SledStore;
 use super::test_records::{route, session, task};
-use super::{Created, Owned, OwnedSession, SessionCreated, TaskStatus, TaskStore, now_ms, probe};
+use super::{
+    Created, Owned, OwnedSession, OwnerCursor, SessionCreated, TaskRecord, TaskStatus, TaskStore,
+    now_ms, probe,
+};
 use crate::config::StoreConfig;
 use crate::protocol::UpstreamInfo;
 
@@ -422,6 +425,202 @@ pub(crate) async fn routes_are_resolved_at_start_up(mut h: Harness) {
     assert!(s.routes().await.unwrap().is_empty());
 }
 
+/// A task of `tenant`/`subject` on `upstream`, created at `created_at_ms`.
+fn owned(id: &str, tenant: &str, subject: &str, upstream: &str, created_at_ms: u64) -> TaskRecord {
+    TaskRecord {
+        subject: subject.into(),
+        upstream: upstream.into(),
+        created_at_ms,
+        ..task(id, tenant, now_ms() + HOUR)
+    }
+}
+
+async fn owned_ids(
+    s: &dyn TaskStore,
+    (tenant, subject, upstream): (&str, &str, &str),
+    after: Option<&OwnerCursor>,
+    limit: usize,
+) -> Vec<String> {
+    s.list_owned(tenant, subject, upstream, after, limit)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.task_id)
+        .collect()
+}
+
+fn after(created_at_ms: u64, task_id: &str) -> OwnerCursor {
+    OwnerCursor {
+        created_at_ms,
+        task_id: task_id.into(),
+    }
+}
+
+pub(crate) async fn owner_lists(mut h: Harness) {
+    let s = h.store();
+    let alice = ("acme", "alice", "demo");
+    // Out of order on purpose; at one time, ids order by their bytes ("Z" < "a").
+    let mine = [
+        ("tsk_d", 200),
+        ("tsk_b", 100),
+        ("tsk_a", 100),
+        ("tsk_Z", 100),
+        ("tsk_c", 50),
+    ];
+    for (i, (id, at)) in mine.iter().enumerate() {
+        let rec = owned(id, "acme", "alice", "demo", *at);
+        let key = format!("acme\0alice\0demo\0sleep\0{id}").into_bytes();
+        // Keyed and plain creations both enter the index.
+        let key = (i % 2 == 0).then_some(key.as_slice());
+        assert_eq!(
+            s.create(&rec, &route(&format!("rt_{id}"), None), key)
+                .await
+                .unwrap(),
+            Created::New
+        );
+    }
+    // Neighbours that must never show: another tenant, another subject of the same
+    // tenant, other upstreams (one whose name extends "demo", one it extends), and
+    // principals whose parts run into each other when joined.
+    let others = [
+        ("tsk_o1", "globex", "alice", "demo"),
+        ("tsk_o2", "acme", "bob", "demo"),
+        ("tsk_o3", "acme", "alice", "demo2"),
+        ("tsk_o4", "acme", "alice", "dem"),
+        ("tsk_o5", "acmealice", "", "demo"),
+        ("tsk_o6", "acme", "alicedemo", ""),
+        ("tsk_o7", "", "acmealice", "demo"),
+    ];
+    for (id, tenant, subject, upstream) in others {
+        let rec = owned(id, tenant, subject, upstream, 100);
+        s.create(&rec, &route(&format!("rt_{id}"), None), None)
+            .await
+            .unwrap();
+    }
+    let order = ["tsk_c", "tsk_Z", "tsk_a", "tsk_b", "tsk_d"];
+    assert_eq!(owned_ids(&*s, alice, None, 10).await, order);
+    let full = s
+        .list_owned("acme", "alice", "demo", None, 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        Some(&full[1]),
+        s.get("tsk_Z").await.unwrap().as_ref(),
+        "whole records"
+    );
+    // Pages: the limit holds, and a cursor resumes strictly after its task.
+    assert_eq!(owned_ids(&*s, alice, None, 2).await, ["tsk_c", "tsk_Z"]);
+    assert_eq!(
+        owned_ids(&*s, alice, Some(&after(100, "tsk_Z")), 2).await,
+        ["tsk_a", "tsk_b"]
+    );
+    assert_eq!(
+        owned_ids(&*s, alice, Some(&after(100, "tsk_b")), 2).await,
+        ["tsk_d"]
+    );
+    assert!(
+        owned_ids(&*s, alice, Some(&after(200, "tsk_d")), 2)
+            .await
+            .is_empty()
+    );
+    assert_eq!(owned_ids(&*s, alice, None, 1).await, ["tsk_c"]);
+    assert!(owned_ids(&*s, alice, None, 0).await.is_empty());
+    // A cursor between tasks (its own task gone meanwhile) resumes at the next one.
+    assert_eq!(
+        owned_ids(&*s, alice, Some(&after(100, "tsk_aa")), 10).await,
+        ["tsk_b", "tsk_d"]
+    );
+    assert_eq!(
+        owned_ids(&*s, alice, Some(&after(60, "")), 10).await,
+        ["tsk_Z", "tsk_a", "tsk_b", "tsk_d"]
+    );
+    // Walking every page with limit 2 yields each task once, in order.
+    let mut walked = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page = s
+            .list_owned("acme", "alice", "demo", cursor.as_ref(), 2)
+            .await
+            .unwrap();
+        let Some(last) = page.last() else { break };
+        cursor = Some(after(last.created_at_ms, &last.task_id));
+        walked.extend(page.into_iter().map(|r| r.task_id));
+    }
+    assert_eq!(walked, order);
+    // Each neighbour sees only its own.
+    for (id, tenant, subject, upstream) in others {
+        assert_eq!(
+            owned_ids(&*s, (tenant, subject, upstream), None, 10).await,
+            [id]
+        );
+    }
+    // Empty: nobody's tasks, or an upstream nobody used.
+    assert!(
+        owned_ids(&*s, ("acme", "carol", "demo"), None, 10)
+            .await
+            .is_empty()
+    );
+    assert!(
+        owned_ids(&*s, ("acme", "alice", "none"), None, 10)
+            .await
+            .is_empty()
+    );
+
+    // An update keeps the task listed, as it is now.
+    s.update("tsk_a", &mut |rec| {
+        rec.status = TaskStatus::Completed;
+        rec.result = Some(json!({"content": []}));
+        true
+    })
+    .await
+    .unwrap();
+    let listed = s
+        .list_owned("acme", "alice", "demo", None, 10)
+        .await
+        .unwrap();
+    assert_eq!(listed[2].task_id, "tsk_a");
+    assert_eq!(listed[2].status, TaskStatus::Completed);
+    // Expired: gone from the list with the record (the tombstone is not listed).
+    let now = now_ms();
+    s.update("tsk_b", &mut |rec| {
+        rec.expires_at_ms = now - 1;
+        true
+    })
+    .await
+    .unwrap();
+    assert!(s.expire("tsk_b", now, now + HOUR).await.unwrap().is_some());
+    assert_eq!(
+        owned_ids(&*s, alice, None, 10).await,
+        ["tsk_c", "tsk_Z", "tsk_a", "tsk_d"]
+    );
+    assert_eq!(
+        owned_ids(&*s, alice, Some(&after(100, "tsk_a")), 10).await,
+        ["tsk_d"]
+    );
+    // A keyed creation that lost its key leaves nothing listed.
+    let loser = owned("tsk_lost", "acme", "alice", "demo", 150);
+    let taken = b"acme\0alice\0demo\0sleep\0tsk_d".to_vec();
+    let r = s
+        .create(&loser, &route("rt_lost", None), Some(&taken))
+        .await
+        .unwrap();
+    assert!(matches!(r, Created::Existing(_)), "{r:?}");
+    assert_eq!(
+        owned_ids(&*s, alice, None, 10).await,
+        ["tsk_c", "tsk_Z", "tsk_a", "tsk_d"]
+    );
+    // The index is kept across a restart.
+    s.flush().await.unwrap();
+    drop(s);
+    if h.restart() {
+        let s = h.store();
+        assert_eq!(
+            owned_ids(&*s, alice, None, 10).await,
+            ["tsk_c", "tsk_Z", "tsk_a", "tsk_d"]
+        );
+    }
+}
+
 pub(crate) async fn upstream_identity_and_secrets(mut h: Harness) {
     let s = h.store();
     let id = UpstreamInfo {
@@ -807,6 +1006,10 @@ macro_rules! contract_suite {
             #[tokio::test]
             async fn upstream_identity_and_secrets() {
                 super::upstream_identity_and_secrets($factory()).await
+            }
+            #[tokio::test]
+            async fn owner_lists() {
+                super::owner_lists($factory()).await
             }
             #[tokio::test]
             async fn upstream_tool_headers() {

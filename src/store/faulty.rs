@@ -9,8 +9,9 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::{
-    Created, Expired, IdempotencyEntry, Owned, OwnedSession, RequestRoute, SessionCreated,
-    SessionRecord, SessionUpdate, StoreError, TaskRecord, TaskStatus, TaskStore, Tombstone, Update,
+    Created, Expired, IdempotencyEntry, Owned, OwnedSession, OwnerCursor, RequestRoute,
+    SessionCreated, SessionRecord, SessionUpdate, StoreError, TaskRecord, TaskStatus, TaskStore,
+    Tombstone, Update,
 };
 use crate::protocol::UpstreamInfo;
 use crate::protocol::param_headers::ToolHeaders;
@@ -182,6 +183,22 @@ impl TaskStore for FaultyStore {
         task_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<Tombstone>, StoreError>> {
         pass!(self, "tombstone", self.inner.tombstone(task_id))
+    }
+
+    fn list_owned<'a>(
+        &'a self,
+        tenant: &'a str,
+        subject: &'a str,
+        upstream: &'a str,
+        after: Option<&'a OwnerCursor>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<TaskRecord>, StoreError>> {
+        pass!(
+            self,
+            "list_owned",
+            self.inner
+                .list_owned(tenant, subject, upstream, after, limit)
+        )
     }
 
     fn lookup_owned<'a>(

@@ -4,13 +4,14 @@
 //! "durable" means "until the process ends", so [`TaskStore::flush`] resolves at once.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::ops::Bound;
 use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard};
 use rand::RngCore;
 
 use super::{
-    Corruption, Created, Expired, IdempotencyEntry, Owned, OwnedSession, RequestRoute,
+    Corruption, Created, Expired, IdempotencyEntry, Owned, OwnedSession, OwnerCursor, RequestRoute,
     SCHEMA_VERSION, SessionCreated, SessionRecord, SessionUpdate, StoreError, StoredIdentity,
     StoredToolHeaders, TaskRecord, TaskStatus, TaskStore, Tombstone, Update,
 };
@@ -27,6 +28,8 @@ struct State {
     idem_of: HashMap<String, Vec<u8>>,
     /// `(expires_at_ms, task_id)`, in expiry order.
     expiry: BTreeSet<(u64, String)>,
+    /// The owner index: each principal's tasks per upstream, in creation order.
+    owners: BTreeSet<OwnerKey>,
     tombstones: HashMap<String, Tombstone>,
     seen: HashSet<String>,
     identities: HashMap<String, Vec<u8>>,
@@ -37,6 +40,19 @@ struct State {
     /// 2025-era client sessions by id, and each principal's session ids.
     sessions: HashMap<String, SessionRecord>,
     session_owners: HashMap<(String, String), BTreeSet<String>>,
+}
+
+/// An owner index entry: `(tenant, subject, upstream, created_at_ms, task_id)`.
+type OwnerKey = (String, String, String, u64, String);
+
+fn owner_key(rec: &TaskRecord) -> OwnerKey {
+    (
+        rec.tenant.clone(),
+        rec.subject.clone(),
+        rec.upstream.clone(),
+        rec.created_at_ms,
+        rec.task_id.clone(),
+    )
 }
 
 impl State {
@@ -112,6 +128,7 @@ impl MemoryStore {
         rec.v = SCHEMA_VERSION;
         s.routes.insert(route.route_id.clone(), route.clone());
         s.expiry.insert((rec.expires_at_ms, rec.task_id.clone()));
+        s.owners.insert(owner_key(&rec));
         if !rec.status.is_terminal() {
             s.live_add(&rec.tenant);
         }
@@ -137,6 +154,11 @@ impl MemoryStore {
         if rec.expires_at_ms != old.expires_at_ms {
             s.expiry.remove(&(old.expires_at_ms, task_id.to_string()));
             s.expiry.insert((rec.expires_at_ms, task_id.to_string()));
+        }
+        let (was_at, is_at) = (owner_key(&old), owner_key(&rec));
+        if was_at != is_at {
+            s.owners.remove(&was_at);
+            s.owners.insert(is_at);
         }
         let (was, is) = (!old.status.is_terminal(), !rec.status.is_terminal());
         if was && (!is || old.tenant != rec.tenant) {
@@ -169,11 +191,42 @@ impl MemoryStore {
             },
         );
         s.expiry.remove(&(rec.expires_at_ms, task_id.to_string()));
+        s.owners.remove(&owner_key(&rec));
         let seen = s.seen.remove(task_id);
         if !rec.status.is_terminal() {
             s.live_sub(&rec.tenant);
         }
         Some(Expired { record: rec, seen })
+    }
+
+    fn list_owned_now(
+        &self,
+        tenant: &str,
+        subject: &str,
+        upstream: &str,
+        after: Option<&OwnerCursor>,
+        limit: usize,
+    ) -> Vec<TaskRecord> {
+        let s = self.state();
+        let at = |created_at_ms: u64, task_id: &str| -> OwnerKey {
+            (
+                tenant.to_string(),
+                subject.to_string(),
+                upstream.to_string(),
+                created_at_ms,
+                task_id.to_string(),
+            )
+        };
+        let from = match after {
+            Some(c) => Bound::Excluded(at(c.created_at_ms, &c.task_id)),
+            None => Bound::Included(at(0, "")),
+        };
+        s.owners
+            .range((from, Bound::Unbounded))
+            .take_while(|(t, sub, up, _, _)| t == tenant && sub == subject && up == upstream)
+            .filter_map(|(_, _, _, _, id)| s.tasks.get(id).cloned())
+            .take(limit)
+            .collect()
     }
 
     fn sweep_now(&self, now_ms: u64) -> usize {
@@ -437,6 +490,19 @@ impl TaskStore for MemoryStore {
         task_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<Tombstone>, StoreError>> {
         ready(Ok(self.state().tombstones.get(task_id).cloned()))
+    }
+
+    fn list_owned<'a>(
+        &'a self,
+        tenant: &'a str,
+        subject: &'a str,
+        upstream: &'a str,
+        after: Option<&'a OwnerCursor>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<TaskRecord>, StoreError>> {
+        ready(Ok(
+            self.list_owned_now(tenant, subject, upstream, after, limit)
+        ))
     }
 
     fn sweep_tombstones(&self, now_ms: u64) -> BoxFuture<'_, Result<usize, StoreError>> {

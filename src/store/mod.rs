@@ -2,7 +2,8 @@
 //!
 //! Two tables with two lifetimes: *task routes* (task records, live until TTL expiry)
 //! and *request routes* (in-flight upstream calls, gone when the call ends), plus an
-//! idempotency index, an expiry index, owner-only tombstones, read marks
+//! idempotency index, an expiry index, an owner index (each principal's tasks per
+//! upstream, for `tasks/list`), owner-only tombstones, read marks
 //! (whether the owner received a task's terminal snapshot) and the last known identity
 //! of each upstream (what the task plane shows while that upstream is not ready:
 //! README "Task plane and upstream plane") with the `Mcp-Param-*` header map of its
@@ -293,6 +294,14 @@ pub enum Owned {
     Unknown,
 }
 
+/// Where a page of an owner's task list resumes: after this task in (created_at_ms,
+/// task_id) order ([`TaskStore::list_owned`]). Task ids compare as bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnerCursor {
+    pub created_at_ms: u64,
+    pub task_id: String,
+}
+
 /// The longest the gateway waits for one store operation before it abandons it
 /// (PostgreSQL; sled works locally). An abandoned write may still land: the orphan
 /// sweep leaves routes younger than this alone (docs/design.md §16).
@@ -303,8 +312,8 @@ pub const OPERATION_LIMIT: std::time::Duration = std::time::Duration::from_secs(
 pub type Update<'a> = &'a mut (dyn FnMut(&mut TaskRecord) -> bool + Send);
 
 /// The durable store behind the tasks engine: everything the engine keeps (tasks,
-/// request routes, idempotency claims, expiry, tombstones, read marks, upstream
-/// identities, secrets). Every backend passes the one contract suite
+/// request routes, idempotency claims, expiry, tombstones, read marks, the owner
+/// index, upstream identities, secrets). Every backend passes the one contract suite
 /// (`store::contract`). Every method returns a boxed `Send` future, so the trait stays
 /// object-safe (the engine holds an `Arc<dyn TaskStore>`) while a backend may do real
 /// I/O (a network database) behind it.
@@ -411,6 +420,20 @@ pub trait TaskStore: Send + Sync + 'static {
         tenant: &'a str,
         subject: &'a str,
     ) -> BoxFuture<'a, Result<Owned, StoreError>>;
+
+    /// The task records of `(tenant, subject)` on `upstream` (the `tasks/list` of
+    /// docs/design.md §25), in (created_at_ms, task_id) order — task ids compared as
+    /// bytes — strictly after `after`, at most `limit`. Served by an owner index, never
+    /// a scan of every task. Records past their expiry but not yet swept may be
+    /// included; expired (swept) ones never are.
+    fn list_owned<'a>(
+        &'a self,
+        tenant: &'a str,
+        subject: &'a str,
+        upstream: &'a str,
+        after: Option<&'a OwnerCursor>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<TaskRecord>, StoreError>>;
 
     /// Delete tombstones past their time, with their idempotency entries.
     fn sweep_tombstones(&self, now_ms: u64) -> BoxFuture<'_, Result<usize, StoreError>>;

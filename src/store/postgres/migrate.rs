@@ -44,10 +44,15 @@ pub(super) const MIGRATIONS: &[(i32, &str, &str)] = &[
         "legacy_sessions",
         include_str!("../../../migrations/postgres/0003_legacy_sessions.sql"),
     ),
+    (
+        4,
+        "owner_index",
+        include_str!("../../../migrations/postgres/0004_owner_index.sql"),
+    ),
 ];
 
 /// The newest schema version this gateway knows.
-pub const LATEST_MIGRATION: i32 = 3;
+pub const LATEST_MIGRATION: i32 = 4;
 
 /// What [`migrate`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

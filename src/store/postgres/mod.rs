@@ -41,16 +41,16 @@ pub use tls::{PgTls, PgTlsConnect, PgTlsStream, PgUrl, RootCert, SslMode, UrlErr
 
 use statements::{
     CountByStatus, CreateKeyed, CreatePlain, ExpiredTasks, GetIdempotency, GetSecret, GetTask,
-    GetTombstone, GetUpstreamIdentity, HeldRoutes, LiveTasks, LookupOwned, MarkSeen, PutRoute,
-    PutSecret, PutUpstreamIdentity, RecoverableRoutes, RemoveRoute, Statements, SweepTombstones,
-    UpdateRead, UpdateWrite,
+    GetTombstone, GetUpstreamIdentity, HeldRoutes, ListOwned, LiveTasks, LookupOwned, MarkSeen,
+    PutRoute, PutSecret, PutUpstreamIdentity, RecoverableRoutes, RemoveRoute, Statements,
+    SweepTombstones, UpdateRead, UpdateWrite,
 };
 
 use super::cluster::Seat;
 use super::{
-    Corruption, Created, Expired, IdempotencyEntry, IoError, Owned, OwnedSession, RequestRoute,
-    SCHEMA_VERSION, SessionCreated, SessionRecord, SessionUpdate, SetupError, StoreError,
-    StoredIdentity, TaskRecord, TaskStatus, TaskStore, Tombstone, Update,
+    Corruption, Created, Expired, IdempotencyEntry, IoError, Owned, OwnedSession, OwnerCursor,
+    RequestRoute, SCHEMA_VERSION, SessionCreated, SessionRecord, SessionUpdate, SetupError,
+    StoreError, StoredIdentity, TaskRecord, TaskStatus, TaskStore, Tombstone, Update,
 };
 use crate::config::as_millis;
 use crate::config::{StoreConfig, is_pg_schema_name};
@@ -507,6 +507,8 @@ impl PgStore {
                         route_record: &route_record,
                         replica_id: replica.as_deref(),
                         epoch,
+                        task_upstream: &rec.upstream,
+                        created_at_ms: ms(rec.created_at_ms),
                     },
                 )
                 .await
@@ -532,6 +534,8 @@ impl PgStore {
                             route_record: &route_record,
                             replica_id: replica.as_deref(),
                             epoch,
+                            task_upstream: &rec.upstream,
+                            created_at_ms: ms(rec.created_at_ms),
                         },
                     )
                     .await;
@@ -636,6 +640,8 @@ impl PgStore {
                 expires_at_ms: ms(rec.expires_at_ms),
                 record: &record,
                 route_id,
+                upstream: &rec.upstream,
+                created_at_ms: ms(rec.created_at_ms),
             };
             if self.sql.update_write.execute(&c, &write).await? == 1 {
                 return Ok(Some(rec));
@@ -679,6 +685,45 @@ impl PgStore {
         let seen: bool = row.try_get(1)?;
         let record = decode(&format!("task_routes/{task_id}"), &bytes)?;
         Ok(Some(Expired { record, seen }))
+    }
+
+    async fn list_owned_now(
+        &self,
+        tenant: &str,
+        subject: &str,
+        upstream: &str,
+        after: Option<&OwnerCursor>,
+        limit: usize,
+    ) -> Result<Vec<TaskRecord>, PgError> {
+        // PostgreSQL text holds no NUL, so no row names such an owner or upstream.
+        if [tenant, subject, upstream].iter().any(|s| s.contains('\0')) {
+            return Ok(Vec::new());
+        }
+        // A cursor id with a NUL is cut at it: no stored id lies between the cut and
+        // the whole (none holds a NUL), so "after" selects the same rows.
+        let (after_ms, after_id) = match after {
+            Some(c) => (
+                ms(c.created_at_ms),
+                c.task_id.split('\0').next().unwrap_or_default(),
+            ),
+            None => (-1, ""),
+        };
+        let c = self.pool.get().await?;
+        let page = ListOwned {
+            tenant,
+            subject,
+            upstream,
+            after_ms,
+            after_id,
+            limit: i64::try_from(limit).unwrap_or(i64::MAX),
+        };
+        let rows = self.sql.list_owned.query(&c, &page).await?;
+        rows.iter()
+            .map(|row| {
+                let bytes: Vec<u8> = row.try_get(0)?;
+                decode("task_routes (owner index)", &bytes)
+            })
+            .collect()
     }
 
     async fn mark_seen_now(&self, task_ids: &[String]) -> Result<(), PgError> {
@@ -925,6 +970,21 @@ impl TaskStore for PgStore {
                 None if expired => Owned::Expired,
                 None => Owned::Unknown,
             })
+        })
+        .boxed()
+    }
+
+    fn list_owned<'a>(
+        &'a self,
+        tenant: &'a str,
+        subject: &'a str,
+        upstream: &'a str,
+        after: Option<&'a OwnerCursor>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<TaskRecord>, StoreError>> {
+        self.run("list_owned", async move {
+            self.list_owned_now(tenant, subject, upstream, after, limit)
+                .await
         })
         .boxed()
     }
@@ -1305,6 +1365,127 @@ mod database_tests {
             "key order and number text survive the round trip"
         );
         assert!(out.starts_with(r#"{"b":1,"a":1e"#) && out.contains("12345678901234567890123"));
+    }
+
+    /// Migration 4 on a schema that holds tasks: the owner columns are filled from the
+    /// records (a record that is not JSON is left out, not fatal), and a gateway of
+    /// version 3, inserting without them, still gets its tasks listed.
+    #[tokio::test]
+    async fn postgres_owner_index_is_backfilled_and_filled_for_older_gateways() {
+        let schema = unique_schema("owner");
+        let s = settings(&schema);
+        let c = connect_url(&s.url).await.expect("connect");
+        c.batch_execute(&format!(
+            "CREATE SCHEMA {schema}; SET search_path TO {schema};
+             CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL,
+                 applied_at timestamptz NOT NULL DEFAULT now());"
+        ))
+        .await
+        .expect("schema");
+        for (version, name, sql) in MIGRATIONS.iter().filter(|(v, _, _)| *v <= 3) {
+            c.batch_execute(sql).await.expect("older migration");
+            c.execute(
+                "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
+                &[version, name],
+            )
+            .await
+            .expect("record");
+        }
+        // The insert of a version-3 gateway: no owner columns.
+        let insert_v3 = |rec: &TaskRecord| {
+            let record = serde_json::to_vec(rec).expect("encode");
+            let (id, tenant, subject) =
+                (rec.task_id.clone(), rec.tenant.clone(), rec.subject.clone());
+            let expires = ms(rec.expires_at_ms);
+            let c = &c;
+            async move {
+                c.execute(
+                    "INSERT INTO task_routes (task_id, tenant, subject, status, expires_at_ms,
+                         idem_key, version, record)
+                     VALUES ($1, $2, $3, 'working', $4, NULL, 1, $5)",
+                    &[&id, &tenant, &subject, &expires, &record],
+                )
+                .await
+                .expect("v3 insert");
+            }
+        };
+        let later = super::super::now_ms() + 3_600_000;
+        let at = |id: &str, created: u64| TaskRecord {
+            created_at_ms: created,
+            ..test_records::task(id, "acme", later)
+        };
+        insert_v3(&at("tsk_old2", 20)).await;
+        insert_v3(&at("tsk_old1", 10)).await;
+        insert_v3(&TaskRecord {
+            upstream: "other".into(),
+            ..at("tsk_elsewhere", 5)
+        })
+        .await;
+        c.execute(
+            "INSERT INTO task_routes (task_id, tenant, subject, status, expires_at_ms, idem_key,
+                 version, record)
+             VALUES ('tsk_junk', 'acme', 'alice', 'working', $1, NULL, 1, '\\xff00'::bytea)",
+            &[&ms(later)],
+        )
+        .await
+        .expect("junk row");
+
+        let m = migrate(&s).await.expect("migrate to 4");
+        assert_eq!(m.applied, 1, "{m:?}");
+        let store = PgStore::open(&s).await.expect("open");
+        let ids = |recs: Vec<TaskRecord>| recs.into_iter().map(|r| r.task_id).collect::<Vec<_>>();
+        let listed = store
+            .list_owned("acme", "alice", "demo", None, 10)
+            .await
+            .expect("list");
+        assert_eq!(ids(listed), ["tsk_old1", "tsk_old2"]);
+        let junk: Option<String> = c
+            .query_one(
+                "SELECT upstream FROM task_routes WHERE task_id = 'tsk_junk'",
+                &[],
+            )
+            .await
+            .expect("junk")
+            .get(0);
+        assert_eq!(junk, None);
+        // A version-3 replica still running after the migration: the trigger fills in.
+        insert_v3(&at("tsk_old3", 30)).await;
+        let listed = store
+            .list_owned("acme", "alice", "demo", None, 10)
+            .await
+            .expect("list");
+        assert_eq!(ids(listed), ["tsk_old1", "tsk_old2", "tsk_old3"]);
+        let elsewhere = store
+            .list_owned("acme", "alice", "other", None, 10)
+            .await
+            .expect("list");
+        assert_eq!(ids(elsewhere), ["tsk_elsewhere"]);
+    }
+
+    /// The page query is served by the owner index, not a scan of the tasks.
+    #[tokio::test]
+    async fn postgres_owner_pages_use_the_index() {
+        let s = settings(&unique_schema("ownerplan"));
+        let store = PgStore::open(&s).await.expect("open");
+        let c = store.pool.get().await.expect("conn");
+        c.batch_execute("SET enable_seqscan = off")
+            .await
+            .expect("set");
+        for (after_ms, after_id) in [(-1i64, ""), (5, "tsk_x")] {
+            let plan: Vec<String> = c
+                .query(
+                    &format!("EXPLAIN {}", store.sql.list_owned.sql()),
+                    &[&"acme", &"alice", &"demo", &after_ms, &after_id, &10i64],
+                )
+                .await
+                .expect("explain")
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            let plan = plan.join("\n");
+            assert!(plan.contains("task_routes_owner"), "{plan}");
+            assert!(!plan.contains("Sort"), "ordered by the index: {plan}");
+        }
     }
 }
 

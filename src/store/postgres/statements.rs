@@ -39,6 +39,8 @@ statements! {
         route_record: &'a [u8],
         replica_id: Option<&'a str>,
         epoch: Option<i64>,
+        task_upstream: &'a str,
+        created_at_ms: i64,
     } = "
 WITH claim AS (
     INSERT INTO idempotency (key, task_id, args_fingerprint)
@@ -46,8 +48,10 @@ WITH claim AS (
     ON CONFLICT (key) DO NOTHING
     RETURNING task_id
 ), task AS (
-    INSERT INTO task_routes (task_id, tenant, subject, status, expires_at_ms, idem_key, version, record)
-    SELECT $task_id, $tenant, $subject, $status, $expires_at_ms, $key, 1, $record FROM claim
+    INSERT INTO task_routes (task_id, tenant, subject, status, expires_at_ms, idem_key, version, record,
+        upstream, created_at_ms)
+    SELECT $task_id, $tenant, $subject, $status, $expires_at_ms, $key, 1, $record,
+        $task_upstream, $created_at_ms FROM claim
     RETURNING task_id
 ), route AS (
     INSERT INTO request_routes (route_id, task_id, upstream, replica_id, epoch, version, record)
@@ -71,10 +75,14 @@ FROM (SELECT 1) AS one LEFT JOIN idempotency AS i ON i.key = $key";
         route_record: &'a [u8],
         replica_id: Option<&'a str>,
         epoch: Option<i64>,
+        task_upstream: &'a str,
+        created_at_ms: i64,
     } = "
 WITH task AS (
-    INSERT INTO task_routes (task_id, tenant, subject, status, expires_at_ms, idem_key, version, record)
-    VALUES ($task_id, $tenant, $subject, $status, $expires_at_ms, NULL, 1, $record)
+    INSERT INTO task_routes (task_id, tenant, subject, status, expires_at_ms, idem_key, version, record,
+        upstream, created_at_ms)
+    VALUES ($task_id, $tenant, $subject, $status, $expires_at_ms, NULL, 1, $record,
+        $task_upstream, $created_at_ms)
     RETURNING task_id
 )
 INSERT INTO request_routes (route_id, task_id, upstream, replica_id, epoch, version, record)
@@ -102,9 +110,12 @@ SELECT $route_id, $route_task_id, $upstream, $replica_id, $epoch, 1, $route_reco
         expires_at_ms: i64,
         record: &'a [u8],
         route_id: Option<&'a str>,
+        upstream: &'a str,
+        created_at_ms: i64,
     } = concat!(
         "UPDATE task_routes SET tenant = $tenant, subject = $subject, status = $status,
-             expires_at_ms = $expires_at_ms, record = $record, version = version + 1
+             expires_at_ms = $expires_at_ms, record = $record, upstream = $upstream,
+             created_at_ms = $created_at_ms, version = version + 1
          WHERE task_id = $task_id AND version = $version
            AND ($route_id::text IS NULL OR ", fence!(), ")"
     );
@@ -148,6 +159,22 @@ SELECT d.record, EXISTS (SELECT 1 FROM s) AS seen, (SELECT count(*) FROM t) AS t
              ON r.task_id = k.task_id AND r.tenant = $tenant AND r.subject = $subject
            LEFT JOIN tombstones t
              ON t.task_id = k.task_id AND t.tenant = $tenant AND t.subject = $subject";
+
+    /// One page of a principal's tasks on one upstream (migration 4's index): after
+    /// `(after_ms, after_id)` in (created_at_ms, task id as bytes) order; `(-1, '')`
+    /// starts at the first (no row has a negative time), so one plan serves both.
+    list_owned: ListOwned<'a> {
+        tenant: &'a str,
+        subject: &'a str,
+        upstream: &'a str,
+        after_ms: i64,
+        after_id: &'a str,
+        limit: i64,
+    } = "SELECT record FROM task_routes
+         WHERE tenant = $tenant AND subject = $subject AND upstream = $upstream
+           AND (created_at_ms, task_id COLLATE \"C\") > ($after_ms, $after_id)
+         ORDER BY created_at_ms, task_id COLLATE \"C\"
+         LIMIT $limit";
 
     tombstone: GetTombstone<'a> { task_id: &'a str }
         = "SELECT tenant, subject, idem_key, expires_at_ms FROM tombstones

@@ -5,6 +5,7 @@ use super::codec::{
     OwnerPrefix, StoredSeen, decode, decode_idempotency, encode, probe, upgrade_task,
     upgrade_tombstone,
 };
+use super::owner::owner_entry;
 use super::schema::{META_IDEM_OF, expiry_key, meta_key};
 use super::{Cas, SledStore};
 use crate::store::probe;
@@ -62,6 +63,7 @@ impl SledStore {
                 None => {
                     // The task is gone: so are the leftovers of its indexes.
                     self.del(&self.seen, "drop stale seen mark", id.as_bytes())?;
+                    self.drop_owner_entry_of_gone(id)?;
                     self.del(&self.expiry, "drop stale expiry entry", &k)?;
                     let idem_of = meta_key(META_IDEM_OF, id.as_bytes());
                     self.del(&self.meta, "drop stale idem_of", &idem_of)?;
@@ -72,8 +74,8 @@ impl SledStore {
     }
 
     /// Tombstone first, then the task: the owner never sees "not found" in between.
-    /// The seen mark goes before the expiry entry, so a crash in between leaves the
-    /// entry that lets [`TaskStore::expired`] drop the mark.
+    /// The seen mark and the owner entry go before the expiry entry, so a crash in
+    /// between leaves the entry that lets [`TaskStore::expired`] drop them.
     pub(crate) fn expire(
         &self,
         task_id: &str,
@@ -111,6 +113,7 @@ impl SledStore {
             }
             self.del(&self.meta, "expire: idem_of", &idem_of_key)?;
             let marked = self.del(&self.seen, "expire: seen mark", key)?;
+            self.del(&self.owner, "expire: owner entry", &owner_entry(&rec))?;
             let exp = expiry_key(rec.expires_at_ms, task_id);
             self.del(&self.expiry, "expire: expiry entry", &exp)?;
             if !rec.status.is_terminal() {

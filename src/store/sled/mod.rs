@@ -87,17 +87,20 @@
 //!   its log as a contiguous prefix (0.34.7 `LogIter::next` stops at the first torn
 //!   message; `check_contiguity_in_unstable_tail` cuts the tail at the first gap).
 //!   Writes are visible as they land, so the order also keeps concurrent readers safe:
-//!   * `create`: request route → expiry entry → live entry → task (compare-and-swap:
-//!     an existing id is refused) → `meta/idem_of` → idempotency claim. A route always
-//!     exists before its task, so start-up recovery ([`TaskStore::routes`]) finds every
-//!     task a crash may have left `working`; its expiry entry exists too, so it expires.
-//!     A losing claim undoes in reverse order, task first.
-//!   * `update`: (only when the expiry got earlier) new expiry entry → task → old
-//!     expiry entry removed → live entry removed/added when the status crosses
-//!     terminal.
+//!   * `create`: request route → expiry entry → live entry → owner entry → task
+//!     (compare-and-swap: an existing id is refused) → `meta/idem_of` → idempotency
+//!     claim. A route always exists before its task, so start-up recovery
+//!     ([`TaskStore::routes`]) finds every task a crash may have left `working`; its
+//!     expiry entry exists too, so it expires; its owner entry too, so its owner lists
+//!     it. A losing claim undoes in reverse order, task first.
+//!   * `update`: (only when the expiry got earlier) new expiry entry → (only when a
+//!     field of the owner key changed, which the engine never does) new owner entry →
+//!     task → old expiry entry removed → old owner entry removed → live entry
+//!     removed/added when the status crosses terminal.
 //!   * `expire`: tombstone → task removed (compare-and-swap) → `meta/idem_of` →
-//!     seen mark → expiry entry → live entry. The owner never sees "not found" in
-//!     between; whether the removed seen mark was there is the answer's `seen`.
+//!     seen mark → owner entry → expiry entry → live entry. The owner never sees "not
+//!     found" in between; whether the removed seen mark was there is the answer's
+//!     `seen`.
 //!   * `mark_seen`: seen mark → task re-checked, and the mark removed again if the
 //!     task is gone. Against a concurrent `expire` either the mark lands before
 //!     `expire` removes it (and counts as seen) or the re-check, which runs after the
@@ -114,9 +117,12 @@
 //!     when its principal reaches the cap and by [`TaskStore::idle_sessions`].
 //! * **Repairs of what a cut-short operation leaves:** an expiry entry whose task is
 //!   gone, or whose task now expires at another time, is dropped or moved by
-//!   [`TaskStore::expired`] (with a gone task's `idem_of`); an idempotency entry whose
+//!   [`TaskStore::expired`] (with a gone task's `idem_of`, and its owner entry when
+//!   its tombstone names the owner); an idempotency entry whose
 //!   task and tombstone are both missing reads as absent and is taken over by the next
-//!   `create` with that key; live entries of tasks
+//!   `create` with that key; an owner entry whose task is gone or disagrees with it is
+//!   skipped by [`TaskStore::list_owned`] (which never removes one: a `create` writes
+//!   the entry before its task); live entries of tasks
 //!   that are gone or terminal are dropped when the store opens
 //!   (`tests::crash_leftovers_are_repaired`); a seen mark whose task is gone (a crash
 //!   inside `expire` or between a mark and its re-check) is dropped with the task's
@@ -146,19 +152,21 @@
 //! | `expiry`      | 8-byte big-endian time ++ task id                | empty; one entry per task, at or *before* its `expires_at_ms` (a later expiry is applied lazily: [`TaskStore::expired`] moves an entry that comes due early), so a range scan up to `now` finds every expired task |
 //! | `tombstones`  | task id                                          | [`Tombstone`] JSON |
 //! | `live`        | 4-byte big-endian tenant length ++ tenant ++ task id | empty; one entry per non-terminal task |
+//! | `owner`       | tenant, subject and upstream, each as 4-byte big-endian length ++ bytes, ++ 8-byte big-endian `created_at_ms` ++ task id | empty; one entry per task, so a range scan under one (tenant, subject, upstream) prefix pages a principal's tasks on an upstream in (created_at_ms, task id) order ([`TaskStore::list_owned`], `tasks/list`) |
 //! | `upstream_identity` | upstream name (UTF-8)                      | `StoredIdentity` JSON: `{"v", "protocol_version", "server_info", "capabilities", "instructions"?}`, the upstream's last `initialize` result; `server_info` and `capabilities` byte-exact as the upstream sent them (key order and number text kept) |
 //! | `upstream_tool_headers` | upstream name (UTF-8)                  | `{"v", "tools": {tool: [{"name", "property"}]}}`: the `Mcp-Param-*` header map derived from the upstream's last `tools/list` (docs/design.md §12 "HTTP front"); only tools with annotated parameters are listed, and a record with none still says the list is known |
 //! | `meta`        | `schema`                                         | 4-byte big-endian schema version of the store as a whole |
 //! | `meta`        | `secret/<name>`                                  | 32 raw random bytes (see [`TaskStore::secret`]) |
 //! | `meta`        | `layout/live_index`                              | `[1]`: the `live` tree is built (stores without it are migrated at open) |
+//! | `meta`        | `layout/owner_index`                             | `[1]`: the `owner` tree is built (a store written without it gets it from its task records at open, once) |
 //! | `meta`        | `idem_of/<task id>`                              | raw idempotency index key of a keyed live task; moved into the tombstone's `idempotency_index_key` on expiry |
 //! | `meta`        | `layout/seen_since`                              | 8-byte big-endian ms since the epoch from which this store tracks reads: `0` for a store created with the `seen` tree, the time of the first open by a gateway that has it for an older store. A task that turned terminal (`last_updated_at_ms`) before it counts as seen at expiry, since whether it was read is unknown |
 //! | `seen`        | task id                                          | `{"v", "at_ms"}`: the task's owner received its terminal snapshot (a `tasks/get` or a `notifications/tasks`), first at `at_ms`. Only the key's presence matters (a newer `v` is still a mark); written once per task by [`TaskStore::mark_seen`], so a read never rewrites the task record |
 //! | `sessions`    | session id (UTF-8)                               | [`SessionRecord`] JSON: a 2025-era client session (docs/design.md §22 "Clients of the 2025 era"); `client_info` and `client_capabilities` byte-exact as the client sent them |
 //! | `session_owner` | 4-byte big-endian tenant length ++ tenant ++ 4-byte big-endian subject length ++ subject ++ session id | empty; one entry per session, so a prefix scan counts and lists a principal's sessions |
 //!
-//! Lifetimes: a task, its `expiry` entry and its `seen` mark live until
-//! [`TaskStore::expire`]; its idempotency entry lives as long as the task *and* its
+//! Lifetimes: a task, its `expiry` entry, its `owner` entry and its `seen` mark live
+//! until [`TaskStore::expire`]; its idempotency entry lives as long as the task *and* its
 //! tombstone (docs/design.md §9 "Idempotency") and is deleted by [`TaskStore::sweep_tombstones`] together
 //! with the tombstone. Request routes live until [`TaskStore::remove_route`]. An
 //! upstream identity is rewritten only when an `initialize` answers differently and is
@@ -180,6 +188,7 @@ mod flusher;
 mod live;
 mod meta;
 mod open;
+mod owner;
 mod schema;
 mod sessions;
 mod tasks;
@@ -196,8 +205,9 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
-    Created, Expired, IdempotencyEntry, IoError, Owned, OwnedSession, RequestRoute, SessionCreated,
-    SessionRecord, SessionUpdate, StoreError, TaskRecord, TaskStore, Tombstone, Update,
+    Created, Expired, IdempotencyEntry, IoError, Owned, OwnedSession, OwnerCursor, RequestRoute,
+    SessionCreated, SessionRecord, SessionUpdate, StoreError, TaskRecord, TaskStore, Tombstone,
+    Update,
 };
 use crate::protocol::UpstreamInfo;
 use crate::protocol::param_headers::ToolHeaders;
@@ -226,6 +236,8 @@ pub struct SledStore {
     /// while leftovers of the owner index are dropped.
     session_create: Mutex<()>,
     upstream_tool_headers: sled::Tree,
+    /// Each principal's tasks per upstream, in creation order (`tasks/list`).
+    owner: sled::Tree,
     /// Non-terminal tasks per tenant: the `live` tree counted at open, then kept in
     /// step with it.
     live_counts: Mutex<HashMap<String, i64>>,
@@ -403,6 +415,19 @@ impl TaskStore for SledStore {
         task_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<Tombstone>, StoreError>> {
         Box::pin(async move { SledStore::tombstone(self, task_id) })
+    }
+
+    fn list_owned<'a>(
+        &'a self,
+        tenant: &'a str,
+        subject: &'a str,
+        upstream: &'a str,
+        after: Option<&'a OwnerCursor>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<TaskRecord>, StoreError>> {
+        Box::pin(
+            async move { SledStore::list_owned(self, tenant, subject, upstream, after, limit) },
+        )
     }
 
     fn sweep_tombstones(&self, now_ms: u64) -> BoxFuture<'_, Result<usize, StoreError>> {

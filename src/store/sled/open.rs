@@ -1,5 +1,6 @@
 //! Opening the store: sled's mode and directory lock, the trees, the schema version
-//! check and the read-tracking start, then the flusher and the live index.
+//! check and the read-tracking start, then the flusher, the live index and the owner
+//! index.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -92,6 +93,7 @@ impl SledStore {
         let sessions = tree("sessions")?;
         let session_owner = tree("session_owner")?;
         let upstream_tool_headers = tree("upstream_tool_headers")?;
+        let owner = tree("owner")?;
 
         // Store-wide schema version: refuse a store written by a newer gateway.
         match meta
@@ -176,6 +178,7 @@ impl SledStore {
             session_owner,
             session_create: Mutex::new(()),
             upstream_tool_headers,
+            owner,
             live_counts: Mutex::new(HashMap::new()),
             path: path.clone(),
             strict_fsync: cfg.strict_fsync,
@@ -192,6 +195,7 @@ impl SledStore {
             store.flush_blocking()?;
         }
         store.load_live_index()?;
+        store.build_owner_index()?;
         runtime.spawn(run_flusher(flush_rx, Arc::downgrade(&store)));
         tracing::info!(
             path = %path.display(),

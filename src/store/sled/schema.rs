@@ -1,5 +1,5 @@
 //! The keys of the schema (module docs, "Schema"): `meta` entries and the composite
-//! keys of the `expiry` and `live` trees.
+//! keys of the `expiry`, `live`, `session_owner` and `owner` trees.
 
 pub(super) const META_SCHEMA: &[u8] = b"schema";
 pub(super) const META_SECRET: &str = "secret/";
@@ -10,6 +10,8 @@ pub(super) const META_LIVE_INDEX: &[u8] = b"layout/live_index";
 pub(super) const META_IDEM_OF: &str = "idem_of/";
 /// Since when this store tracks reads (8-byte big-endian ms; module docs, "Schema").
 pub(super) const META_SEEN_SINCE: &[u8] = b"layout/seen_since";
+/// Present once the `owner` tree has been built for this store.
+pub(super) const META_OWNER_INDEX: &[u8] = b"layout/owner_index";
 
 pub(super) fn key_str(key: &[u8]) -> String {
     String::from_utf8_lossy(key).into_owned()
@@ -80,4 +82,57 @@ pub(super) fn split_session_owner_key(k: &[u8]) -> Option<&str> {
         at = at.checked_add(4)?.checked_add(usize::try_from(len).ok()?)?;
     }
     std::str::from_utf8(k.get(at..)?).ok()
+}
+
+/// Append each part with its 4-byte big-endian length (the lengths keep any strings
+/// unambiguous, and every key of one tuple of parts shares the result as its prefix).
+fn length_prefixed(parts: &[&str], extra: usize) -> Vec<u8> {
+    let mut k = Vec::with_capacity(parts.iter().map(|p| 4 + p.len()).sum::<usize>() + extra);
+    for part in parts {
+        // A claim of 4 GiB cannot pass the request size limit.
+        let len = u32::try_from(part.len()).unwrap_or(u32::MAX);
+        k.extend_from_slice(&len.to_be_bytes());
+        k.extend_from_slice(part.as_bytes());
+    }
+    k
+}
+
+/// Key of an `owner` entry: tenant, subject and upstream each with its 4-byte
+/// big-endian length, then the 8-byte big-endian `created_at_ms`, then the task id. So
+/// one principal's tasks on one upstream share [`owner_prefix`] and sort in
+/// (created_at_ms, task id bytes) order: a range scan pages them.
+pub(super) fn owner_key(
+    tenant: &str,
+    subject: &str,
+    upstream: &str,
+    created_at_ms: u64,
+    task_id: &str,
+) -> Vec<u8> {
+    let mut k = length_prefixed(&[tenant, subject, upstream], 8 + task_id.len());
+    k.extend_from_slice(&created_at_ms.to_be_bytes());
+    k.extend_from_slice(task_id.as_bytes());
+    k
+}
+
+/// The prefix of every `owner` key of one principal on one upstream.
+pub(super) fn owner_prefix(tenant: &str, subject: &str, upstream: &str) -> Vec<u8> {
+    length_prefixed(&[tenant, subject, upstream], 8 + 48)
+}
+
+/// The prefix of every `owner` key of one principal, on any upstream.
+pub(super) fn owner_principal_prefix(tenant: &str, subject: &str) -> Vec<u8> {
+    length_prefixed(&[tenant, subject], 0)
+}
+
+/// `(created_at_ms, task id)` of an `owner` key, read after its three length-prefixed
+/// parts.
+pub(super) fn split_owner_key(k: &[u8]) -> Option<(u64, &str)> {
+    let mut at = 0usize;
+    for _ in 0..3 {
+        let len = u32::from_be_bytes(k.get(at..at.checked_add(4)?)?.try_into().ok()?);
+        at = at.checked_add(4)?.checked_add(usize::try_from(len).ok()?)?;
+    }
+    let created = u64::from_be_bytes(k.get(at..at.checked_add(8)?)?.try_into().ok()?);
+    let id = std::str::from_utf8(k.get(at + 8..)?).ok()?;
+    Some((created, id))
 }

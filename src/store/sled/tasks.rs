@@ -5,6 +5,7 @@ use super::codec::{
     StoredIdempotency, decode, decode_idempotency, encode, encode_route, encode_task, probe,
     upgrade_route, upgrade_task,
 };
+use super::owner::owner_entry;
 use super::schema::{META_IDEM_OF, expiry_key, meta_key};
 use super::{Cas, SledStore};
 use crate::store::{
@@ -17,7 +18,7 @@ use crate::store::{
 /// call them directly.
 impl SledStore {
     /// Write order (module docs, "Concurrency contract"): route, expiry entry, live
-    /// entry, task, `idem_of`, idempotency claim.
+    /// entry, owner entry, task, `idem_of`, idempotency claim.
     pub(crate) fn create(
         &self,
         task: &TaskRecord,
@@ -53,10 +54,15 @@ impl SledStore {
         if live {
             self.mark_live(&task.tenant, &task.task_id)?;
         }
+        let owner = owner_entry(task);
+        self.put(&self.owner, "create: owner entry", &owner, &[])?;
         let r = self
             .tasks
             .compare_and_swap(id, None as Option<&[u8]>, Some(task_bytes));
         if let Cas::Lost(_) = self.cas("create: task", r)? {
+            // A same-id race: the index entries written above may be the other
+            // task's own keys, so they stay; one that is not names a record that
+            // disagrees with it, which readers skip (`list_owned`, `expired`).
             self.del(&self.routes, "create: undo route", route_id)?;
             return Err(duplicate());
         }
@@ -99,6 +105,7 @@ impl SledStore {
                         if live {
                             self.unmark_live(&task.tenant, &task.task_id)?;
                         }
+                        self.del(&self.owner, "create: undo owner entry", &owner)?;
                         self.del(&self.expiry, "create: undo expiry entry", &exp)?;
                         self.del(&self.routes, "create: undo route", route_id)?;
                         return Ok(Created::Existing(entry));
@@ -143,6 +150,13 @@ impl SledStore {
                 let new = expiry_key(rec.expires_at_ms, task_id);
                 self.put(&self.expiry, "update: expiry entry", &new, &[])?;
             }
+            // The engine never changes a keyed field of the owner entry; if an update
+            // did, the new entry goes in before the record and the old one after it.
+            let (was_owner, is_owner) = (owner_entry(&old), owner_entry(&rec));
+            let moved = was_owner != is_owner;
+            if moved {
+                self.put(&self.owner, "update: owner entry", &is_owner, &[])?;
+            }
             let r = self
                 .tasks
                 .compare_and_swap(key, Some(&bytes), Some(new_bytes));
@@ -152,6 +166,9 @@ impl SledStore {
             if earlier {
                 let gone = expiry_key(old.expires_at_ms, task_id);
                 self.del(&self.expiry, "update: old expiry entry", &gone)?;
+            }
+            if moved {
+                self.del(&self.owner, "update: old owner entry", &was_owner)?;
             }
             let (was, is) = (!old.status.is_terminal(), !rec.status.is_terminal());
             if was && (!is || old.tenant != rec.tenant) {

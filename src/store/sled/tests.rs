@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use super::codec::{StoredIdempotency, encode, encode_task};
 use super::schema::{
-    META_IDEM_OF, META_LIVE, META_LIVE_INDEX, META_SCHEMA, META_SEEN_SINCE, expiry_key, live_key,
-    meta_key, split_live_key,
+    META_IDEM_OF, META_LIVE, META_LIVE_INDEX, META_OWNER_INDEX, META_SCHEMA, META_SEEN_SINCE,
+    expiry_key, live_key, meta_key, owner_key, owner_prefix, split_live_key, split_owner_key,
 };
 
 fn cfg(path: &Path, strict: bool) -> StoreConfig {
@@ -761,6 +761,145 @@ async fn live_index_is_built_for_an_older_store() {
     // Keys with any tenant string round-trip.
     let k = live_key("te\0nant", "tsk_1");
     assert_eq!(split_live_key(&k), Some(("te\0nant", "tsk_1")));
+}
+
+fn listed(store: &SledStore, tenant: &str, upstream: &str) -> Vec<String> {
+    store
+        .list_owned(tenant, "alice", upstream, None, 100)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.task_id)
+        .collect()
+}
+
+/// A store written before the owner index (no `owner` entries, no
+/// `meta/layout/owner_index`) gets it built from its records at the next open, once.
+#[tokio::test(flavor = "multi_thread")]
+async fn owner_index_is_built_once_for_an_older_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(&cfg(dir.path(), false)).unwrap();
+    assert!(
+        store.meta.get(META_OWNER_INDEX).unwrap().is_some(),
+        "a new store has it"
+    );
+    for (id, tenant, upstream, at) in [
+        ("a2", "acme", "demo", 20),
+        ("a1", "acme", "demo", 10),
+        ("a3", "acme", "other", 5),
+        ("b1", "beta", "demo", 1),
+    ] {
+        let rec = TaskRecord {
+            upstream: upstream.into(),
+            created_at_ms: at,
+            ..task(id, tenant, u64::MAX)
+        };
+        store.create(&rec, &route(id, None), None).unwrap();
+    }
+    complete(&store, "a2");
+    assert_eq!(listed(&store, "acme", "demo"), ["a1", "a2"]);
+    // Turn it into the older layout.
+    store.owner.clear().unwrap();
+    store.meta.remove(META_OWNER_INDEX).unwrap();
+    store.flush().await.unwrap();
+    drop(store);
+    let store = SledStore::open(&cfg(dir.path(), false)).unwrap();
+    assert!(store.meta.get(META_OWNER_INDEX).unwrap().is_some());
+    assert_eq!(listed(&store, "acme", "demo"), ["a1", "a2"]);
+    assert_eq!(listed(&store, "acme", "other"), ["a3"]);
+    assert_eq!(listed(&store, "beta", "demo"), ["b1"]);
+    assert_eq!(store.owner.len(), 4);
+    // Built once: with the marker in place, an open does not scan the tasks again.
+    store.owner.clear().unwrap();
+    store.flush().await.unwrap();
+    drop(store);
+    let store = SledStore::open(&cfg(dir.path(), false)).unwrap();
+    assert!(listed(&store, "acme", "demo").is_empty());
+}
+
+/// What a cut-short write leaves in the owner index: an entry without its task (a
+/// `create` cut short, or an `expire` cut short after the task's removal) is skipped by
+/// a listing; the second kind is dropped by `expired`, which its expiry entry still
+/// leads to.
+#[tokio::test(flavor = "multi_thread")]
+async fn owner_entry_leftovers_are_skipped_and_repaired() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(&cfg(dir.path(), false)).unwrap();
+    let at = |id: &str, created: u64| TaskRecord {
+        created_at_ms: created,
+        ..task(id, "acme", u64::MAX)
+    };
+    store
+        .create(&at("tsk_1", 10), &route("r1", None), None)
+        .unwrap();
+    store
+        .create(&at("tsk_3", 30), &route("r3", None), None)
+        .unwrap();
+    // A create cut short before its task: index entries only.
+    let cut = owner_key("acme", "alice", "demo", 20, "tsk_2");
+    store.owner.insert(&cut, &[]).unwrap();
+    assert_eq!(listed(&store, "acme", "demo"), ["tsk_1", "tsk_3"]);
+    let page = store.list_owned("acme", "alice", "demo", None, 2).unwrap();
+    assert_eq!(page.len(), 2, "a skipped entry does not shorten the page");
+    // An expire cut short after the task's removal: tombstone, expiry entry and owner
+    // entry remain.
+    let gone = owner_key("acme", "alice", "demo", 40, "tsk_4");
+    store.owner.insert(&gone, &[]).unwrap();
+    let tomb = Tombstone {
+        v: SCHEMA_VERSION,
+        task_id: "tsk_4".into(),
+        tenant: "acme".into(),
+        subject: "alice".into(),
+        idempotency_index_key: None,
+        expires_at_ms: u64::MAX,
+    };
+    store
+        .tombstones
+        .insert("tsk_4", encode("tombstones", "tsk_4", &tomb).unwrap())
+        .unwrap();
+    store.expiry.insert(expiry_key(500, "tsk_4"), &[]).unwrap();
+    assert_eq!(store.expired(1000, 10).unwrap(), Vec::<String>::new());
+    assert_eq!(store.owner.get(&gone).unwrap(), None);
+    assert!(
+        store.owner.get(&cut).unwrap().is_some(),
+        "no tombstone: left"
+    );
+    assert_eq!(listed(&store, "acme", "demo"), ["tsk_1", "tsk_3"]);
+    // A whole expire removes the entry with the task.
+    store
+        .update("tsk_1", &mut |t| {
+            t.expires_at_ms = 5;
+            true
+        })
+        .unwrap();
+    store.expire("tsk_1", 10, 100).unwrap().unwrap();
+    assert_eq!(listed(&store, "acme", "demo"), ["tsk_3"]);
+    assert_eq!(store.owner.len(), 2, "tsk_3's entry and the cut create's");
+}
+
+#[test]
+fn owner_keys_are_unambiguous_and_split_back() {
+    let k = owner_key("te\0n", "su\0b", "up", 0x0102_0304_0506_0708, "tsk_x");
+    assert_eq!(split_owner_key(&k), Some((0x0102_0304_0506_0708, "tsk_x")));
+    assert!(k.starts_with(&owner_prefix("te\0n", "su\0b", "up")));
+    // Parts that run into each other when joined stay apart.
+    let parts = [
+        ("ab", "c", "d"),
+        ("a", "bc", "d"),
+        ("a", "b", "cd"),
+        ("a", "b", "c"),
+        ("a\0b", "c", "d"),
+    ];
+    for (i, a) in parts.iter().enumerate() {
+        for (j, b) in parts.iter().enumerate() {
+            let key = owner_key(b.0, b.1, b.2, 7, "tsk_1");
+            assert_eq!(
+                key.starts_with(&owner_prefix(a.0, a.1, a.2)),
+                i == j,
+                "{a:?} / {b:?}"
+            );
+        }
+    }
+    assert_eq!(split_owner_key(b"\0\0"), None);
 }
 
 #[tokio::test(flavor = "multi_thread")]
