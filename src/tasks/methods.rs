@@ -18,7 +18,7 @@ use crate::store::{Owned, StoreError, TaskRecord, TaskStatus, now_ms};
 /// The store did not answer a `tasks/*` method: 503 + `Retry-After`, since every one
 /// may be retried (a read changes nothing; a cancel or an answer already applied is
 /// acknowledged again; docs/design.md §16). Refusals of the request as sent stay 200.
-fn unavailable(e: StoreError) -> Failure {
+pub(super) fn unavailable(e: StoreError) -> Failure {
     Failure::retry_later(RpcError::internal(format!(
         "the task store did not answer: {e}"
     )))

@@ -11,7 +11,8 @@
 //! - `promote.rs`: the promotion decision (which deadline, which mode).
 //! - `call.rs`: the deadline race and durable creation before the handle goes out.
 //! - `driver.rs`: a promoted call running in the background (progress, input, result).
-//! - `methods.rs`: the `tasks/*` methods and the ownership check.
+//! - `methods.rs`: the `tasks/*` methods and the ownership check; `list.rs` a page of
+//!   a principal's tasks (`tasks/list` of the 2025-11-25 dialect).
 //! - `sweeper.rs`: expiry, tombstones, idle sessions and restart recovery.
 //! - `sessions.rs`: the 2025-era client sessions (`SessionRepo`, a part of its own).
 //! - `seen.rs`: read marks, for counting outcomes nobody collected.
@@ -31,6 +32,7 @@ pub mod failure;
 pub mod fingerprint;
 pub mod ids;
 pub mod inputs;
+mod list;
 mod live;
 pub mod methods;
 pub mod mrtr;

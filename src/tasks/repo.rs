@@ -13,8 +13,8 @@ use super::seen::SeenMarks;
 use crate::protocol::UpstreamInfo;
 use crate::protocol::param_headers::ToolHeaders;
 use crate::store::{
-    Created, Expired, IdempotencyEntry, Owned, RequestRoute, StoreError, TaskRecord, TaskStatus,
-    TaskStore,
+    Created, Expired, IdempotencyEntry, Owned, OwnerCursor, RequestRoute, StoreError, TaskRecord,
+    TaskStatus, TaskStore,
 };
 
 /// A task changed status: `from: None` when it was created, `to: None` when expiry
@@ -188,6 +188,20 @@ impl TaskRepo {
         Ok(())
     }
 
+    /// Before `recs` (just read) are shown: one flush covers every terminal write
+    /// among them that may not be durable yet ([`TaskRepo::durable`] for a page).
+    pub(super) async fn durable_all(&self, recs: &[TaskRecord]) -> Result<(), StoreError> {
+        let pending = {
+            let u = self.unflushed.lock();
+            recs.iter()
+                .any(|r| r.status.is_terminal() && u.contains_key(&r.task_id))
+        };
+        if pending {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
     // Reads.
 
     /// `task_id` if `(tenant, subject)` owns it: one lookup, whoever asks
@@ -199,6 +213,21 @@ impl TaskRepo {
         subject: &str,
     ) -> Result<Owned, StoreError> {
         self.store.lookup_owned(task_id, tenant, subject).await
+    }
+
+    /// A page of the tasks `(tenant, subject)` holds on `upstream`
+    /// (`TaskStore::list_owned`).
+    pub(super) async fn list_owned(
+        &self,
+        tenant: &str,
+        subject: &str,
+        upstream: &str,
+        after: Option<&OwnerCursor>,
+        limit: usize,
+    ) -> Result<Vec<TaskRecord>, StoreError> {
+        self.store
+            .list_owned(tenant, subject, upstream, after, limit)
+            .await
     }
 
     /// The status of `task_id` as stored, `None` when it is gone or unreadable.
