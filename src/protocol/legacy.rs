@@ -40,10 +40,33 @@ pub enum LegacyMethod {
     Subscribe(bool),
     /// A method the upstream answers, forwarded as sent.
     Forward(Method),
-    /// Any `tasks/*`: hidden in this era until the 2025-11-25 task dialect is
-    /// translated (docs/design.md §22).
-    Tasks,
+    /// A `tasks/*` method: the 2025-11-25 task dialect's (`None` for one it does
+    /// not have, such as the 2026 `tasks/update`), served only in a session that
+    /// negotiated 2025-11-25 (docs/design.md §25).
+    Tasks(Option<LegacyTaskMethod>),
     Unknown,
+}
+
+/// The `tasks/*` methods of the 2025-11-25 task dialect (MCP 2025-11-25 "Tasks",
+/// "Protocol Messages").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LegacyTaskMethod {
+    Get,
+    Result,
+    List,
+    Cancel,
+}
+
+impl LegacyTaskMethod {
+    pub fn of(name: &str) -> Option<Self> {
+        Some(match name {
+            "tasks/get" => Self::Get,
+            "tasks/result" => Self::Result,
+            "tasks/list" => Self::List,
+            "tasks/cancel" => Self::Cancel,
+            _ => return None,
+        })
+    }
 }
 
 impl LegacyMethod {
@@ -56,12 +79,13 @@ impl LegacyMethod {
             "resources/unsubscribe" => return Self::Subscribe(false),
             _ => {}
         }
+        if name.starts_with("tasks/") {
+            return Self::Tasks(LegacyTaskMethod::of(name));
+        }
         match Method::from_wire(name) {
-            Some(m) if m.is_task_method() => Self::Tasks,
             Some(m) if m.capability().is_some() => Self::Forward(m),
             // `server/discover` and `subscriptions/listen` are 2026-07-28 only.
             Some(_) => Self::Unknown,
-            None if name.starts_with("tasks/") => Self::Tasks,
             None => Self::Unknown,
         }
     }
@@ -92,9 +116,15 @@ mod tests {
             LegacyMethod::of("resources/templates/list"),
             LegacyMethod::Forward(Method::ResourcesTemplatesList)
         );
-        for t in ["tasks/get", "tasks/list", "tasks/result", "tasks/cancel"] {
-            assert_eq!(LegacyMethod::of(t), LegacyMethod::Tasks, "{t}");
+        for (t, m) in [
+            ("tasks/get", LegacyTaskMethod::Get),
+            ("tasks/list", LegacyTaskMethod::List),
+            ("tasks/result", LegacyTaskMethod::Result),
+            ("tasks/cancel", LegacyTaskMethod::Cancel),
+        ] {
+            assert_eq!(LegacyMethod::of(t), LegacyMethod::Tasks(Some(m)), "{t}");
         }
+        assert_eq!(LegacyMethod::of("tasks/update"), LegacyMethod::Tasks(None));
         for u in [
             "server/discover",
             "subscriptions/listen",

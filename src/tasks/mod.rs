@@ -19,13 +19,15 @@
 //! - `replica.rs`: being one of several replicas (leases, takeover, relays, fan-out);
 //!   `replica_state.rs` the `Replica` part it works with.
 //! - `fingerprint.rs`: order-free fingerprints of JSON values.
-//! - `snapshot.rs`: the wire shapes.
+//! - `snapshot.rs`: the wire shapes; `dialect.rs` the same records in the 2025-11-25
+//!   task dialect.
 //! - `mrtr.rs`: multi round-trip requests for clients that get no task.
 //! - `inputs.rs`: screening upstream input requests; `failure.rs`: the retry class
 //!   of a call that produced no answer; `outcome.rs`: the reply type.
 
 pub mod call;
 pub mod clock;
+pub mod dialect;
 pub mod driver;
 pub mod events;
 pub mod failure;

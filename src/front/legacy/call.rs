@@ -52,6 +52,9 @@ pub(super) struct LegacyCall {
     /// Whether the answer may become an SSE stream; a batch member's may not, so it
     /// hears no notifications and relays no requests.
     pub(super) streaming: bool,
+    /// A `tools/list` page for a session with the task dialect: its tools are marked
+    /// (`tasks::mark_tools`).
+    pub(super) mark_tools: bool,
     pub(super) sync_timeout: Duration,
     /// When the HTTP request arrived: `sync_timeout_ms` counts from here.
     pub(super) received: Instant,
@@ -249,7 +252,12 @@ fn relay(c: &LegacyCall, ir: InputRequest, relayed: &mut Vec<String>) -> Option<
 /// `-32603`.
 fn final_of(c: &LegacyCall, r: JoinedCall) -> Final {
     match r {
-        Ok(Ok(CallOutcome::Result(v))) => Final::ok(protocol::response(&c.id, v)),
+        Ok(Ok(CallOutcome::Result(mut v))) => {
+            if c.mark_tools {
+                super::tasks::mark_tools(&c.upstream.cfg, &mut v);
+            }
+            Final::ok(protocol::response(&c.id, v))
+        }
         Ok(Ok(CallOutcome::Error(e))) => Final::ok(protocol::error_response(Some(&c.id), &e)),
         Ok(Err(e)) => upstream_failure(&c.id, c.upstream.name(), &e),
         Err(_) => Final::failed(&c.id, c.upstream.name(), CallFailure::Ended),

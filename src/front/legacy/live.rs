@@ -35,7 +35,15 @@ pub struct LegacyLive {
     subscribers: Mutex<HashMap<ResourceKey, HashSet<String>>>,
     /// Each session's log level rank, per upstream session, and the level applied.
     log_levels: Mutex<HashMap<ScopeKey, ScopeLevels>>,
+    /// The unfinished 2025-11-25 tasks each session created here: its GET stream
+    /// announces their status changes (docs/design.md §25).
+    session_tasks: Mutex<HashMap<String, HashSet<String>>>,
 }
+
+/// How many unfinished tasks of one session the GET stream follows; a session that
+/// keeps more polls the rest (the notification is optional: MCP 2025-11-25 "Tasks",
+/// "Task Notifications").
+const FOLLOWED_TASKS: usize = 1024;
 
 /// The log levels asked for on one upstream session.
 #[derive(Default)]
@@ -96,8 +104,46 @@ impl LegacyLive {
         self.calls.lock().remove(&call_key(session, id));
     }
 
+    /// `session` created `task_id`: follow it on the session's GET stream.
+    pub fn task_created(&self, session: &str, task_id: &str) {
+        let mut t = self.session_tasks.lock();
+        let set = t.entry(session.to_string()).or_default();
+        if set.len() < FOLLOWED_TASKS {
+            set.insert(task_id.to_string());
+        }
+    }
+
+    /// Whether `session` follows `task_id`.
+    pub fn follows(&self, session: &str, task_id: &str) -> bool {
+        self.session_tasks
+            .lock()
+            .get(session)
+            .is_some_and(|s| s.contains(task_id))
+    }
+
+    /// Every task `session` follows (after missed changes).
+    pub fn followed(&self, session: &str) -> Vec<String> {
+        self.session_tasks
+            .lock()
+            .get(session)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// `task_id` ended (or is gone): no more to announce.
+    pub fn unfollow(&self, session: &str, task_id: &str) {
+        let mut t = self.session_tasks.lock();
+        if let Some(set) = t.get_mut(session) {
+            set.remove(task_id);
+            if set.is_empty() {
+                t.remove(session);
+            }
+        }
+    }
+
     /// The session ended: stop its calls here, forget its relayed requests.
     pub fn end_calls(&self, session: &str) {
+        self.session_tasks.lock().remove(session);
         let calls: Vec<AbortHandle> = {
             let mut c = self.calls.lock();
             let keys: Vec<CallKey> = c.keys().filter(|k| k.0 == session).cloned().collect();

@@ -17,6 +17,7 @@ pub(super) mod era;
 pub(super) mod live;
 mod message;
 mod stream;
+mod tasks;
 
 use std::sync::Arc;
 
@@ -28,6 +29,7 @@ use tokio::time::Instant;
 use self::call::{DEFAULT_LOG_RANK, LegacyCall};
 use self::live::SubChange;
 use self::message::Message;
+use self::tasks::TaskSession;
 use super::gateway::Gateway;
 use super::inline::Final;
 use super::reply::{self, Body};
@@ -211,11 +213,15 @@ async fn initialize(
     r
 }
 
-/// The `initialize` result from the upstream's identity: neither task dialect is
-/// advertised in this era (docs/design.md §22).
+/// The `initialize` result from the upstream's identity: the upstream's own task
+/// capabilities are never shown; a 2025-11-25 session gets the gateway's
+/// (docs/design.md §25).
 pub fn initialize_result(info: &UpstreamInfo, version: &str) -> Value {
     let mut caps = info.capabilities.clone();
     strip_task_capabilities(&mut caps);
+    if tasks::speaks_tasks(version) {
+        tasks::advertise(&mut caps);
+    }
     let mut r = Map::new();
     r.insert("protocolVersion".into(), Value::from(version));
     r.insert("capabilities".into(), Value::Object(caps));
@@ -329,6 +335,15 @@ impl Session<'_> {
         &self.rec.session_id
     }
 
+    fn task_session(&self) -> TaskSession<'_> {
+        TaskSession {
+            gw: self.gw,
+            upstream: self.upstream,
+            principal: self.principal,
+            rec: self.rec,
+        }
+    }
+
     /// The upstream session this client session is served by.
     fn scope(&self) -> Scope<'_> {
         Scope::session(self.principal, self.sid())
@@ -371,9 +386,20 @@ impl Session<'_> {
             LegacyMethod::Initialize => {
                 bad_request(Some(&id), "the session is initialized already")
             }
-            // Hidden until the 2025-11-25 task dialect is translated: an upstream
-            // `tasks/list` on a shared session would list other tenants' tasks.
-            LegacyMethod::Tasks => reply::rpc_error(
+            // The gateway's own tasks, never the upstream's: an upstream `tasks/list`
+            // on a shared session would list other tenants' tasks. Sessions of an
+            // earlier version have no task dialect (404, as before it existed).
+            LegacyMethod::Tasks(Some(m)) if tasks::speaks_tasks(&self.rec.protocol_version) => {
+                self.task_session().serve(id, m, &params).await
+            }
+            LegacyMethod::Tasks(_) if tasks::speaks_tasks(&self.rec.protocol_version) => {
+                reply::rpc_error(
+                    StatusCode::OK,
+                    Some(&id),
+                    &RpcError::method_not_found(method),
+                )
+            }
+            LegacyMethod::Tasks(_) => reply::rpc_error(
                 StatusCode::NOT_FOUND,
                 Some(&id),
                 &RpcError::method_not_found(method),
@@ -435,11 +461,25 @@ impl Session<'_> {
         let progress_token = params
             .remove("_meta")
             .and_then(|m| m.get("progressToken").cloned());
-        // The 2025-11-25 task augmentation is never the upstream's to act on here.
+        let dialect = tasks::speaks_tasks(&self.rec.protocol_version);
+        // A 2025-11-25 task is the gateway's (docs/design.md §25); other versions have
+        // no task augmentation and ignore the field (MCP 2025-11-25 "Tasks", "Task
+        // Support and Handling"). Either way the upstream never sees it.
+        if dialect && method == Method::ToolsCall && params.contains_key("task") {
+            return self
+                .task_session()
+                .call(id, info, params, progress_token)
+                .await;
+        }
         params.remove("task");
         if method == Method::ToolsList && !params.contains_key("cursor") {
             return match self.upstream.tools_list(self.scope()).await {
-                Ok(CallOutcome::Result(v)) => call::json_answer(&id, v),
+                Ok(CallOutcome::Result(mut v)) => {
+                    if dialect {
+                        tasks::mark_tools(&self.upstream.cfg, &mut v);
+                    }
+                    call::json_answer(&id, v)
+                }
                 Ok(CallOutcome::Error(e)) => reply::rpc_error(StatusCode::OK, Some(&id), &e),
                 Err(e) => {
                     super::inline::upstream_failure(&id, self.upstream.name(), &e).into_response()
@@ -476,6 +516,7 @@ impl Session<'_> {
                 .unwrap_or(DEFAULT_LOG_RANK),
             keepalive: self.gw.cfg.server.keepalive,
             streaming: stream,
+            mark_tools: dialect && method == Method::ToolsList,
             sync_timeout: self.gw.cfg.tasks.sync_timeout,
             received: self.received,
             _activity: Box::new(self.gw.engine.sessions().activity(self.sid())),

@@ -5,10 +5,14 @@
 //! lines, so no `Last-Event-ID` resumption: a client that loses the stream opens
 //! another (docs/design.md §22 "Clients of the 2025 era").
 //!
+//! It also announces the status changes of the 2025-11-25 tasks this session created
+//! here (`notifications/tasks/status`, docs/design.md §25).
+//!
 //! Opening it re-subscribes what the session record lists and this replica does not
 //! hold yet: after a restart or a replica loss, the session's subscriptions follow
 //! the stream to the replica that holds it now.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -21,7 +25,9 @@ use super::super::reply::{self, Body};
 use super::live::SubChange;
 use crate::auth::Principal;
 use crate::protocol;
+use crate::protocol::params::TaskRef;
 use crate::store::SessionRecord;
+use crate::tasks::{Change, dialect};
 use crate::upstream::{Scope, Upstream};
 
 /// The list-changed notifications relayed (the upstream sends only those it declares).
@@ -55,6 +61,10 @@ pub(super) async fn open(
     let live = gw.legacy.clone();
     let up = upstream.clone();
     let keepalive = gw.cfg.server.keepalive;
+    let engine = gw.engine.clone();
+    let mut changes = engine.subscribe_changes();
+    // The status last announced per task, so each change is told once.
+    let mut shown: HashMap<String, &'static str> = HashMap::new();
     let (tx, out) = mpsc::channel::<Bytes>(32);
     tokio::spawn(async move {
         let ended = activity.ended();
@@ -83,6 +93,31 @@ pub(super) async fn open(
                     Err(broadcast::error::RecvError::Lagged(_)) => {}
                     Err(broadcast::error::RecvError::Closed) => break,
                 },
+                c = changes.recv() => {
+                    let ids = match c {
+                        Ok(Change::Task(id)) if live.follows(&sid, &id) => vec![id],
+                        Ok(Change::Task(_)) => continue,
+                        Ok(Change::Resync) | Err(broadcast::error::RecvError::Lagged(_)) => live.followed(&sid),
+                        Err(broadcast::error::RecvError::Closed) => break,
+                    };
+                    for id in ids {
+                        let Ok(rec) = engine.owner_snapshot(&principal, up.name(), &TaskRef::to(&id)).await else {
+                            live.unfollow(&sid, &id);
+                            shown.remove(&id);
+                            continue;
+                        };
+                        let status = dialect::status(&rec);
+                        if shown.insert(id.clone(), status) != Some(status)
+                            && tx.send(reply::sse_event(&dialect::status_notification(&rec))).await.is_err()
+                        {
+                            return;
+                        }
+                        if rec.status.is_terminal() {
+                            live.unfollow(&sid, &id);
+                            shown.remove(&id);
+                        }
+                    }
+                }
                 () = &mut ended => break,
                 _ = ticker.tick() => {
                     if tx.send(reply::sse_keepalive()).await.is_err() {

@@ -1,0 +1,562 @@
+//! The 2025-11-25 task dialect in a legacy session (docs/design.md §25, "The two
+//! task dialects, method by method"). Only a session that negotiated 2025-11-25 sees
+//! it: `initialize` advertises the `tasks` capability, `tools/list` marks each tool's
+//! `execution.taskSupport`, a task-augmented `tools/call` gets a `CreateTaskResult`
+//! from the same engine a 2026 client's promoted call does, and the session serves
+//! `tasks/get`, the blocking `tasks/result` (input requests on its stream, the answers
+//! relayed as `tasks/update` would), `tasks/list` and `tasks/cancel`. The task is the
+//! record a 2026 client would see: owned by the principal, not by the session.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Response, StatusCode};
+use serde_json::{Map, Value, json};
+use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::time::Instant;
+
+use super::super::gateway::Gateway;
+use super::super::inline::Final;
+use super::super::reply::{self, Body};
+use super::live::LegacyLive;
+use crate::auth::Principal;
+use crate::config::{OnInput, TaskMode, UpstreamConfig};
+use crate::protocol::legacy::LegacyTaskMethod;
+use crate::protocol::meta::{ClientCaps, RequestMeta};
+use crate::protocol::params::{Field, TaskRef, TaskUpdate, ToolCallParams};
+use crate::protocol::{self, Method, Request, RequestId, RpcError};
+use crate::store::{SessionRecord, TaskRecord, TaskStatus};
+use crate::tasks::call::ToolCall;
+use crate::tasks::dialect;
+use crate::tasks::failure::Failure;
+use crate::tasks::outcome::Reply;
+use crate::tasks::promote::Promotion;
+use crate::tasks::{Change, Engine};
+use crate::upstream::{InputAnswer, Upstream, UpstreamInfo};
+
+/// The one 2025-era version with the task dialect (MCP 2025-11-25 "Tasks").
+pub(super) const TASKS_VERSION: &str = "2025-11-25";
+
+/// How many tasks one `tasks/list` page holds.
+const LIST_PAGE: usize = 100;
+
+/// Whether a session of `version` speaks the task dialect.
+pub(super) fn speaks_tasks(version: &str) -> bool {
+    version == TASKS_VERSION
+}
+
+/// The server `tasks` capability the gateway serves (MCP 2025-11-25 "Tasks",
+/// "Server Capabilities"), added when the upstream has tools.
+pub(super) fn advertise(caps: &mut Map<String, Value>) {
+    if caps.contains_key("tools") {
+        caps.insert(
+            "tasks".into(),
+            json!({"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}),
+        );
+    }
+}
+
+/// Mark each tool of a `tools/list` result: any tool may run as a gateway task
+/// (`optional`), unless configured `task = "never"` (the field left out: forbidden;
+/// MCP 2025-11-25 "Tasks", "Tool-Level Negotiation"). The upstream's own value is
+/// replaced: the gateway, not the upstream, runs a 2025 client's task.
+pub(super) fn mark_tools(cfg: &UpstreamConfig, result: &mut Value) {
+    let Some(tools) = result.get_mut("tools").and_then(Value::as_array_mut) else {
+        return;
+    };
+    for tool in tools {
+        let never = tool
+            .get("name")
+            .and_then(Value::as_str)
+            .and_then(|n| cfg.tools.get(n))
+            .is_some_and(|t| t.task == TaskMode::Never);
+        let Some(t) = tool.as_object_mut() else {
+            continue;
+        };
+        let execution = t
+            .entry("execution")
+            .or_insert_with(|| Value::Object(Map::new()));
+        let Some(execution) = execution.as_object_mut() else {
+            continue;
+        };
+        if never {
+            execution.remove("taskSupport");
+        } else {
+            execution.insert("taskSupport".into(), Value::from("optional"));
+        }
+        if execution.is_empty() {
+            t.remove("execution");
+        }
+    }
+}
+
+/// One request of the task dialect in a resolved session.
+pub(super) struct TaskSession<'a> {
+    pub(super) gw: &'a Gateway,
+    pub(super) upstream: &'a Arc<Upstream>,
+    pub(super) principal: &'a Principal,
+    pub(super) rec: &'a SessionRecord,
+}
+
+fn json_answer(id: &RequestId, result: Value) -> Response<Body> {
+    reply::json(StatusCode::OK, &protocol::response(id, result))
+}
+
+fn error_200(id: &RequestId, e: &RpcError) -> Response<Body> {
+    reply::rpc_error(StatusCode::OK, Some(id), e)
+}
+
+fn failed(id: &RequestId, f: Failure) -> Response<Body> {
+    Final::of(id, Reply::Failed(f)).into_response()
+}
+
+impl TaskSession<'_> {
+    fn name(&self) -> &str {
+        self.upstream.name()
+    }
+
+    /// A `tasks/*` method of the dialect.
+    pub(super) async fn serve(
+        &self,
+        id: RequestId,
+        method: LegacyTaskMethod,
+        params: &Map<String, Value>,
+    ) -> Response<Body> {
+        match method {
+            LegacyTaskMethod::Get => self.get(&id, params).await,
+            LegacyTaskMethod::Result => self.result(id, params).await,
+            LegacyTaskMethod::List => self.list(&id, params).await,
+            LegacyTaskMethod::Cancel => self.cancel(&id, params).await,
+        }
+    }
+
+    /// A task-augmented `tools/call` (MCP 2025-11-25 "Tasks", "Creating Tasks"): the
+    /// engine writes the task durably before its id goes out, for any upstream tool.
+    pub(super) async fn call(
+        &self,
+        id: RequestId,
+        info: UpstreamInfo,
+        mut params: Map<String, Value>,
+        progress_token: Option<Value>,
+    ) -> Response<Body> {
+        if !params.get("task").is_some_and(Value::is_object) {
+            return error_200(
+                &id,
+                &RpcError::invalid_params("params.task must be an object"),
+            );
+        }
+        let Some(tool) = params
+            .get("name")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+        else {
+            return error_200(
+                &id,
+                &RpcError::invalid_params("params.name must be a string"),
+            );
+        };
+        if params.get("arguments").is_some_and(|a| !a.is_object()) {
+            return error_200(
+                &id,
+                &RpcError::invalid_params("params.arguments must be an object"),
+            );
+        }
+        let mut promotion = Promotion::resolve(&self.gw.cfg.tasks, &self.upstream.cfg, &tool);
+        if promotion.mode == TaskMode::Never {
+            return error_200(
+                &id,
+                &RpcError::new(
+                    protocol::error::METHOD_NOT_FOUND,
+                    format!("tool {tool:?} does not run as a task"),
+                ),
+            );
+        }
+        // The task exists before the call starts, and its input goes through
+        // `tasks/result`, never an MRTR round this client cannot make.
+        promotion.promote_after = Duration::ZERO;
+        promotion.on_input = OnInput::Task;
+        params.remove("task");
+        let c = ToolCall {
+            upstream: self.upstream.clone(),
+            principal: self.principal.clone(),
+            req: Request {
+                id: id.clone(),
+                method: Method::ToolsCall,
+                params: ToolCallParams::parse(params),
+                meta: RequestMeta {
+                    protocol_version: self.rec.protocol_version.clone(),
+                    caps: ClientCaps(self.rec.client_capabilities.clone()),
+                    client_info: None,
+                    log_level: None,
+                    progress_token,
+                },
+                idempotency_key: None,
+            },
+            tool,
+            server_info: info.server_info,
+            promotion,
+            timing: self.gw.inline_timing(),
+            holds: self.gw.holds.clone(),
+        };
+        match self.gw.engine.tools_call(c).await {
+            Reply::Task(handle) => {
+                if let Some(t) = handle.get("taskId").and_then(Value::as_str) {
+                    self.gw.legacy.task_created(&self.rec.session_id, t);
+                }
+                json_answer(&id, dialect::create_result_of_handle(&handle))
+            }
+            other => Final::of(&id, other).into_response(),
+        }
+    }
+
+    /// The task for `params.taskId`, shown to its owner (ownership, expiry, a durable
+    /// terminal state: `Engine::owner_snapshot`).
+    async fn snapshot(&self, task: &TaskRef) -> Result<TaskRecord, Failure> {
+        self.gw
+            .engine
+            .owner_snapshot(self.principal, self.name(), task)
+            .await
+    }
+
+    /// `tasks/get` (MCP 2025-11-25 "Tasks", "Getting Tasks"), poll-limited at the
+    /// advertised interval as a 2026 poll is (docs/design.md §8).
+    async fn get(&self, id: &RequestId, params: &Map<String, Value>) -> Response<Body> {
+        let task = TaskRef::parse(params);
+        if let Some(t) = task.task_id.valid()
+            && crate::tasks::ids::is_well_formed(t)
+            && let Err(t) = self.gw.limits.check_poll(self.principal, t)
+        {
+            return failed(id, Failure::throttled(t));
+        }
+        match self.snapshot(&task).await {
+            Ok(rec) => {
+                self.gw.engine.note_seen(&rec);
+                json_answer(id, Value::Object(dialect::task(&rec)))
+            }
+            Err(f) => failed(id, f),
+        }
+    }
+
+    /// `tasks/cancel` (MCP 2025-11-25 "Tasks", "Cancelling Tasks"): the task is
+    /// `cancelled` before the answer, which is the task; a terminal task is refused
+    /// with `-32602`.
+    async fn cancel(&self, id: &RequestId, params: &Map<String, Value>) -> Response<Body> {
+        let task = TaskRef::parse(params);
+        let rec = match self.snapshot(&task).await {
+            Ok(r) => r,
+            Err(f) => return failed(id, f),
+        };
+        if rec.status.is_terminal() {
+            return error_200(id, &dialect::cancel_refused(&rec));
+        }
+        let engine = &self.gw.engine;
+        if let Err(f) = engine
+            .cancel(self.principal, self.name(), &task, &Value::Null)
+            .await
+        {
+            return failed(id, f);
+        }
+        match self.snapshot(&task).await {
+            Ok(rec) if rec.status == TaskStatus::Cancelled => {
+                json_answer(id, Value::Object(dialect::task(&rec)))
+            }
+            // It ended on its own first.
+            Ok(rec) => error_200(id, &dialect::cancel_refused(&rec)),
+            Err(f) => failed(id, f),
+        }
+    }
+
+    /// `tasks/list` (MCP 2025-11-25 "Tasks", "Listing Tasks"): the principal's own
+    /// tasks on this endpoint, whichever era created them, a page at a time.
+    async fn list(&self, id: &RequestId, params: &Map<String, Value>) -> Response<Body> {
+        let cursor = match params.get("cursor") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(c)) => Some(c.as_str()),
+            Some(_) => {
+                return error_200(
+                    id,
+                    &RpcError::invalid_params("params.cursor must be a string"),
+                );
+            }
+        };
+        let page = self
+            .gw
+            .engine
+            .list_owned(self.principal, self.name(), cursor, LIST_PAGE)
+            .await;
+        match page {
+            Ok((records, next)) => {
+                let tasks: Vec<Value> = records
+                    .iter()
+                    .map(|r| Value::Object(dialect::task(r)))
+                    .collect();
+                let mut result = Map::new();
+                result.insert("tasks".into(), Value::Array(tasks));
+                if let Some(n) = next {
+                    result.insert("nextCursor".into(), Value::from(n));
+                }
+                json_answer(id, Value::Object(result))
+            }
+            Err(f) => failed(id, f),
+        }
+    }
+
+    /// `tasks/result` (MCP 2025-11-25 "Tasks", "Retrieving Task Results"): a terminal
+    /// task's payload at once; otherwise an SSE stream held with keep-alives until the
+    /// task ends, carrying its status notifications and its input requests.
+    async fn result(&self, id: RequestId, params: &Map<String, Value>) -> Response<Body> {
+        let task = TaskRef::parse(params);
+        let rec = match self.snapshot(&task).await {
+            Ok(r) => r,
+            Err(f) => return failed(&id, f),
+        };
+        if rec.status.is_terminal() {
+            self.gw.engine.note_seen(&rec);
+            return payload_answer(&id, &rec).into_response();
+        }
+        let (tx, rx) = mpsc::channel::<Bytes>(32);
+        let held = Held {
+            engine: self.gw.engine.clone(),
+            live: self.gw.legacy.clone(),
+            principal: self.principal.clone(),
+            upstream: self.name().to_string(),
+            session: self.rec.session_id.clone(),
+            id,
+            task,
+            keepalive: self.gw.cfg.server.keepalive,
+        };
+        let activity = self.gw.engine.sessions().activity(&self.rec.session_id);
+        tokio::spawn(held.run(rec, tx));
+        reply::sse(rx, activity)
+    }
+}
+
+/// The answer for a terminal task.
+fn payload_answer(id: &RequestId, rec: &TaskRecord) -> Final {
+    match dialect::payload(rec) {
+        Ok(v) => Final::of(id, Reply::Complete(Ok(v))),
+        Err(e) => Final::of(id, Reply::Complete(Err(e))),
+    }
+}
+
+/// A `tasks/result` held open until its task ends.
+struct Held {
+    engine: Arc<Engine>,
+    live: Arc<LegacyLive>,
+    principal: Principal,
+    upstream: String,
+    session: String,
+    id: RequestId,
+    task: TaskRef,
+    keepalive: Duration,
+}
+
+/// What one wait of a held `tasks/result` ended with.
+enum Woken {
+    /// Read the task again.
+    Reread,
+    /// The client answered one of the task's input requests.
+    Answer(String, InputAnswer),
+    /// The client went away.
+    Gone,
+}
+
+impl Held {
+    async fn run(self, first: TaskRecord, tx: mpsc::Sender<Bytes>) {
+        // Subscribed before the second read, so no change between them is missed.
+        let mut changes = self.engine.subscribe_changes();
+        let (answers_tx, mut answers) = mpsc::channel::<(String, InputAnswer)>(16);
+        let mut relayed_keys: HashSet<String> = HashSet::new();
+        let mut relayed_ids: Vec<String> = Vec::new();
+        let mut shown = dialect::status(&first);
+        let task_id = first.task_id.clone();
+        let _ = tx.send(reply::sse_keepalive()).await;
+        loop {
+            let rec = match self
+                .engine
+                .owner_snapshot(&self.principal, &self.upstream, &self.task)
+                .await
+            {
+                Ok(r) => r,
+                Err(f) => {
+                    let f = Final::of(&self.id, Reply::Failed(f));
+                    let _ = tx.send(reply::sse_event(&f.message)).await;
+                    break;
+                }
+            };
+            if dialect::status(&rec) != shown {
+                shown = dialect::status(&rec);
+                if tx
+                    .send(reply::sse_event(&dialect::status_notification(&rec)))
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+            }
+            if rec.status.is_terminal() {
+                self.engine.note_seen(&rec);
+                let f = payload_answer(&self.id, &rec);
+                let _ = tx.send(reply::sse_event(&f.message)).await;
+                break;
+            }
+            if rec.status == TaskStatus::InputRequired
+                && !self
+                    .relay_inputs(&rec, &tx, &answers_tx, &mut relayed_keys, &mut relayed_ids)
+                    .await
+            {
+                break;
+            }
+            match self.wait(&task_id, &mut changes, &mut answers, &tx).await {
+                Woken::Reread => {}
+                Woken::Answer(key, answer) => self.answer(&rec, key, answer).await,
+                Woken::Gone => break,
+            }
+        }
+        self.live.forget(&self.session, &relayed_ids);
+    }
+
+    /// Send the task's input requests not yet sent on this stream, each with an id of
+    /// the gateway's; the client's answer comes back as a POSTed response.
+    async fn relay_inputs(
+        &self,
+        rec: &TaskRecord,
+        tx: &mpsc::Sender<Bytes>,
+        answers: &mpsc::Sender<(String, InputAnswer)>,
+        relayed_keys: &mut HashSet<String>,
+        relayed_ids: &mut Vec<String>,
+    ) -> bool {
+        for (key, request) in &rec.input_requests {
+            if !relayed_keys.insert(key.clone()) {
+                continue;
+            }
+            let (otx, orx) = oneshot::channel();
+            let gid = self.live.relay(&self.session, otx);
+            relayed_ids.push(gid.clone());
+            let Some(msg) = dialect::input_request(&rec.task_id, &gid, request) else {
+                continue;
+            };
+            let (key, answers) = (key.clone(), answers.clone());
+            tokio::spawn(async move {
+                if let Ok(a) = orx.await {
+                    let _ = answers.send((key, a)).await;
+                }
+            });
+            if tx.send(reply::sse_event(&msg)).await.is_err() {
+                return false;
+            }
+        }
+        true
+    }
+
+    async fn wait(
+        &self,
+        task_id: &str,
+        changes: &mut broadcast::Receiver<Change>,
+        answers: &mut mpsc::Receiver<(String, InputAnswer)>,
+        tx: &mpsc::Sender<Bytes>,
+    ) -> Woken {
+        let tick = tokio::time::sleep_until(Instant::now() + self.keepalive);
+        tokio::pin!(tick);
+        loop {
+            tokio::select! {
+                c = changes.recv() => match c {
+                    Ok(Change::Task(t)) if t != task_id => {}
+                    Err(broadcast::error::RecvError::Closed) => return Woken::Gone,
+                    // This task, or changes were missed.
+                    _ => return Woken::Reread,
+                },
+                Some((key, a)) = answers.recv() => return Woken::Answer(key, a),
+                _ = &mut tick => {
+                    // A keep-alive, and a read: an expiry or a change on another
+                    // replica that was not announced still shows.
+                    return if tx.send(reply::sse_keepalive()).await.is_ok() {
+                        Woken::Reread
+                    } else {
+                        Woken::Gone
+                    };
+                }
+                _ = tx.closed() => return Woken::Gone,
+            }
+        }
+    }
+
+    /// The client's answer to input request `key`, applied as a `tasks/update` with
+    /// that one answer would be. An error answer has no `tasks/update` form; for an
+    /// elicitation it is the user dismissing it (`cancel`), any other stays pending
+    /// until the gateway's input timeout.
+    async fn answer(&self, rec: &TaskRecord, key: String, answer: InputAnswer) {
+        let value = match answer {
+            InputAnswer::Result(v) => v,
+            InputAnswer::Error(_)
+                if rec
+                    .input_requests
+                    .get(&key)
+                    .and_then(|r| r.get("method"))
+                    .and_then(Value::as_str)
+                    == Some("elicitation/create") =>
+            {
+                json!({"action": "cancel"})
+            }
+            InputAnswer::Error(_) => return,
+        };
+        let mut responses = Map::new();
+        responses.insert(key, value);
+        let update = TaskUpdate {
+            task: TaskRef::to(&rec.task_id),
+            input_responses: Field::Valid(responses),
+        };
+        if let Err(f) = self
+            .engine
+            .update(&self.principal, &self.upstream, update, &Value::Null)
+            .await
+        {
+            tracing::warn!(task = %rec.task_id, error = %f.error.message, "a 2025-11-25 input answer was not applied");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    #[test]
+    fn tools_are_marked_optional_unless_never() {
+        let cfg = Config::parse(
+            r#"
+[auth]
+mode = "none"
+[[upstream]]
+name = "a"
+command = ["x"]
+[upstream.tools.quiet]
+task = "never"
+"#,
+        )
+        .unwrap();
+        let mut r = json!({"tools": [
+            {"name": "slow", "execution": {"taskSupport": "required"}},
+            {"name": "plain"},
+            {"name": "quiet", "execution": {"taskSupport": "optional"}},
+        ]});
+        mark_tools(&cfg.upstreams[0], &mut r);
+        assert_eq!(r["tools"][0]["execution"]["taskSupport"], "optional");
+        assert_eq!(r["tools"][1]["execution"]["taskSupport"], "optional");
+        assert!(r["tools"][2].get("execution").is_none(), "{r}");
+    }
+
+    #[test]
+    fn the_capability_needs_tools() {
+        let mut with = Map::new();
+        with.insert("tools".into(), json!({}));
+        advertise(&mut with);
+        assert_eq!(with["tasks"]["requests"]["tools"]["call"], json!({}));
+        assert!(with["tasks"].get("list").is_some() && with["tasks"].get("cancel").is_some());
+        let mut without = Map::new();
+        advertise(&mut without);
+        assert!(without.is_empty());
+    }
+}
