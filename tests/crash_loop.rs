@@ -100,6 +100,8 @@ struct Counts {
     updates: u64,
     cancels: u64,
     keyed_repeats: u64,
+    /// Handles a 2025-11-25 client created (docs/design.md §25).
+    legacy_tasks: u64,
     transport_errors: u64,
     children_checked: u64,
     lost: u64,
@@ -186,6 +188,42 @@ async fn rpc(
     (!v.is_null()).then_some(v)
 }
 
+/// A task-augmented `tools/call` in a fresh 2025-11-25 session, its
+/// `CreateTaskResult` given back in the 2026 shape `created` reads; `None` when the
+/// gateway was not there to answer.
+async fn legacy_task(addr: std::net::SocketAddr, owner: usize, ms: u64) -> Option<Value> {
+    let (sub, tenant) = OWNERS[owner];
+    let url = format!("http://{addr}/mcp");
+    let mut h = vec![
+        ("content-type", "application/json".to_string()),
+        ("accept", "application/json, text/event-stream".to_string()),
+        ("authorization", format!("Bearer {}", token(sub, tenant))),
+    ];
+    let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "crash-loop", "version": "1"}}});
+    let r = raw(&url, "POST", &h, Bytes::from(init.to_string()))
+        .await
+        .ok()?;
+    let sid = r.header("mcp-session-id")?;
+    h.push(("mcp-session-id", sid));
+    h.push(("mcp-protocol-version", "2025-11-25".to_string()));
+    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "sleep", "arguments": {"ms": ms}, "task": {}}});
+    let r = raw(&url, "POST", &h, Bytes::from(call.to_string()))
+        .await
+        .ok()?;
+    let v = r.json();
+    if v.is_null() {
+        return None;
+    }
+    let t = &v["result"]["task"];
+    Some(match t["taskId"].as_str() {
+        Some(id) => json!({"result": {"resultType": "task", "taskId": id, "status": t["status"]}}),
+        None => v,
+    })
+}
+
 struct Shared {
     ledger: Mutex<Ledger>,
     stop: AtomicBool,
@@ -254,8 +292,24 @@ async fn worker(s: Arc<Shared>, mut rng: StdRng, round: usize, w: u64) {
         let addr = *s.addr.lock().unwrap();
         let op = rng.random_range(0..100);
         let ok = match op {
+            // A 2025-11-25 client's task (docs/design.md §25): a task at once, the
+            // same record the owner's 2026 reads below check.
+            0..=1 => {
+                let owner = rng.random_range(0..OWNERS.len());
+                let ms = rng.random_range(100..1500);
+                match legacy_task(addr, owner, ms).await {
+                    Some(v) => {
+                        if v["result"]["taskId"].is_string() {
+                            s.ledger().n.legacy_tasks += 1;
+                        }
+                        created(&s, &v, owner, Kind::Sleep, round);
+                        true
+                    }
+                    None => false,
+                }
+            }
             // Slow calls: inline below the deadline, a task above it.
-            0..=5 => {
+            2..=5 => {
                 let owner = rng.random_range(0..OWNERS.len());
                 let ms = if rng.random_bool(0.2) {
                     rng.random_range(10..PROMOTE_AFTER_MS / 2)
@@ -650,7 +704,7 @@ async fn crash_loop(b: StoreBackend) {
     };
     eprintln!(
         "crash_loop[{}]: seed {seed}: {rounds} rounds in {:.1} s; handles {} (sleep {}, elicit {}, \
-         keyed {}), inline completions {}; terminal: completed {}, failed {}, cancelled {}; \
+         keyed {}; of them by 2025-11-25 clients {}), inline completions {}; terminal: completed {}, failed {}, cancelled {}; \
          polls {}, updates {}, cancels {}, keyed repeats {}, transport errors {}; \
          stdio children checked {}, leaked 0; lost {}",
         b.name(),
@@ -659,6 +713,7 @@ async fn crash_loop(b: StoreBackend) {
         by_kind(|k| matches!(k, Kind::Sleep)),
         by_kind(|k| matches!(k, Kind::Elicit)),
         by_kind(|k| matches!(k, Kind::Keyed { .. })),
+        l.n.legacy_tasks,
         l.n.inline,
         terminal("completed"),
         terminal("failed"),
@@ -676,6 +731,11 @@ async fn crash_loop(b: StoreBackend) {
         l.handles.len() >= rounds,
         "{}",
         ctx("the load created almost no tasks: the run proves nothing")
+    );
+    assert!(
+        l.n.legacy_tasks > 0,
+        "{}",
+        ctx("no 2025-11-25 client created a task: that dialect went untested")
     );
 }
 

@@ -78,17 +78,18 @@ async fn run(gw: &Gateway, driver: Driver, who: (&str, &str), mode: &[&str]) -> 
         .unwrap_or_else(|| {
             panic!("{driver:?} {mode:?}: no JSON report\nstdout:\n{stdout}\nstderr:\n{stderr}")
         });
-    assert_eq!(
-        v["ok"], true,
-        "{driver:?} {mode:?}: {v}\nstderr:\n{stderr}"
-    );
+    assert_eq!(v["ok"], true, "{driver:?} {mode:?}: {v}\nstderr:\n{stderr}");
     v
 }
 
 fn statuses(v: &Value) -> Vec<String> {
     v["statuses"]
         .as_array()
-        .map(|a| a.iter().filter_map(|s| s.as_str().map(str::to_string)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s.as_str().map(str::to_string))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -97,16 +98,36 @@ async fn every_flow(driver: Driver) {
     let alice = ("alice", "acme");
 
     // Create, poll to the end, read the result.
-    let v = run(&gw, driver, alice, &["create-poll-result", "sleep", r#"{"ms":1500}"#]).await;
-    assert_eq!(v["serverCapabilities"]["tasks"]["requests"]["tools"]["call"], json!({}), "{v}");
+    let v = run(
+        &gw,
+        driver,
+        alice,
+        &["create-poll-result", "sleep", r#"{"ms":1500}"#],
+    )
+    .await;
+    assert_eq!(
+        v["serverCapabilities"]["tasks"]["requests"]["tools"]["call"],
+        json!({}),
+        "{v}"
+    );
     assert_eq!(v["tools"]["sleep"], "optional", "{v}");
-    assert_eq!(statuses(&v).last().map(String::as_str), Some("completed"), "{v}");
+    assert_eq!(
+        statuses(&v).last().map(String::as_str),
+        Some("completed"),
+        "{v}"
+    );
     assert_eq!(v["errors"], json!([]), "{v}");
     let created = v["taskId"].as_str().unwrap_or_default().to_string();
     assert!(created.starts_with("tsk_"), "{v}");
 
     // Input: input_required, the elicitation on the result stream, answered.
-    let v = run(&gw, driver, alice, &["elicit", "elicit", r#"{"message":"name?"}"#]).await;
+    let v = run(
+        &gw,
+        driver,
+        alice,
+        &["elicit", "elicit", r#"{"message":"name?"}"#],
+    )
+    .await;
     let s = statuses(&v);
     assert!(s.iter().any(|s| s == "input_required"), "{v}");
     assert_eq!(s.last().map(String::as_str), Some("completed"), "{v}");
@@ -115,12 +136,26 @@ async fn every_flow(driver: Driver) {
     assert!(v["elicitations"][0]["relatedTask"].is_string(), "{v}");
 
     // tasks/result right after creation blocks until the end.
-    let v = run(&gw, driver, alice, &["create-result", "sleep", r#"{"ms":1000}"#]).await;
-    assert_eq!(statuses(&v).last().map(String::as_str), Some("completed"), "{v}");
+    let v = run(
+        &gw,
+        driver,
+        alice,
+        &["create-result", "sleep", r#"{"ms":1000}"#],
+    )
+    .await;
+    assert_eq!(
+        statuses(&v).last().map(String::as_str),
+        Some("completed"),
+        "{v}"
+    );
 
     // Cancel: cancelled; a second cancel is -32602; the result is an error.
     let v = run(&gw, driver, alice, &["cancel", "sleep", r#"{"ms":30000}"#]).await;
-    assert_eq!(statuses(&v).last().map(String::as_str), Some("cancelled"), "{v}");
+    assert_eq!(
+        statuses(&v).last().map(String::as_str),
+        Some("cancelled"),
+        "{v}"
+    );
     let errors = v["errors"].to_string();
     assert!(errors.contains("-32603"), "{v}");
 

@@ -79,10 +79,15 @@ impl Legacy {
     }
 
     pub async fn initialize(&mut self, caps: Value) -> Resp {
+        self.initialize_as(caps, INIT_VERSION).await
+    }
+
+    /// `initialize` asking for `version`.
+    pub async fn initialize_as(&mut self, caps: Value, version: &str) -> Resp {
         let r = self
             .post(
                 json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-                    "protocolVersion": INIT_VERSION,
+                    "protocolVersion": version,
                     "capabilities": caps,
                     "clientInfo": {"name": "legacy-test", "version": "1.0"}
                 }}),
@@ -90,7 +95,7 @@ impl Legacy {
             .await;
         assert_eq!(r.status, 200, "{}", text(&r));
         self.session = r.header("mcp-session-id");
-        self.version = Some(INIT_VERSION.into());
+        self.version = Some(version.into());
         assert!(self.session.is_some(), "no session id: {:?}", r.headers);
         let n = self
             .post(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
