@@ -58,14 +58,19 @@ pub enum LegacyTaskMethod {
 }
 
 impl LegacyTaskMethod {
+    /// The two methods both dialects share are named by [`Method`]; the two only the
+    /// 2025-11-25 dialect has are spelled here.
     pub fn of(name: &str) -> Option<Self> {
-        Some(match name {
-            "tasks/get" => Self::Get,
-            "tasks/result" => Self::Result,
-            "tasks/list" => Self::List,
-            "tasks/cancel" => Self::Cancel,
-            _ => return None,
-        })
+        match Method::from_wire(name) {
+            Some(Method::TasksGet) => return Some(Self::Get),
+            Some(Method::TasksCancel) => return Some(Self::Cancel),
+            _ => {}
+        }
+        match name {
+            "tasks/result" => Some(Self::Result),
+            "tasks/list" => Some(Self::List),
+            _ => None,
+        }
     }
 }
 
