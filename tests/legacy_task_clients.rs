@@ -158,6 +158,7 @@ async fn every_flow(driver: Driver) {
     );
     let errors = v["errors"].to_string();
     assert!(errors.contains("-32603"), "{v}");
+    assert_eq!(v["cancelAgainError"]["code"], -32602, "{v}");
 
     // The list, from another session of the same principal, holds the first task;
     // another principal's list is empty and the id reads as unknown to it.

@@ -539,3 +539,21 @@ async fn polls_are_limited_at_the_advertised_interval() {
     assert_eq!(r.json()["error"]["code"], -32005, "{}", text(&r));
     assert_eq!(r.json()["id"], "p");
 }
+
+/// Input the session did not declare is answered by the gateway as for an inline
+/// call (roots: an empty list), so the task completes instead of failing with the
+/// 2026 `-32021`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undeclared_roots_are_answered_not_failed() {
+    let gw = gateway("", "").await;
+    let c = session(&gw, alice(), json!({})).await;
+    let t = create(&c, "roots", json!({})).await;
+    let id = t["taskId"].as_str().unwrap_or_default().to_string();
+    let end = until_terminal(&c, &id).await;
+    assert_eq!(end["status"], "completed", "{end}");
+    let r = c
+        .request(json!(1), "tasks/result", json!({"taskId": id}))
+        .await
+        .json();
+    assert!(r.get("error").is_none(), "{r}");
+}

@@ -397,6 +397,7 @@ async fn tools_call(
             promotion,
             timing: gw.inline_timing(),
             holds: gw.holds.clone(),
+            answer_undeclared: false,
         };
         let id = c.req.id.clone();
         return match resume_state(gw, &c.upstream, &c.principal, &c.req, &c.server_info) {

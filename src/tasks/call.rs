@@ -40,6 +40,9 @@ pub struct ToolCall {
     pub promotion: Promotion,
     pub timing: InlineTiming,
     pub holds: Arc<Holds>,
+    /// A 2025-era client's task: input it did not declare is answered here, as its
+    /// inline calls' is (`inputs::answer_undeclared`), rather than failing the task.
+    pub answer_undeclared: bool,
 }
 
 /// Aborts the call unless disarmed: the client still owns the call until a task
@@ -346,6 +349,7 @@ impl Engine {
             route_id: route.route_id.clone(),
             upstream: c.upstream.name().to_string(),
             caps: c.req.meta.caps.clone(),
+            answer_undeclared: c.answer_undeclared,
             call,
             awaiting_input,
         }));

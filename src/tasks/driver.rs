@@ -52,6 +52,8 @@ pub struct Driven {
     pub route_id: String,
     pub upstream: String,
     pub caps: ClientCaps,
+    /// Answer input the client did not declare here (a 2025-era client's task).
+    pub answer_undeclared: bool,
     pub call: Pending,
     /// Set when the task was created in `input_required`.
     pub awaiting_input: bool,
@@ -235,6 +237,7 @@ impl Engine {
             route_id,
             upstream,
             caps,
+            answer_undeclared,
             mut call,
             awaiting_input,
         } = d;
@@ -283,6 +286,14 @@ impl Engine {
                     if let Some(msg) = progress.take() {
                         timers.clear(DriverTimer::Progress);
                         self.write_progress(&task_id, &route_id, msg).await;
+                    }
+                    let batch = if answer_undeclared {
+                        inputs::answer_undeclared(&caps, batch)
+                    } else {
+                        batch
+                    };
+                    if batch.is_empty() {
+                        continue;
                     }
                     match inputs::screen(&caps, Method::ToolsCall, &upstream, batch) {
                         InputVerdict::Missing(err) => {

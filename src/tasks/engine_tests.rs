@@ -215,6 +215,7 @@ impl Rig {
                 sync_timeout: Duration::from_secs(300),
             },
             holds: self.holds.clone(),
+            answer_undeclared: false,
         }
     }
 

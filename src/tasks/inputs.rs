@@ -19,6 +19,31 @@ pub struct InlineTiming {
     pub sync_timeout: Duration,
 }
 
+/// Answer here the input requests a 2025-era client did not declare what they need
+/// for, as an SDK client without the capability would (roots: an empty list; the
+/// others: `-32601`), and give back the rest to relay (docs/design.md §22, §25). A
+/// 2026 client is refused instead ([`screen`]): its capabilities travel with every
+/// request.
+pub fn answer_undeclared(caps: &ClientCaps, batch: Vec<InputRequest>) -> Vec<InputRequest> {
+    batch
+        .into_iter()
+        .filter_map(|ir| {
+            let kind = InputKind::of_method(&ir.method);
+            if kind.is_none() || missing_capability(caps, &ir.method, ir.params.as_ref()).is_none()
+            {
+                return Some(ir);
+            }
+            let answer = if kind == Some(InputKind::Roots) {
+                InputAnswer::Result(json!({ "roots": [] }))
+            } else {
+                InputAnswer::Error(RpcError::method_not_found(&ir.method))
+            };
+            let _ = ir.respond.send(answer);
+            None
+        })
+        .collect()
+}
+
 /// The `requiredCapabilities` an input request needs that `caps` lacks, if any.
 pub fn missing_capability(
     caps: &ClientCaps,

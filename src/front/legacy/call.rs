@@ -17,18 +17,18 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Response, StatusCode};
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::super::inline::{CallGuard, Final, upstream_failure};
 use super::super::reply::{self, Body};
 use super::live::LegacyLive;
-use crate::protocol::meta::{ClientCaps, InputKind, log_level_rank};
+use crate::protocol::meta::{ClientCaps, log_level_rank};
 use crate::protocol::{self, RequestId, RpcError};
 use crate::tasks::events::{Event, Notice, Pending, Timers};
 use crate::tasks::failure::CallFailure;
-use crate::tasks::inputs::missing_capability;
+use crate::tasks::inputs::answer_undeclared;
 use crate::tasks::outcome::JoinedCall;
 use crate::upstream::{CallOutcome, InputAnswer, InputRequest, Upstream};
 
@@ -162,7 +162,7 @@ async fn on_event(
         Event::Inputs(batch) => {
             // Each request its own event: 2025-06-18 and later clients read one
             // message per event, never a batch.
-            let out: Vec<Value> = batch
+            let out: Vec<Value> = answer_undeclared(&c.caps, batch)
                 .into_iter()
                 .filter_map(|ir| relay(c, ir, relayed))
                 .collect();
@@ -224,17 +224,6 @@ fn notice(c: &LegacyCall, n: Notice) -> Option<Value> {
 /// (roots: an empty list, as a client without roots would have; others: `-32601`,
 /// what an SDK client answers for a method it does not handle).
 fn relay(c: &LegacyCall, ir: InputRequest, relayed: &mut Vec<String>) -> Option<Value> {
-    if let Some(kind) = InputKind::of_method(&ir.method)
-        && missing_capability(&c.caps, &ir.method, ir.params.as_ref()).is_some()
-    {
-        let answer = if kind == InputKind::Roots {
-            InputAnswer::Result(json!({ "roots": [] }))
-        } else {
-            InputAnswer::Error(RpcError::method_not_found(&ir.method))
-        };
-        let _ = ir.respond.send(answer);
-        return None;
-    }
     let id = c.live.relay(&c.session, ir.respond);
     relayed.push(id.clone());
     let mut m = Map::with_capacity(4);

@@ -11,7 +11,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
 
 use crate::protocol::RequestId;
@@ -35,15 +35,12 @@ pub struct LegacyLive {
     subscribers: Mutex<HashMap<ResourceKey, HashSet<String>>>,
     /// Each session's log level rank, per upstream session, and the level applied.
     log_levels: Mutex<HashMap<ScopeKey, ScopeLevels>>,
-    /// The unfinished 2025-11-25 tasks each session created here: its GET stream
-    /// announces their status changes (docs/design.md §25).
-    session_tasks: Mutex<HashMap<String, HashSet<String>>>,
+    /// The open GET stream of each session that has one here: the tasks the session
+    /// creates are handed to it, and it announces their status changes
+    /// (docs/design.md §25). Only the stream holds what it follows, so nothing
+    /// outlives it.
+    task_streams: Mutex<HashMap<String, (u64, mpsc::Sender<String>)>>,
 }
-
-/// How many unfinished tasks of one session the GET stream follows; a session that
-/// keeps more polls the rest (the notification is optional: MCP 2025-11-25 "Tasks",
-/// "Task Notifications").
-const FOLLOWED_TASKS: usize = 1024;
 
 /// The log levels asked for on one upstream session.
 #[derive(Default)]
@@ -104,46 +101,37 @@ impl LegacyLive {
         self.calls.lock().remove(&call_key(session, id));
     }
 
-    /// `session` created `task_id`: follow it on the session's GET stream.
-    pub fn task_created(&self, session: &str, task_id: &str) {
-        let mut t = self.session_tasks.lock();
-        let set = t.entry(session.to_string()).or_default();
-        if set.len() < FOLLOWED_TASKS {
-            set.insert(task_id.to_string());
+    /// A GET stream of `session` opened: the tasks the session creates from now on
+    /// come out of the receiver (the newest stream of a session takes them).
+    /// The token names this stream to [`LegacyLive::close_task_stream`].
+    pub fn open_task_stream(&self, session: &str) -> (u64, mpsc::Receiver<String>) {
+        let (tx, rx) = mpsc::channel(64);
+        let token = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.task_streams
+            .lock()
+            .insert(session.to_string(), (token, tx));
+        (token, rx)
+    }
+
+    /// A GET stream ended: forget its channel, unless a newer stream replaced it.
+    pub fn close_task_stream(&self, session: &str, token: u64) {
+        let mut streams = self.task_streams.lock();
+        if streams.get(session).is_some_and(|(t, _)| *t == token) {
+            streams.remove(session);
         }
     }
 
-    /// Whether `session` follows `task_id`.
-    pub fn follows(&self, session: &str, task_id: &str) -> bool {
-        self.session_tasks
-            .lock()
-            .get(session)
-            .is_some_and(|s| s.contains(task_id))
-    }
-
-    /// Every task `session` follows (after missed changes).
-    pub fn followed(&self, session: &str) -> Vec<String> {
-        self.session_tasks
-            .lock()
-            .get(session)
-            .map(|s| s.iter().cloned().collect())
-            .unwrap_or_default()
-    }
-
-    /// `task_id` ended (or is gone): no more to announce.
-    pub fn unfollow(&self, session: &str, task_id: &str) {
-        let mut t = self.session_tasks.lock();
-        if let Some(set) = t.get_mut(session) {
-            set.remove(task_id);
-            if set.is_empty() {
-                t.remove(session);
-            }
+    /// `session` created `task_id`: its GET stream, if one is open here, follows it.
+    /// A stream that is full or gone misses it (the notification is optional: MCP
+    /// 2025-11-25 "Tasks", "Task Notifications").
+    pub fn task_created(&self, session: &str, task_id: &str) {
+        if let Some((_, tx)) = self.task_streams.lock().get(session) {
+            let _ = tx.try_send(task_id.to_string());
         }
     }
 
     /// The session ended: stop its calls here, forget its relayed requests.
     pub fn end_calls(&self, session: &str) {
-        self.session_tasks.lock().remove(session);
         let calls: Vec<AbortHandle> = {
             let mut c = self.calls.lock();
             let keys: Vec<CallKey> = c.keys().filter(|k| k.0 == session).cloned().collect();

@@ -27,7 +27,8 @@ use crate::auth::Principal;
 use crate::protocol;
 use crate::protocol::params::TaskRef;
 use crate::store::SessionRecord;
-use crate::tasks::{Change, dialect};
+use crate::tasks::failure::ErrorClass;
+use crate::tasks::{Change, Engine, dialect};
 use crate::upstream::{Scope, Upstream};
 
 /// The list-changed notifications relayed (the upstream sends only those it declares).
@@ -62,11 +63,26 @@ pub(super) async fn open(
     let up = upstream.clone();
     let keepalive = gw.cfg.server.keepalive;
     let engine = gw.engine.clone();
-    let mut changes = engine.subscribe_changes();
-    // The status last announced per task, so each change is told once.
-    let mut shown: HashMap<String, &'static str> = HashMap::new();
+    // Only a 2025-11-25 session has tasks to announce: only its stream hears task
+    // changes at all.
+    let dialect_session = super::tasks::speaks_tasks(&rec.protocol_version);
+    let opened = dialect_session.then(|| live.open_task_stream(&sid));
+    let (token, mut created) = match opened {
+        Some((t, rx)) => (Some(t), Some(rx)),
+        None => (None, None),
+    };
+    let mut changes = dialect_session.then(|| engine.subscribe_changes());
+    // The unfinished tasks this stream follows and the status last announced for
+    // each, so each change is told once; it lives and dies with the stream.
+    let mut followed: HashMap<String, &'static str> = HashMap::new();
     let (tx, out) = mpsc::channel::<Bytes>(32);
     tokio::spawn(async move {
+        // However the stream ends, its channel for new tasks goes with it.
+        let _closing = token.map(|t| StreamClose {
+            live: live.clone(),
+            session: sid.clone(),
+            token: t,
+        });
         let ended = activity.ended();
         tokio::pin!(ended);
         let mut ticker = tokio::time::interval(keepalive);
@@ -93,29 +109,38 @@ pub(super) async fn open(
                     Err(broadcast::error::RecvError::Lagged(_)) => {}
                     Err(broadcast::error::RecvError::Closed) => break,
                 },
-                c = changes.recv() => {
-                    let ids = match c {
-                        Ok(Change::Task(id)) if live.follows(&sid, &id) => vec![id],
-                        Ok(Change::Task(_)) => continue,
-                        Ok(Change::Resync) | Err(broadcast::error::RecvError::Lagged(_)) => live.followed(&sid),
-                        Err(broadcast::error::RecvError::Closed) => break,
+                id = async { match created.as_mut() { Some(r) => r.recv().await, None => None } }, if created.is_some() => {
+                    let Some(id) = id else {
+                        created = None;
+                        continue;
                     };
-                    for id in ids {
-                        let Ok(rec) = engine.owner_snapshot(&principal, up.name(), &TaskRef::to(&id)).await else {
-                            live.unfollow(&sid, &id);
-                            shown.remove(&id);
+                    if followed.len() < FOLLOWED_TASKS {
+                        // As its CreateTaskResult said: a change from here on is told.
+                        followed.insert(id.clone(), "working");
+                        if !announce(&engine, &principal, up.name(), &tx, &mut followed, &id).await {
+                            break;
+                        }
+                    }
+                }
+                c = async { match changes.as_mut() { Some(r) => r.recv().await, None => Err(broadcast::error::RecvError::Closed) } }, if changes.is_some() => {
+                    let ids: Vec<String> = match c {
+                        Ok(Change::Task(id)) if followed.contains_key(&id) => vec![id],
+                        Ok(Change::Task(_)) => continue,
+                        Ok(Change::Resync) | Err(broadcast::error::RecvError::Lagged(_)) => followed.keys().cloned().collect(),
+                        Err(broadcast::error::RecvError::Closed) => {
+                            changes = None;
                             continue;
-                        };
-                        let status = dialect::status(&rec);
-                        if shown.insert(id.clone(), status) != Some(status)
-                            && tx.send(reply::sse_event(&dialect::status_notification(&rec))).await.is_err()
-                        {
-                            return;
                         }
-                        if rec.status.is_terminal() {
-                            live.unfollow(&sid, &id);
-                            shown.remove(&id);
+                    };
+                    let mut gone = false;
+                    for id in ids {
+                        if !announce(&engine, &principal, up.name(), &tx, &mut followed, &id).await {
+                            gone = true;
+                            break;
                         }
+                    }
+                    if gone {
+                        break;
                     }
                 }
                 () = &mut ended => break,
@@ -128,4 +153,59 @@ pub(super) async fn open(
         }
     });
     reply::sse(out, ())
+}
+
+/// Forgets a GET stream's channel for new tasks when the stream ends.
+struct StreamClose {
+    live: Arc<super::live::LegacyLive>,
+    session: String,
+    token: u64,
+}
+
+impl Drop for StreamClose {
+    fn drop(&mut self) {
+        self.live.close_task_stream(&self.session, self.token);
+    }
+}
+
+/// How many unfinished tasks one GET stream follows; a session that keeps more polls
+/// the rest (the notification is optional: MCP 2025-11-25 "Tasks", "Task
+/// Notifications").
+const FOLLOWED_TASKS: usize = 256;
+
+/// Read a followed task and announce its status if it changed; a terminal or gone task
+/// is followed no more, and a store that cannot answer now is asked again on the next
+/// change. `false` when the client went away.
+async fn announce(
+    engine: &Engine,
+    principal: &Principal,
+    upstream: &str,
+    tx: &mpsc::Sender<Bytes>,
+    followed: &mut HashMap<String, &'static str>,
+    id: &str,
+) -> bool {
+    let rec = match engine
+        .owner_snapshot(principal, upstream, &TaskRef::to(id))
+        .await
+    {
+        Ok(rec) => rec,
+        Err(f) if matches!(f.class, ErrorClass::RetryLater(_)) => return true,
+        Err(_) => {
+            followed.remove(id);
+            return true;
+        }
+    };
+    let status = dialect::status(&rec);
+    if followed.insert(id.to_string(), status) != Some(status)
+        && tx
+            .send(reply::sse_event(&dialect::status_notification(&rec)))
+            .await
+            .is_err()
+    {
+        return false;
+    }
+    if rec.status.is_terminal() {
+        followed.remove(id);
+    }
+    true
 }

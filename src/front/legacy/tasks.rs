@@ -30,7 +30,7 @@ use crate::protocol::{self, Method, Request, RequestId, RpcError};
 use crate::store::{SessionRecord, TaskRecord, TaskStatus};
 use crate::tasks::call::ToolCall;
 use crate::tasks::dialect;
-use crate::tasks::failure::Failure;
+use crate::tasks::failure::{ErrorClass, Failure};
 use crate::tasks::outcome::Reply;
 use crate::tasks::promote::Promotion;
 use crate::tasks::{Change, Engine};
@@ -199,13 +199,22 @@ impl TaskSession<'_> {
             promotion,
             timing: self.gw.inline_timing(),
             holds: self.gw.holds.clone(),
+            answer_undeclared: true,
         };
         match self.gw.engine.tools_call(c).await {
             Reply::Task(handle) => {
-                if let Some(t) = handle.get("taskId").and_then(Value::as_str) {
-                    self.gw.legacy.task_created(&self.rec.session_id, t);
+                let task_id = handle.get("taskId").and_then(Value::as_str).unwrap_or("");
+                let status = handle.get("status").and_then(Value::as_str);
+                if matches!(status, Some("working" | "input_required")) {
+                    self.gw.legacy.task_created(&self.rec.session_id, task_id);
+                    return json_answer(&id, dialect::create_result_of_handle(&handle));
                 }
-                json_answer(&id, dialect::create_result_of_handle(&handle))
+                // A duplicate of a finished task (an idempotency argument): its status
+                // in this dialect may differ from the handle's (`isError` → `failed`).
+                match self.snapshot(&TaskRef::to(task_id)).await {
+                    Ok(rec) => json_answer(&id, json!({ "task": dialect::task(&rec) })),
+                    Err(f) => failed(&id, f),
+                }
             }
             other => Final::of(&id, other).into_response(),
         }
@@ -327,8 +336,11 @@ impl TaskSession<'_> {
             task,
             keepalive: self.gw.cfg.server.keepalive,
         };
+        // The session in use here while the stream is open; its end (DELETE, expiry)
+        // ends the wait, since its answers could no longer arrive.
         let activity = self.gw.engine.sessions().activity(&self.rec.session_id);
-        tokio::spawn(held.run(rec, tx));
+        let ended = Box::pin(activity.ended());
+        tokio::spawn(held.run(rec, tx, ended));
         reply::sse(rx, activity)
     }
 }
@@ -359,12 +371,15 @@ enum Woken {
     Reread,
     /// The client answered one of the task's input requests.
     Answer(String, InputAnswer),
-    /// The client went away.
+    /// The client went away, or the session ended.
     Gone,
 }
 
+/// The end of the session a held `tasks/result` belongs to.
+type SessionEnded = std::pin::Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>;
+
 impl Held {
-    async fn run(self, first: TaskRecord, tx: mpsc::Sender<Bytes>) {
+    async fn run(self, first: TaskRecord, tx: mpsc::Sender<Bytes>, mut ended: SessionEnded) {
         // Subscribed before the second read, so no change between them is missed.
         let mut changes = self.engine.subscribe_changes();
         let (answers_tx, mut answers) = mpsc::channel::<(String, InputAnswer)>(16);
@@ -373,6 +388,9 @@ impl Held {
         let mut shown = dialect::status(&first);
         let task_id = first.task_id.clone();
         let _ = tx.send(reply::sse_keepalive()).await;
+        // One keep-alive clock for the whole wait: changes that come more often than
+        // it (progress) must not keep postponing it.
+        let mut keepalive_at = Instant::now() + self.keepalive;
         loop {
             let rec = match self
                 .engine
@@ -380,6 +398,24 @@ impl Held {
                 .await
             {
                 Ok(r) => r,
+                // The store cannot answer now: that is no outcome of the call, so
+                // wait and read again rather than end the stream with it.
+                Err(f) if matches!(f.class, ErrorClass::RetryLater(_)) => {
+                    match self
+                        .wait(
+                            &task_id,
+                            &mut changes,
+                            &mut answers,
+                            &tx,
+                            &mut keepalive_at,
+                            &mut ended,
+                        )
+                        .await
+                    {
+                        Woken::Gone => break,
+                        Woken::Reread | Woken::Answer(..) => continue,
+                    }
+                }
                 Err(f) => {
                     let f = Final::of(&self.id, Reply::Failed(f));
                     let _ = tx.send(reply::sse_event(&f.message)).await;
@@ -409,7 +445,17 @@ impl Held {
             {
                 break;
             }
-            match self.wait(&task_id, &mut changes, &mut answers, &tx).await {
+            match self
+                .wait(
+                    &task_id,
+                    &mut changes,
+                    &mut answers,
+                    &tx,
+                    &mut keepalive_at,
+                    &mut ended,
+                )
+                .await
+            {
                 Woken::Reread => {}
                 Woken::Answer(key, answer) => self.answer(&rec, key, answer).await,
                 Woken::Gone => break,
@@ -457,8 +503,10 @@ impl Held {
         changes: &mut broadcast::Receiver<Change>,
         answers: &mut mpsc::Receiver<(String, InputAnswer)>,
         tx: &mpsc::Sender<Bytes>,
+        keepalive_at: &mut Instant,
+        ended: &mut SessionEnded,
     ) -> Woken {
-        let tick = tokio::time::sleep_until(Instant::now() + self.keepalive);
+        let tick = tokio::time::sleep_until(*keepalive_at);
         tokio::pin!(tick);
         loop {
             tokio::select! {
@@ -469,9 +517,11 @@ impl Held {
                     _ => return Woken::Reread,
                 },
                 Some((key, a)) = answers.recv() => return Woken::Answer(key, a),
+                () = ended.as_mut() => return Woken::Gone,
                 _ = &mut tick => {
                     // A keep-alive, and a read: an expiry or a change on another
                     // replica that was not announced still shows.
+                    *keepalive_at = Instant::now() + self.keepalive;
                     return if tx.send(reply::sse_keepalive()).await.is_ok() {
                         Woken::Reread
                     } else {
