@@ -24,6 +24,16 @@ serves these tools:
 On HTTP it prints `listening on port PORT` to stderr once serving. A `tools/call` of
 `task_work` without `params.task` is a JSON-RPC `-32601` error, as the 2025-11-25
 spec (Tool-Level Negotiation) says; `echo` with `params.task` is also `-32601`.
+
+Left as the SDK does it (a gateway in front must cope): task ids are
+`<session scope>:<uuid>` and only the creating session sees them (get, result, cancel,
+list); `params.task` without `ttl` yields a Task with no `ttl` key at all (the SDK drops
+the null), which both SDK clients reject; `tasks/result` of a failed or cancelled task
+is a success carrying only `_meta`; a result with `isError` ends `completed`; elicitation
+request ids are strings (`task-<taskId>-<n>`); no notification on `tasks/cancel`.
+Guarded here, since unguarded they crash the session: an input answer that arrives
+after `tasks/cancel`, run_task's wrapper completing a cancelled task, and a status
+notification to a session that has been deleted while its task runs.
 """
 
 import json
@@ -94,6 +104,14 @@ async def list_tools() -> list[types.Tool]:
     return TOOLS
 
 
+async def quiet(send) -> None:
+    """Await a send to the client, ignoring a session that has gone away."""
+    try:
+        await send
+    except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+        pass
+
+
 async def cancelled(task_id: str) -> bool:
     t = await support.store.get_task(task_id)
     return t is None or t.status == types.TASK_STATUS_CANCELLED
@@ -148,13 +166,30 @@ async def call_tool(name: str, arguments: dict[str, Any]) -> types.CallToolResul
         return result if result is not None else text_result("cancelled", is_error=True)
 
     async def work(task: ServerTaskContext) -> types.CallToolResult:
+        async def notify():
+            # What the SDK's own notify=True sends, but quiet once the session is
+            # gone (DELETEd while the task runs): unguarded, the send raises, run_task's
+            # wrapper tries to fail the task, that notification raises again and the
+            # session's task group crashes.
+            t = task.task
+            params = types.TaskStatusNotificationParams(
+                taskId=t.taskId,
+                status=t.status,
+                statusMessage=t.statusMessage,
+                createdAt=t.createdAt,
+                lastUpdatedAt=t.lastUpdatedAt,
+                ttl=t.ttl,
+                pollInterval=t.pollInterval,
+            )
+            await quiet(ctx.session.send_notification(types.ServerNotification(types.TaskStatusNotification(params=params))))
+
         async def progress(p, total, msg):
             # The 2025-11-25 spec (Task Progress Notifications): the tools/call's
             # progressToken stays valid for the task's lifetime. The tools/call itself
             # was answered with the CreateTaskResult, so this goes on the session's
             # standalone stream (GET on HTTP).
             if token is not None:
-                await ctx.session.send_progress_notification(token, p, total, msg)
+                await quiet(ctx.session.send_progress_notification(token, p, total, msg))
 
         async def elicit(msg):
             # Queued for the task; delivered on the stream of the requestor's
@@ -171,7 +206,8 @@ async def call_tool(name: str, arguments: dict[str, Any]) -> types.CallToolResul
                 raise
 
         async def status(msg):
-            await task.update_status(msg)
+            await task.update_status(msg, notify=False)
+            await notify()
 
         async def is_cancelled():
             if await cancelled(task.task_id):
@@ -183,9 +219,24 @@ async def call_tool(name: str, arguments: dict[str, Any]) -> types.CallToolResul
                 return True
             return False
 
-        result = await run_work(arguments, progress, elicit, status, is_cancelled)
+        async def finish(end):
+            # Complete or fail here rather than in run_task's wrapper (which notifies
+            # unguarded); a cancel that lands in between leaves the task cancelled.
+            try:
+                await end()
+                await notify()
+            except ValueError:
+                if not await is_cancelled():
+                    raise
+
+        try:
+            result = await run_work(arguments, progress, elicit, status, is_cancelled)
+        except Exception as e:  # noqa: BLE001 - the task's failure is the report
+            await finish(lambda: task.fail(str(e), notify=False))
+            return text_result(str(e), is_error=True)  # not stored: the task is terminal
         if result is None:
             return text_result("cancelled", is_error=True)
+        await finish(lambda: task.complete(result, notify=False))
         return result
 
     return await ctx.experimental.run_task(work)
