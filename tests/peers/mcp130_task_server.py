@@ -112,9 +112,13 @@ async def quiet(send) -> None:
         pass
 
 
-async def cancelled(task_id: str) -> bool:
+async def stop_reason(task_id: str) -> str | None:
+    """Why the work should stop: the task was cancelled, or the store dropped it
+    (the in-memory store deletes a task `ttl` ms after creation, running or not)."""
     t = await support.store.get_task(task_id)
-    return t is None or t.status == types.TASK_STATUS_CANCELLED
+    if t is None:
+        return "expired"
+    return "cancelled" if t.status == types.TASK_STATUS_CANCELLED else None
 
 
 async def run_work(args: dict[str, Any], progress, elicit, status, is_cancelled) -> types.CallToolResult | None:
@@ -201,23 +205,33 @@ async def call_tool(name: str, arguments: dict[str, Any]) -> types.CallToolResul
                 # the cancelled task back to `working`, which the store refuses.
                 # Unhandled, run_task's wrapper then fails the task, the store raises
                 # again and the whole session crashes; stop quietly instead.
-                if await cancelled(task.task_id):
+                if await stop_reason(task.task_id):
                     return types.ElicitResult(action="cancel")
                 raise
 
         async def status(msg):
-            await task.update_status(msg, notify=False)
+            try:
+                await task.update_status(msg, notify=False)
+            except ValueError:
+                if await stop_reason(task.task_id):
+                    return  # the next is_cancelled() stops the work
+                raise
             await notify()
 
         async def is_cancelled():
-            if await cancelled(task.task_id):
+            reason = await stop_reason(task.task_id)
+            if reason == "cancelled":
                 # Refresh the context's copy of the task (it reads `cancelled` now) so
                 # the SDK's run_task wrapper does not try to complete a cancelled
                 # task: the in-memory store raises on a transition out of a terminal
                 # status, and that would escape into the session's task group.
                 await task.update_status("cancelled by request; work stopped", notify=False)
-                return True
-            return False
+            elif reason == "expired":
+                # Nothing can be stored for a task the store dropped, and the context
+                # offers no public way to say so: mark its copy terminal so run_task's
+                # wrapper leaves it alone.
+                task._ctx._task = task.task.model_copy(update={"status": types.TASK_STATUS_FAILED})  # noqa: SLF001
+            return reason is not None
 
         async def finish(end):
             # Complete or fail here rather than in run_task's wrapper (which notifies
