@@ -13,11 +13,14 @@
 #                           the TypeScript SDK client + ext-tasks (the 2026-07-28 +
 #                           tasks client of tests/peers/ts_client.mjs), the TypeScript
 #                           SDK 1.x and mcp-remote (the 2025-era clients of
-#                           tests/peers/ts_legacy_client.mjs), pinned by
+#                           tests/peers/ts_legacy_client.mjs and, with its experimental
+#                           tasks, tests/peers/ts_task_client.mjs), pinned by
 #                           scripts/peers/npm/package-lock.json
 #   .peers/venv-mcp130/     python venv with mcp==1.30.0 (+ pinned deps) for the
-#                           legacy fixture upstream tests/fixtures/conformance_upstream.py
-#                           and the 2025-era client tests/peers/mcp130_legacy_client.py
+#                           legacy fixture upstream tests/fixtures/conformance_upstream.py,
+#                           the 2025-era client tests/peers/mcp130_legacy_client.py, and
+#                           the 2025-11-25 task dialect's client and upstream
+#                           tests/peers/mcp130_task_client.py, mcp130_task_server.py
 #   .peers/venv-mcp194/     python venv with mcp==1.9.4 + pydantic==2.10.6 (+ pinned deps)
 #                           for the legacy FastMCP upstream tests/fixtures/fastmcp194_server.py
 #   .peers/venv-fastmcp/    python venv with fastmcp[tasks]==4.1.4 (+ pinned deps): the

@@ -170,6 +170,16 @@ async def get(s, task_id):
     return t
 
 
+async def get_or_stop(s, task_id):
+    """tasks/get inside a flow: an error (the task expired, another principal...) is a
+    fact and ends the flow."""
+    try:
+        return await get(s, task_id)
+    except Exception as e:  # noqa: BLE001
+        record_error("tasks/get", e)
+        return None
+
+
 async def result(s, task_id, final):
     """tasks/result, validated as the SDK's callers do (CallToolResult) after capture."""
     state["inResult"] = True
@@ -204,7 +214,9 @@ async def poll_flow(s, tool, args):
     task = await create(s, tool, args)
     tid = task.taskId
     while time.monotonic() < DEADLINE:
-        t = await get(s, tid)
+        t = await get_or_stop(s, tid)
+        if t is None:
+            return
         if t.status in TERMINAL:
             break
         if t.status == "input_required":
@@ -216,7 +228,9 @@ async def poll_flow(s, tool, args):
             except Exception as e:  # noqa: BLE001
                 record_error("tasks/result", e)
             # Whether that answer was the terminal one: the status right after it.
-            after = await get(s, tid)
+            after = await get_or_stop(s, tid)
+            if after is None:
+                return
             if facts["interim"]:
                 facts["interim"][-1]["statusAfter"] = after.status
             if after.status in TERMINAL:
@@ -240,7 +254,9 @@ async def result_first_flow(s, tool, args):
             await result(s, tid, final=False)
         except Exception as e:  # noqa: BLE001
             record_error("tasks/result", e)
-        t = await get(s, tid)
+        t = await get_or_stop(s, tid)
+        if t is None:
+            return
         if t.status in TERMINAL:
             break
         await sleep_poll(t)

@@ -132,6 +132,17 @@ async function get(taskId) {
   return t;
 }
 
+/** tasks/get inside a flow: an error (the task expired, another principal...) is a
+ * fact and ends the flow. */
+async function getOrStop(taskId) {
+  try {
+    return await get(taskId);
+  } catch (e) {
+    recordError("tasks/get", e);
+    return null;
+  }
+}
+
 /** tasks/result captured loosely, then checked against CallToolResultSchema. */
 async function result(taskId, final) {
   state.inResult = true;
@@ -166,7 +177,8 @@ async function pollFlow(tool, args) {
   const { taskId } = await create(tool, args);
   for (;;) {
     if (Date.now() > DEADLINE) throw new Error("task did not reach a terminal status");
-    const t = await get(taskId);
+    const t = await getOrStop(taskId);
+    if (!t) return;
     if (TERMINAL.includes(t.status)) break;
     if (t.status === "input_required") {
       // The 2025-11-25 spec (Task Status): tasks/result delivers the input request;
@@ -176,7 +188,8 @@ async function pollFlow(tool, args) {
       } catch (e) {
         recordError("tasks/result", e);
       }
-      const after = await get(taskId);
+      const after = await getOrStop(taskId);
+      if (!after) return;
       if (facts.interim.length) facts.interim[facts.interim.length - 1].statusAfter = after.status;
       if (TERMINAL.includes(after.status)) break;
       await pollSleep(after);
@@ -200,7 +213,8 @@ async function resultFirstFlow(tool, args) {
     } catch (e) {
       recordError("tasks/result", e);
     }
-    const t = await get(taskId);
+    const t = await getOrStop(taskId);
+    if (!t) return;
     if (TERMINAL.includes(t.status)) break;
     await pollSleep(t);
   }
