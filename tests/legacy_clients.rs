@@ -222,10 +222,14 @@ async fn all_flows(up: Up, driver: Driver) {
     };
     let v = s.run(driver, scenario, &spec, None).await;
     let ctx = || format!("{driver:?} on {up:?}: {v}");
-    // The legacy era: the gateway's own initialize, no task dialect advertised.
+    // The legacy era: the gateway's own initialize, never the 2026 extension nor the
+    // upstream's own tasks; these clients negotiate 2025-11-25, so the gateway's
+    // 2025-11-25 task capability (docs/design.md §25).
     let caps = &v["capabilities"];
     assert!(
-        caps.get("tasks").is_none() && caps.get("extensions").is_none(),
+        caps.get("extensions").is_none()
+            && caps["tasks"]
+                == json!({"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}),
         "{}",
         ctx()
     );

@@ -693,6 +693,9 @@ async fn sessions_are_capped_per_principal() {
     let gw = demo_gateway("[legacy]\nmax_sessions_per_principal = 2\n").await;
     let mut a = Legacy::new(&gw, alice());
     a.initialize(json!({})).await;
+    // Last-seen times are in milliseconds: two sessions opened within one would tie,
+    // and the premise below is that `b` is the newer.
+    tokio::time::sleep(Duration::from_millis(20)).await;
     let mut b = Legacy::new(&gw, alice());
     b.initialize(json!({})).await;
     // `b` was seen last: `a` is the one a third session evicts.
