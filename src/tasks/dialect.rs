@@ -5,7 +5,6 @@
 
 use serde_json::{Map, Value, json};
 
-use super::clock::iso8601;
 use crate::protocol::{META_RELATED_TASK, RpcError, error};
 use crate::store::{TaskRecord, TaskStatus};
 
@@ -30,23 +29,7 @@ fn is_error_result(result: Option<&Value>) -> bool {
 /// The `Task` object (MCP 2025-11-25 "Tasks", "Data Types", "Task"): `ttl` and
 /// `pollInterval` in milliseconds under their 2025 names.
 pub fn task(rec: &TaskRecord) -> Map<String, Value> {
-    let mut m = Map::with_capacity(7);
-    m.insert("taskId".into(), Value::from(rec.task_id.clone()));
-    m.insert("status".into(), Value::from(status(rec)));
-    if let Some(msg) = &rec.status_message {
-        m.insert("statusMessage".into(), Value::from(msg.clone()));
-    }
-    m.insert("createdAt".into(), Value::from(iso8601(rec.created_at_ms)));
-    m.insert(
-        "lastUpdatedAt".into(),
-        Value::from(iso8601(rec.last_updated_at_ms)),
-    );
-    m.insert("ttl".into(), Value::from(rec.ttl_ms.max(1)));
-    m.insert(
-        "pollInterval".into(),
-        Value::from(rec.poll_interval_ms.max(1)),
-    );
-    m
+    super::snapshot::task_fields(rec, status(rec), "ttl", "pollInterval")
 }
 
 /// The `CreateTaskResult` made from the engine's flat 2026 handle (MCP 2025-11-25

@@ -9,11 +9,18 @@ use crate::protocol::Method;
 use crate::protocol::results::{self, add_server_info};
 use crate::store::{TaskRecord, TaskStatus};
 
-/// The `Task` fields every shape shares.
-fn base(rec: &TaskRecord) -> Map<String, Value> {
-    let mut m = Map::new();
+/// The `Task` fields every shape of either dialect shares: `status` as that dialect
+/// shows it, and the ttl and poll interval under that dialect's names
+/// (`dialect.rs` renders the 2025-11-25 ones).
+pub(super) fn task_fields(
+    rec: &TaskRecord,
+    status: &str,
+    ttl_key: &str,
+    poll_key: &str,
+) -> Map<String, Value> {
+    let mut m = Map::with_capacity(7);
     m.insert("taskId".into(), Value::from(rec.task_id.clone()));
-    m.insert("status".into(), Value::from(rec.status.as_str()));
+    m.insert("status".into(), Value::from(status));
     if let Some(msg) = &rec.status_message {
         m.insert("statusMessage".into(), Value::from(msg.clone()));
     }
@@ -22,12 +29,14 @@ fn base(rec: &TaskRecord) -> Map<String, Value> {
         "lastUpdatedAt".into(),
         Value::from(iso8601(rec.last_updated_at_ms)),
     );
-    m.insert("ttlMs".into(), Value::from(rec.ttl_ms.max(1)));
-    m.insert(
-        "pollIntervalMs".into(),
-        Value::from(rec.poll_interval_ms.max(1)),
-    );
+    m.insert(ttl_key.into(), Value::from(rec.ttl_ms.max(1)));
+    m.insert(poll_key.into(), Value::from(rec.poll_interval_ms.max(1)));
     m
+}
+
+/// The `Task` fields of the 2026 shapes.
+fn base(rec: &TaskRecord) -> Map<String, Value> {
+    task_fields(rec, rec.status.as_str(), "ttlMs", "pollIntervalMs")
 }
 
 /// `DetailedTask`: status-specific fields only for their status (MCP Tasks extension,

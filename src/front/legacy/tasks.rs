@@ -387,65 +387,60 @@ impl Held {
         let mut relayed_ids: Vec<String> = Vec::new();
         let mut shown = dialect::status(&first);
         let task_id = first.task_id.clone();
+        // The latest read of the task: what an input answer is checked against.
+        let mut last = first;
         let _ = tx.send(reply::sse_keepalive()).await;
         // One keep-alive clock for the whole wait: changes that come more often than
         // it (progress) must not keep postponing it.
         let mut keepalive_at = Instant::now() + self.keepalive;
         loop {
-            let rec = match self
+            match self
                 .engine
                 .owner_snapshot(&self.principal, &self.upstream, &self.task)
                 .await
             {
-                Ok(r) => r,
+                Ok(rec) => {
+                    if dialect::status(&rec) != shown {
+                        shown = dialect::status(&rec);
+                        if tx
+                            .send(reply::sse_event(&dialect::status_notification(&rec)))
+                            .await
+                            .is_err()
+                        {
+                            break;
+                        }
+                    }
+                    if rec.status.is_terminal() {
+                        self.engine.note_seen(&rec);
+                        let f = payload_answer(&self.id, &rec);
+                        let _ = tx.send(reply::sse_event(&f.message)).await;
+                        break;
+                    }
+                    if rec.status == TaskStatus::InputRequired
+                        && !self
+                            .relay_inputs(
+                                &rec,
+                                &tx,
+                                &answers_tx,
+                                &mut relayed_keys,
+                                &mut relayed_ids,
+                            )
+                            .await
+                    {
+                        break;
+                    }
+                    last = rec;
+                }
                 // The store cannot answer now: that is no outcome of the call, so
                 // wait and read again rather than end the stream with it.
-                Err(f) if matches!(f.class, ErrorClass::RetryLater(_)) => {
-                    match self
-                        .wait(
-                            &task_id,
-                            &mut changes,
-                            &mut answers,
-                            &tx,
-                            &mut keepalive_at,
-                            &mut ended,
-                        )
-                        .await
-                    {
-                        Woken::Gone => break,
-                        Woken::Reread | Woken::Answer(..) => continue,
-                    }
-                }
+                Err(f) if matches!(f.class, ErrorClass::RetryLater(_)) => {}
                 Err(f) => {
                     let f = Final::of(&self.id, Reply::Failed(f));
                     let _ = tx.send(reply::sse_event(&f.message)).await;
                     break;
                 }
-            };
-            if dialect::status(&rec) != shown {
-                shown = dialect::status(&rec);
-                if tx
-                    .send(reply::sse_event(&dialect::status_notification(&rec)))
-                    .await
-                    .is_err()
-                {
-                    break;
-                }
             }
-            if rec.status.is_terminal() {
-                self.engine.note_seen(&rec);
-                let f = payload_answer(&self.id, &rec);
-                let _ = tx.send(reply::sse_event(&f.message)).await;
-                break;
-            }
-            if rec.status == TaskStatus::InputRequired
-                && !self
-                    .relay_inputs(&rec, &tx, &answers_tx, &mut relayed_keys, &mut relayed_ids)
-                    .await
-            {
-                break;
-            }
-            match self
+            let woken = self
                 .wait(
                     &task_id,
                     &mut changes,
@@ -454,10 +449,10 @@ impl Held {
                     &mut keepalive_at,
                     &mut ended,
                 )
-                .await
-            {
+                .await;
+            match woken {
                 Woken::Reread => {}
-                Woken::Answer(key, answer) => self.answer(&rec, key, answer).await,
+                Woken::Answer(key, answer) => self.answer(&last, key, answer).await,
                 Woken::Gone => break,
             }
         }
