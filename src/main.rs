@@ -340,7 +340,7 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
     engine.persist_tool_headers(&upstreams);
 
     let recovered = engine
-        .recover()
+        .recover(&upstreams)
         .await
         .context("recovering tasks after restart")?;
     if recovered > 0 {

@@ -175,37 +175,6 @@ async fn wait_tool(s: &Setup, name: &str) -> Value {
     }
 }
 
-/// Poll `tasks/get` (honouring `pollIntervalMs` and 429s) until `status` is terminal
-/// or equals `until`.
-async fn poll_task(c: &Client2026, task_id: &str, until: &str, logs: &dyn Fn() -> String) -> Value {
-    let start = Instant::now();
-    let mut wait = 100u64;
-    loop {
-        tokio::time::sleep(Duration::from_millis(wait)).await;
-        let r = c.request("tasks/get", json!({"taskId": task_id})).await;
-        let v = r.json();
-        if r.status == 429 {
-            wait = v["error"]["data"]["retryAfterMs"]
-                .as_u64()
-                .unwrap_or(500)
-                .max(50);
-            continue;
-        }
-        assert_eq!(r.status, 200, "tasks/get: {v}\n{}", logs());
-        let t = v["result"].clone();
-        let status = t["status"].as_str().unwrap_or_default().to_string();
-        if status == until || matches!(status.as_str(), "completed" | "failed" | "cancelled") {
-            return t;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "task {task_id} stuck in {status}: {t}\n{}",
-            logs()
-        );
-        wait = t["pollIntervalMs"].as_u64().unwrap_or(200).clamp(50, 2000) + 20;
-    }
-}
-
 // ---------------------------------------------------------------------------------
 // The scenarios, each run over both transports.
 

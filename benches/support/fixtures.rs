@@ -51,6 +51,7 @@ pub(crate) fn route(route_id: &str, task_id: &str, tenant: &str, subject: &str) 
         started_at_ms: now,
         deadline_ms: now + 60_000,
         task_id: Some(task_id.into()),
+        upstream_task: None,
     }
 }
 

@@ -72,6 +72,16 @@ impl LegacyTaskMethod {
             _ => None,
         }
     }
+
+    /// The wire name (the gateway sends these to an upstream's own tasks).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Get => Method::TasksGet.as_str(),
+            Self::Result => "tasks/result",
+            Self::List => "tasks/list",
+            Self::Cancel => Method::TasksCancel.as_str(),
+        }
+    }
 }
 
 impl LegacyMethod {

@@ -112,7 +112,7 @@ impl RequestMeta {
 }
 
 /// The `ClientCapabilities` object a request declared.
-#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ClientCaps(pub Map<String, Value>);
 
 /// A server→client input kind (docs/design.md §5 "Input requests").

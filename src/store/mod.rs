@@ -113,6 +113,30 @@ pub struct RequestRoute {
     pub started_at_ms: u64,
     pub deadline_ms: u64,
     pub task_id: Option<String>,
+    /// The upstream's own task this call follows (docs/design.md §25 "The 2025-11-25
+    /// task dialect"): what a restart or a takeover needs to re-attach to it. Absent
+    /// for an ordinary call (and in routes of earlier versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_task: Option<UpstreamTaskRoute>,
+}
+
+/// Where an upstream task lives and how its driver was set up.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UpstreamTaskRoute {
+    /// The upstream's task id.
+    pub task_id: String,
+    /// The upstream session (`Mcp-Session-Id`) holding it; `None` over stdio, where
+    /// the task lives in a child and cannot outlive the gateway.
+    pub session: Option<String>,
+    /// The protocol version negotiated in that session.
+    #[serde(default)]
+    pub session_version: Option<String>,
+    /// The capabilities the client declared, which screen the task's input requests.
+    #[serde(default)]
+    pub caps: crate::protocol::ClientCaps,
+    /// A 2025-era client's task: undeclared input is answered by the gateway.
+    #[serde(default)]
+    pub answer_undeclared: bool,
 }
 
 /// What remains of an expired task: only its owner may learn that it expired.

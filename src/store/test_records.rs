@@ -48,6 +48,7 @@ pub(crate) fn route(id: &str, task_id: Option<&str>) -> RequestRoute {
         started_at_ms: now,
         deadline_ms: now + 60_000,
         task_id: task_id.map(str::to_string),
+        upstream_task: None,
     }
 }
 

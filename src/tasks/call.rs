@@ -68,7 +68,7 @@ impl Drop for Armed {
 /// 0xFF. A UTF-8 part never holds 0xFF, so one key names one tuple (tenant "a\0b" with
 /// subject "c" is not tenant "a" with subject "b\0c"), and parts without NUL give the
 /// keys they always gave.
-fn idempotency_index(p: &Principal, upstream: &str, tool: &str, key: &str) -> Vec<u8> {
+pub(super) fn idempotency_index(p: &Principal, upstream: &str, tool: &str, key: &str) -> Vec<u8> {
     let mut out = Vec::new();
     for (i, part) in [p.tenant.as_str(), p.subject.as_str(), upstream, tool, key]
         .iter()
@@ -128,7 +128,7 @@ pub(super) fn arguments_fingerprint(p: &ToolCallParams) -> String {
     }
 }
 
-fn store_failure(e: impl std::fmt::Display) -> Reply {
+pub(super) fn store_failure(e: impl std::fmt::Display) -> Reply {
     Reply::Failed(Failure::retry_later(RpcError::internal(format!(
         "the task could not be stored durably: {e}"
     ))))
@@ -137,7 +137,7 @@ fn store_failure(e: impl std::fmt::Display) -> Reply {
 /// A store failure once the upstream call may have been sent (docs/design.md §16
 /// "Durability, store failures and upgrades"): no task id, HTTP 200 + `-32603` saying
 /// what happened.
-fn store_failed_after_send(upstream: &str, e: impl std::fmt::Display) -> Reply {
+pub(super) fn store_failed_after_send(upstream: &str, e: impl std::fmt::Display) -> Reply {
     crate::metrics::fail_closed("store_failed_after_send");
     tracing::warn!(upstream, error = %e, "storing a promoted task failed after its call was sent; call cancelled");
     Reply::Failed(Failure::outcome(
@@ -150,7 +150,13 @@ fn store_failed_after_send(upstream: &str, e: impl std::fmt::Display) -> Reply {
 }
 
 impl Engine {
-    fn new_record(&self, c: &ToolCall, tool: &str, fp: String, idem: Option<String>) -> TaskRecord {
+    pub(super) fn new_record(
+        &self,
+        c: &ToolCall,
+        tool: &str,
+        fp: String,
+        idem: Option<String>,
+    ) -> TaskRecord {
         let now = now_ms();
         let ttl = crate::config::as_millis(self.cfg.tasks.ttl);
         TaskRecord {
@@ -177,7 +183,7 @@ impl Engine {
         }
     }
 
-    fn new_route(&self, c: &ToolCall, task_id: &str) -> RequestRoute {
+    pub(super) fn new_route(&self, c: &ToolCall, task_id: &str) -> RequestRoute {
         let now = now_ms();
         RequestRoute {
             v: SCHEMA_VERSION,
@@ -189,6 +195,7 @@ impl Engine {
             started_at_ms: now,
             deadline_ms: now + crate::config::as_millis(self.cfg.tasks.ttl),
             task_id: Some(task_id.to_string()),
+            upstream_task: None,
         }
     }
 
@@ -196,7 +203,7 @@ impl Engine {
     /// the arguments differ. The task may come from a concurrent create whose flush is
     /// still running, so its id goes out only once it is durable (docs/design.md §1
     /// "Promotion").
-    async fn existing(
+    pub(super) async fn existing(
         &self,
         c: &ToolCall,
         entry: crate::store::IdempotencyEntry,
@@ -270,11 +277,17 @@ impl Engine {
             if let Some(r) = self.over_quota(&c).await {
                 return r;
             }
+            if c.upstream.runs_tasks(&c.principal, &tool).await {
+                return self.upstream_task_call(c, fp, idem, Some(index)).await;
+            }
             let rec = self.new_record(&c, &tool, fp.clone(), idem.clone());
             return self.create_then_call(c, rec, Some(index), fp).await;
         }
         if let Some(r) = self.over_quota(&c).await {
             return r;
+        }
+        if c.upstream.runs_tasks(&c.principal, &tool).await {
+            return self.upstream_task_call(c, fp, None, None).await;
         }
         if c.promotion.promote_after.is_zero() {
             let rec = self.new_record(&c, &tool, fp.clone(), None);
@@ -327,7 +340,7 @@ impl Engine {
     }
 
     /// Register a promoted call and hand it to its driver.
-    fn launch(
+    pub(super) fn launch(
         self: &Arc<Self>,
         c: &ToolCall,
         rec: &TaskRecord,

@@ -99,6 +99,24 @@ impl LegacyTransport for Scripted {
     fn shutdown(&self) -> BoxFuture<'_, ()> {
         Box::pin(async {})
     }
+    // The scripted upstream advertises no tasks: nothing pins it.
+    fn pin(&self) -> BoxFuture<'_, Result<Arc<dyn crate::upstream::TaskChannel>, UpstreamError>> {
+        Box::pin(async {
+            Err(UpstreamError::Unavailable {
+                upstream: "scripted".into(),
+                reason: "no upstream tasks".into(),
+            })
+        })
+    }
+    fn adopt(
+        &self,
+        _session: &crate::upstream::SessionRef,
+    ) -> Option<Arc<dyn crate::upstream::TaskChannel>> {
+        None
+    }
+    fn live_tasks(&self) -> usize {
+        0
+    }
 }
 
 struct Rig {

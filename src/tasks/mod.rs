@@ -47,6 +47,7 @@ pub mod seen;
 pub mod sessions;
 pub mod snapshot;
 pub mod sweeper;
+pub mod upstream_task;
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -259,6 +259,11 @@ impl TaskRepo {
         self.store.held_routes().await
     }
 
+    /// Write a route as this process's (re-attaching to an upstream task).
+    pub(super) async fn put_route(&self, route: &RequestRoute) -> Result<(), StoreError> {
+        self.store.put_route(route).await
+    }
+
     pub(super) async fn remove_route(&self, route_id: &str) -> Result<(), StoreError> {
         self.store.remove_route(route_id).await
     }

@@ -20,10 +20,23 @@ const ORPHANED: &str = "the call behind this task is no longer running (orphaned
 impl Engine {
     /// Resolve request routes left by a previous process: their calls are gone, so
     /// their tasks fail with a reason; nothing stays `working` forever.
-    pub async fn recover(&self) -> Result<usize, StoreError> {
+    /// A route that follows an upstream task whose session outlives the gateway is
+    /// re-attached to it instead (docs/design.md §25): each such task is re-attached
+    /// exactly once, or failed exactly once.
+    pub async fn recover(
+        self: &Arc<Self>,
+        upstreams: &crate::upstream::UpstreamSet,
+    ) -> Result<usize, StoreError> {
         let routes = self.tasks.routes().await?;
         let mut failed = 0;
         for route in &routes {
+            match self.reattach(upstreams, route).await {
+                Ok(true) => continue,
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(route = %route.route_id, error = %e, "re-attaching to an upstream task failed; the task fails");
+                }
+            }
             if let Some(task_id) = &route.task_id {
                 let err = RpcError::internal("gateway restarted while the call was in flight")
                     .with_data(json!({ "upstream": route.upstream }));

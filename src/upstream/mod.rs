@@ -19,6 +19,8 @@ pub mod registry;
 pub mod sse;
 pub mod stdio;
 
+use std::sync::Arc;
+
 use futures_util::future::BoxFuture;
 use serde_json::{Map, Value};
 use tokio::sync::{broadcast, mpsc, oneshot};
@@ -200,7 +202,52 @@ pub trait LegacyTransport: Send + Sync + 'static {
     fn notifications(&self) -> broadcast::Receiver<SessionNotification>;
 
     /// Stop: kill children / end the session. Calls in flight fail with `ShuttingDown`.
+    /// An HTTP session that holds live upstream tasks is left to the server (no
+    /// `DELETE`), so the next start can re-attach to them.
     fn shutdown(&self) -> BoxFuture<'_, ()>;
+
+    /// A channel to one upstream session (HTTP) or one child (stdio), for the life of
+    /// an upstream task: every request of that task goes to where it lives
+    /// (docs/design.md §25 "The 2025-11-25 task dialect").
+    fn pin(&self) -> BoxFuture<'_, Result<Arc<dyn TaskChannel>, UpstreamError>>;
+
+    /// The session a previous process recorded for an upstream task, reached again
+    /// without a handshake; `None` where a session cannot outlive the gateway (stdio).
+    fn adopt(&self, session: &SessionRef) -> Option<Arc<dyn TaskChannel>>;
+
+    /// Upstream tasks this transport's sessions hold right now: a transport holding
+    /// any is not reaped as idle.
+    fn live_tasks(&self) -> usize;
+}
+
+/// Where an upstream task's session is, as a restart needs it: the `Mcp-Session-Id`
+/// and the protocol version negotiated in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionRef {
+    pub id: String,
+    pub version: Option<String>,
+}
+
+/// One upstream session or child, pinned for the life of an upstream task.
+pub trait TaskChannel: Send + Sync + 'static {
+    /// Send one request in the pinned session and wait for its answer; events about
+    /// it go to `events`. Dropping the future cancels the request upstream.
+    fn call(
+        &self,
+        spec: CallSpec,
+        events: mpsc::Sender<CallEvent>,
+    ) -> BoxFuture<'_, Result<CallOutcome, UpstreamError>>;
+
+    /// The session, when a later process can reach it again (HTTP with a session id).
+    fn session(&self) -> Option<SessionRef>;
+
+    /// An upstream task now lives in this session: it is not deleted until
+    /// [`TaskChannel::task_ended`] (a gateway that stops meanwhile leaves it to the
+    /// server, for the next start to re-attach).
+    fn task_started(&self);
+
+    /// The upstream task reached a terminal state (or was cancelled).
+    fn task_ended(&self);
 }
 
 /// Answer for upstream requests that no call owns (docs/design.md §14 "Upstream

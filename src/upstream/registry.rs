@@ -17,7 +17,8 @@ use super::http::{HttpOptions, HttpUpstream};
 use super::identity::Identity;
 use super::stdio::{StdioOptions, StdioPool};
 use super::{
-    CallEvent, CallOutcome, CallSpec, LegacyTransport, TransportState, UpstreamError, UpstreamInfo,
+    CallEvent, CallOutcome, CallSpec, LegacyTransport, SessionRef, TaskChannel, TransportState,
+    UpstreamError, UpstreamInfo,
 };
 use crate::auth::Principal;
 use crate::config::{Isolation, UpstreamConfig, UpstreamTransport};
@@ -467,14 +468,57 @@ impl Upstream {
             .map(str::to_string)
     }
 
-    /// Drop scoped transports idle for longer than `idle_reap_ms`.
+    /// Whether a `tools/call` of `tool` runs as the upstream's own task
+    /// (docs/design.md §25): the server advertises `tasks.requests.tools.call` and the
+    /// tool declares `execution.taskSupport` `optional` or `required`.
+    pub async fn runs_tasks(&self, principal: &Principal, tool: &str) -> bool {
+        let (transport, _) = self.scoped(principal.into());
+        let advertises = |t: &Arc<dyn LegacyTransport>| {
+            t.info().is_some_and(|info| {
+                info.capabilities
+                    .get("tasks")
+                    .and_then(|t| t.pointer("/requests/tools/call"))
+                    .is_some_and(Value::is_object)
+            })
+        };
+        // Most servers have no tasks: their identity answers without a tools lookup.
+        if transport.info().is_some() && !advertises(&transport) {
+            return false;
+        }
+        // Listing the tools initialises the scope's session if it was not yet.
+        matches!(
+            self.tool_task_support(principal, tool).await.as_deref(),
+            Some("optional" | "required")
+        ) && advertises(&transport)
+    }
+
+    /// Pin the scope's upstream session (HTTP) or a child (stdio) for an upstream
+    /// task's life.
+    pub async fn pin(&self, scope: Scope<'_>) -> Result<Arc<dyn TaskChannel>, UpstreamError> {
+        let (transport, _) = self.scoped(scope);
+        transport.ensure_ready().await?;
+        transport.pin().await
+    }
+
+    /// The session of an upstream task a previous process recorded, in the
+    /// principal's scope; `None` where it cannot be reached again (stdio).
+    pub fn adopt(
+        &self,
+        principal: &Principal,
+        session: &SessionRef,
+    ) -> Option<Arc<dyn TaskChannel>> {
+        self.scoped(principal.into()).0.adopt(session)
+    }
+
+    /// Drop scoped transports idle for longer than `idle_reap_ms` (never one that
+    /// holds upstream tasks).
     pub async fn reap_idle(&self) {
         let idle = self.cfg.idle_reap;
         let stale: Vec<Arc<dyn LegacyTransport>> = {
             let mut scopes = self.scopes.lock();
             let keys: Vec<String> = scopes
                 .iter()
-                .filter(|(_, s)| s.last_used.elapsed() > idle)
+                .filter(|(_, s)| s.last_used.elapsed() > idle && s.transport.live_tasks() == 0)
                 .map(|(k, _)| k.clone())
                 .collect();
             keys.into_iter()

@@ -497,10 +497,26 @@ impl Session<'_> {
             tenant: None,
             session: Some(self.sid().to_string()),
         };
-        let pending = self
-            .gw
-            .engine
-            .start_call(self.upstream, self.principal, spec);
+        // A tool the upstream runs only as its own task, called without augmentation:
+        // the gateway follows that task inline (docs/design.md §25).
+        let upstream_task = match spec.tool.as_deref() {
+            Some(tool) if method == Method::ToolsCall => {
+                self.upstream.runs_tasks(self.principal, tool).await
+                    && self
+                        .upstream
+                        .tool_task_support(self.principal, tool)
+                        .await
+                        .as_deref()
+                        == Some("required")
+            }
+            _ => false,
+        };
+        let engine = &self.gw.engine;
+        let pending = if upstream_task {
+            engine.start_upstream_task_inline(self.upstream, self.principal, spec)
+        } else {
+            engine.start_call(self.upstream, self.principal, spec)
+        };
         let c = LegacyCall {
             upstream: self.upstream.clone(),
             live: self.gw.legacy.clone(),

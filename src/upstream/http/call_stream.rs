@@ -28,10 +28,13 @@ use crate::upstream::sse::SseParser;
 use crate::upstream::{CallEvent, CallOutcome, CallSpec, UpstreamError, legacy_messages};
 
 impl HttpUpstream {
+    /// One call in the current session, or in `pinned` (an upstream task's session,
+    /// which is never replaced: a session the server no longer knows fails the call).
     pub(super) async fn call_inner(
         &self,
         spec: CallSpec,
         events: mpsc::Sender<CallEvent>,
+        pinned: Option<&Session>,
     ) -> Result<CallOutcome, UpstreamError> {
         let request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let token_id = spec
@@ -58,7 +61,10 @@ impl HttpUpstream {
             stop: self.stop.clone(),
         };
         for attempt in 0..2 {
-            let session = self.ensure_session().await?;
+            let session = match pinned {
+                Some(s) => s.clone(),
+                None => self.ensure_session().await?,
+            };
             if let Some(r) = &route {
                 // Per attempt: a retry after re-initialisation runs in a new session.
                 r.register(session.generation, &events);
@@ -102,6 +108,13 @@ impl HttpUpstream {
                     }
                     _ => return Err(self.status_error(&spec.method, resp).await),
                 };
+                if expired && pinned.is_some() {
+                    // Only this session holds the upstream task: it is gone with it.
+                    return Err(self.broken(format!(
+                        "{}: the upstream session holding the task is gone: HTTP {status}: {detail}",
+                        spec.method
+                    )));
+                }
                 if expired && session.id.is_some() {
                     if attempt == 0 {
                         // The session expired: the request never reached a live session,

@@ -82,6 +82,7 @@ mod consts;
 mod get_stream;
 mod handshake;
 mod inbound;
+mod pinned;
 mod request;
 mod retire;
 mod session;
@@ -109,11 +110,12 @@ pub use self::state::HttpUpstream;
 
 use self::consts::{ACCEPT_POST, CONNECT_TIMEOUT, DELETE_TIMEOUT};
 use self::handshake::supervise;
+use self::session::Session;
 use self::state::Inner;
 use super::identity::Identity;
 use super::{
-    CallEvent, CallOutcome, CallSpec, LegacyTransport, SessionNotification, TransportState,
-    UpstreamError, UpstreamInfo,
+    CallEvent, CallOutcome, CallSpec, LegacyTransport, SessionNotification, SessionRef,
+    TaskChannel, TransportState, UpstreamError, UpstreamInfo,
 };
 
 /// Options for one HTTP upstream session.
@@ -186,6 +188,7 @@ impl HttpUpstream {
             session_lost: Arc::new(Notify::new()),
             stop: CancellationToken::new(),
             shutting_down: AtomicBool::new(false),
+            live_tasks: std::sync::atomic::AtomicUsize::new(0),
         });
         tokio::spawn(supervise(
             Arc::downgrade(&this),
@@ -231,7 +234,7 @@ impl LegacyTransport for HttpUpstream {
             let stop = self.stop.clone();
             tokio::select! {
                 _ = stop.cancelled() => Err(UpstreamError::ShuttingDown),
-                r = self.call_inner(spec, events) => {
+                r = self.call_inner(spec, events, None) => {
                     // A stream broken by our own DELETE is a shutdown, not a failure.
                     if r.is_err() && self.is_shutting_down() {
                         Err(UpstreamError::ShuttingDown)
@@ -247,6 +250,22 @@ impl LegacyTransport for HttpUpstream {
         self.notifications.subscribe()
     }
 
+    fn pin(&self) -> BoxFuture<'_, Result<Arc<dyn TaskChannel>, UpstreamError>> {
+        Box::pin(async move {
+            let session = self.ensure_session().await?;
+            self.pinned(session)
+        })
+    }
+
+    fn adopt(&self, session: &SessionRef) -> Option<Arc<dyn TaskChannel>> {
+        let s = Session::new(Some(session.id.clone()), session.version.clone());
+        self.pinned(s).ok()
+    }
+
+    fn live_tasks(&self) -> usize {
+        self.live_tasks.load(Ordering::SeqCst)
+    }
+
     fn shutdown(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
             if self.shutting_down.swap(true, Ordering::SeqCst) {
@@ -257,7 +276,11 @@ impl LegacyTransport for HttpUpstream {
                 inner.state = TransportState::Down("shutting down".into());
                 inner.session.take()
             };
-            if let Some(s) = session.filter(|s| s.id.is_some()) {
+            // A session holding upstream tasks is left to the server: the next start
+            // re-attaches to them (docs/design.md §25).
+            if let Some(s) =
+                session.filter(|s| s.id.is_some() && s.live.tasks.load(Ordering::SeqCst) == 0)
+            {
                 let delete = self.send(Method::DELETE, None, Some(&s), ACCEPT_POST, None);
                 match tokio::time::timeout(DELETE_TIMEOUT, delete).await {
                     Ok(Ok(resp)) => {

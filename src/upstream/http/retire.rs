@@ -128,6 +128,7 @@ impl HttpUpstream {
         }
         live.ended.cancel();
         if !live.delete_when_closed.load(Ordering::SeqCst)
+            || live.tasks.load(Ordering::SeqCst) > 0
             || session.id.is_none()
             || self.is_shutting_down()
         {

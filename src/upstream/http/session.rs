@@ -45,6 +45,9 @@ pub(super) struct Liveness {
     pub(super) health: watch::Sender<Health>,
     /// Calls and verifications using the session right now.
     pub(super) users: AtomicUsize,
+    /// Upstream tasks living in the session: while any does, the gateway never
+    /// `DELETE`s it (docs/design.md §25).
+    pub(super) tasks: AtomicUsize,
     /// Whether ending a retired session sends `DELETE` (not when the server already
     /// forgot it or cannot be reached).
     pub(super) delete_when_closed: AtomicBool,
@@ -59,6 +62,7 @@ impl Default for Liveness {
         Self {
             health: watch::Sender::new(Health::default()),
             users: AtomicUsize::new(0),
+            tasks: AtomicUsize::new(0),
             delete_when_closed: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             ended: CancellationToken::new(),

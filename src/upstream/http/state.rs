@@ -58,6 +58,8 @@ pub struct HttpUpstream {
     pub(super) session_lost: Arc<Notify>,
     pub(super) stop: CancellationToken,
     pub(super) shutting_down: AtomicBool,
+    /// Upstream tasks living in any of this transport's sessions.
+    pub(super) live_tasks: std::sync::atomic::AtomicUsize,
 }
 
 /// Where progress for one token goes. The sender is weak so the route never keeps a

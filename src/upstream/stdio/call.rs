@@ -1,7 +1,7 @@
 //! One call on a checked-out child, and the guard that cancels it when dropped.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::{Map, Value};
 use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
@@ -48,14 +48,26 @@ impl Shared {
         let (slot, child) = self.checkout().await?;
         // From here on the guard owns the reservation; dropping it (the call future
         // was dropped) runs the cancellation protocol.
-        let mut guard = CallGuard {
+        let guard = CallGuard {
             shared: self.clone(),
             slot,
             child: child.clone(),
             permit: Some(permit),
             sent: None,
+            pin: None,
         };
+        self.exchange(guard, caller, spec, events).await
+    }
 
+    /// Send `spec` to the guard's child and wait for the answer.
+    pub(super) async fn exchange(
+        self: &Arc<Self>,
+        mut guard: CallGuard,
+        caller: Option<Caller>,
+        spec: CallSpec,
+        events: mpsc::Sender<CallEvent>,
+    ) -> Result<CallOutcome, UpstreamError> {
+        let child = guard.child.clone();
         let request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut params = spec.params;
         let progress_token = spec.want_progress.then(|| {
@@ -139,12 +151,19 @@ pub(super) struct CallGuard {
     pub(super) child: Arc<Child>,
     pub(super) permit: Option<OwnedSemaphorePermit>,
     pub(super) sent: Option<Sent>,
+    /// Set for a call on a pinned child (`pinned.rs`): the pin owns the reservation.
+    pub(super) pin: Option<Arc<AtomicBool>>,
 }
 
 impl CallGuard {
     pub(super) fn finish(&mut self) {
         if let Some(sent) = self.sent.take() {
             sent.token.cancel();
+        }
+        if let Some(interrupted) = &self.pin {
+            // The child answered: nothing of an earlier interrupted call is pending.
+            interrupted.store(false, Ordering::SeqCst);
+            return;
         }
         self.shared.release(self.slot);
         // Release the slot before the permit, so the next permit holder finds it free.
@@ -154,6 +173,22 @@ impl CallGuard {
 
 impl Drop for CallGuard {
     fn drop(&mut self) {
+        if let Some(interrupted) = &self.pin {
+            // A pinned child stays reserved by its pin: say the call is abandoned and
+            // let the pin decide what becomes of the child.
+            if let Some(mut sent) = self.sent.take() {
+                sent.token.cancel();
+                if sent.reply_rx.try_recv().is_ok() || !self.child.usable() {
+                    return;
+                }
+                self.child.send(&legacy_messages::cancelled(
+                    sent.request_id,
+                    "the gateway client cancelled the request",
+                ));
+                interrupted.store(true, Ordering::SeqCst);
+            }
+            return;
+        }
         let Some(permit) = self.permit.take() else {
             return; // finished normally
         };

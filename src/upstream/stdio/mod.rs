@@ -40,6 +40,7 @@ mod call;
 mod child;
 pub(crate) mod framing;
 mod inbound;
+mod pinned;
 mod pool;
 mod process;
 mod spawn;
@@ -62,8 +63,8 @@ use self::child::Child;
 use self::throttle::CrashThrottle;
 use super::identity::Identity;
 use super::{
-    CallEvent, CallOutcome, CallSpec, LegacyTransport, SessionNotification, TransportState,
-    UpstreamError, UpstreamInfo,
+    CallEvent, CallOutcome, CallSpec, LegacyTransport, SessionNotification, SessionRef,
+    TaskChannel, TransportState, UpstreamError, UpstreamInfo,
 };
 use futures_util::future::BoxFuture;
 
@@ -127,6 +128,8 @@ struct Shared {
     /// Effective spares: `opts.spares` capped to the pool (0 for a single child).
     spares: usize,
     throttle: CrashThrottle,
+    /// Children pinned to upstream tasks (`pinned.rs`) right now.
+    pinned: std::sync::atomic::AtomicUsize,
 }
 
 struct PoolState {
@@ -195,6 +198,7 @@ impl StdioPool {
             live: Mutex::new(HashMap::new()),
             spares,
             throttle: CrashThrottle::default(),
+            pinned: std::sync::atomic::AtomicUsize::new(0),
         });
         {
             let mut st = shared.state.lock();
@@ -248,6 +252,18 @@ impl LegacyTransport for StdioPool {
 
     fn shutdown(&self) -> BoxFuture<'_, ()> {
         Box::pin(self.shared.shutdown())
+    }
+
+    fn pin(&self) -> BoxFuture<'_, Result<Arc<dyn TaskChannel>, UpstreamError>> {
+        Box::pin(self.shared.pin())
+    }
+
+    fn adopt(&self, _session: &SessionRef) -> Option<Arc<dyn TaskChannel>> {
+        None
+    }
+
+    fn live_tasks(&self) -> usize {
+        self.shared.pinned.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 
