@@ -483,3 +483,60 @@ async fn a_legacy_session_opened_on_one_replica_is_served_by_another() {
     let gone = on_a.request(json!(4), "ping", json!({})).await;
     assert_eq!(gone.status, 404, "{}", text(&gone));
 }
+
+/// A replica killed while it follows an upstream's own task (docs/design.md §25): the
+/// replica taking its calls over re-attaches to the upstream task through the
+/// recorded HTTP session instead of failing it, and the task completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_reattaches_to_an_upstream_task() {
+    let (_py, port) = start_task_server_http().await;
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let mut rs = Replicas::start_edited(2, "", |text| {
+        format!("{text}\n{}", http_upstream("py", "/py", &url, ""))
+    })
+    .await;
+    let client = |gw: &Gateway| {
+        Client2026::new(gw, "/py", Some(token("alice", "acme"))).with_caps(
+            json!({"extensions": {"io.modelcontextprotocol/tasks": {}}, "elicitation": {}}),
+        )
+    };
+    let r = client(&rs.gws[0])
+        .call_tool("task_work", json!({"ms": 6000, "steps": 12}))
+        .await;
+    assert_eq!(replica_of(&r), "r0");
+    let id = task_id(&ok_result(&r));
+    let b = client(&rs.gws[1]);
+    poll_until(&b, &id, Duration::from_secs(20), |t| {
+        t["statusMessage"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("step "))
+    })
+    .await;
+    rs.gws[0].proc.kill9();
+    let done = poll_until(&b, &id, Duration::from_secs(60), |t| {
+        matches!(
+            t["status"].as_str(),
+            Some("completed" | "failed" | "cancelled")
+        )
+    })
+    .await;
+    assert_eq!(
+        done["status"],
+        "completed",
+        "{done}\n{}",
+        rs.gws[1].proc.log_text()
+    );
+    assert_eq!(
+        first_text(&done["result"]),
+        "task_work done: 6000 ms, 12 steps",
+        "{done}"
+    );
+    assert!(
+        rs.gws[1]
+            .proc
+            .log_text()
+            .contains("re-attached to the upstream task"),
+        "{}",
+        rs.gws[1].proc.log_text()
+    );
+}

@@ -11,7 +11,6 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -34,25 +33,6 @@ struct Setup {
     _server: Option<Proc>,
 }
 
-fn python() -> std::path::PathBuf {
-    peers().join("venv-mcp130/bin/python")
-}
-
-fn task_server() -> std::path::PathBuf {
-    repo_root().join("tests/peers/mcp130_task_server.py")
-}
-
-async fn start_python_http() -> (Proc, u16) {
-    let port = free_port();
-    let mut cmd = Command::new(python());
-    cmd.arg(task_server()).arg("http").arg(port.to_string());
-    let p = Proc::spawn(cmd);
-    p.wait_log("listening on port", Duration::from_secs(30))
-        .await
-        .unwrap_or_else(|| panic!("the Python task server did not start:\n{}", p.log_text()));
-    (p, port)
-}
-
 fn stdio(command: &[String]) -> String {
     let cmd: Vec<String> = command.iter().map(|a| format!("{a:?}")).collect();
     format!(
@@ -62,7 +42,7 @@ fn stdio(command: &[String]) -> String {
 }
 
 async fn setup(up: Up) -> Setup {
-    for p in [python(), node(), everything_js()] {
+    for p in [task_python(), node(), everything_js()] {
         assert!(
             p.exists(),
             "{} is missing: run the README's test command",
@@ -71,7 +51,7 @@ async fn setup(up: Up) -> Setup {
     }
     let (server, upstream) = match up {
         Up::PyHttp => {
-            let (p, port) = start_python_http().await;
+            let (p, port) = start_task_server_http().await;
             let url = format!("http://127.0.0.1:{port}/mcp");
             (Some(p), http_upstream("up", "/mcp", &url, ""))
         }
@@ -83,8 +63,8 @@ async fn setup(up: Up) -> Setup {
         Up::PyStdio => (
             None,
             stdio(&[
-                python().display().to_string(),
-                task_server().display().to_string(),
+                task_python().display().to_string(),
+                task_server_py().display().to_string(),
                 "stdio".into(),
             ]),
         ),

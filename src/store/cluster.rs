@@ -70,11 +70,14 @@ pub struct TakenRelay {
     pub relay: Relay,
 }
 
-/// A task the takeover failed: its status before, and the record after.
+/// A task the takeover resolved: its status before, and the record after — failed,
+/// or (`adopted`) unchanged, its route now this seat's so the taker re-attaches to the
+/// upstream task the route follows (docs/design.md §25).
 #[derive(Debug, Clone, PartialEq)]
 pub struct TakenOver {
     pub from: TaskStatus,
     pub record: TaskRecord,
+    pub adopted: Option<crate::store::RequestRoute>,
 }
 
 /// What the change listener reports.
@@ -102,8 +105,10 @@ pub trait Cluster: Send + Sync + 'static {
 
     /// Resolve request routes whose seat holds no live lease: apply `fail` to each
     /// route's task (unless `fail` declines) and delete the route, in one transaction
-    /// per batch, skipping routes another replica is resolving. Also drops relays
-    /// addressed to dead seats.
+    /// per batch, skipping routes another replica is resolving. A route following an
+    /// upstream task in an HTTP session, whose task is not terminal, is instead moved
+    /// to the caller's seat and returned `adopted`. Also drops relays addressed to
+    /// dead seats.
     fn take_over<'a>(
         &'a self,
         fail: Update<'a>,

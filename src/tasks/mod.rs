@@ -80,6 +80,9 @@ pub struct Engine {
     replica: replica_state::Replica,
     /// The 2025-era client sessions (`sessions.rs`).
     sessions: SessionRepo,
+    /// The upstreams, once started: a takeover re-attaches to upstream tasks through
+    /// them (`upstream_task.rs`).
+    upstreams: std::sync::OnceLock<Arc<crate::upstream::UpstreamSet>>,
 }
 
 impl Engine {
@@ -91,6 +94,7 @@ impl Engine {
             cfg,
             limits,
             calls: live::LiveCalls::default(),
+            upstreams: std::sync::OnceLock::new(),
         })
     }
 

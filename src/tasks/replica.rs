@@ -244,9 +244,10 @@ impl Engine {
         self.calls.abort_all();
     }
 
-    /// Fail the tasks of calls whose replica lost its lease. Exactly one replica
-    /// resolves each call.
-    pub(super) async fn take_over(&self) -> Result<usize, StoreError> {
+    /// Fail the tasks of calls whose replica lost its lease, or re-attach here to the
+    /// upstream tasks they followed in HTTP sessions (docs/design.md §25). Exactly one
+    /// replica resolves each call.
+    pub(super) async fn take_over(self: &Arc<Self>) -> Result<usize, StoreError> {
         let Some(cluster) = self.cluster() else {
             return Ok(0);
         };
@@ -264,6 +265,10 @@ impl Engine {
             })
             .await?;
         for t in &taken {
+            if let Some(route) = &t.adopted {
+                self.follow_adopted(route).await;
+                continue;
+            }
             self.tasks.notify(Transition {
                 task_id: &t.record.task_id,
                 from: Some(t.from),

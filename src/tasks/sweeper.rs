@@ -25,8 +25,9 @@ impl Engine {
     /// exactly once, or failed exactly once.
     pub async fn recover(
         self: &Arc<Self>,
-        upstreams: &crate::upstream::UpstreamSet,
+        upstreams: &Arc<crate::upstream::UpstreamSet>,
     ) -> Result<usize, StoreError> {
+        let _ = self.upstreams.set(upstreams.clone());
         let routes = self.tasks.routes().await?;
         let mut failed = 0;
         for route in &routes {
@@ -130,7 +131,7 @@ impl Engine {
     /// One sweep: expire tasks past their ttl (stopping their calls, leaving
     /// owner-only tombstones, counting outcomes nobody read), drop old tombstones and
     /// close idle legacy sessions.
-    pub async fn sweep(&self) -> Result<usize, StoreError> {
+    pub async fn sweep(self: &Arc<Self>) -> Result<usize, StoreError> {
         // Reads still waiting in the marker land first: a task read just before its
         // expiry is not counted as unread.
         self.write_seen().await;

@@ -47,7 +47,8 @@ const MAX_POLL_FAILURES: u32 = 5;
 const CANCEL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why a gateway task followed an upstream task that its restart re-attached to.
-pub const REATTACHED: &str = "re-attached to the upstream task after a gateway restart";
+pub const REATTACHED: &str =
+    "re-attached to the upstream task after a gateway restart or a replica takeover";
 
 /// A request of the follower, in the upstream task's own vocabulary.
 fn spec(method: LegacyTaskMethod, task_id: &str) -> CallSpec {
@@ -447,31 +448,62 @@ impl Engine {
     /// caller fails the task as for any call that was in flight.
     pub(super) async fn reattach(
         self: &Arc<Self>,
-        upstreams: &crate::upstream::UpstreamSet,
+        upstreams: &Arc<crate::upstream::UpstreamSet>,
         route: &RequestRoute,
     ) -> Result<bool, StoreError> {
-        let (Some(task_id), Some(ut)) = (&route.task_id, &route.upstream_task) else {
+        let _ = self.upstreams.set(upstreams.clone());
+        let Some(channel) = self.adopt_session(upstreams, route) else {
             return Ok(false);
         };
-        let Some(session) = &ut.session else {
-            return Ok(false);
+        // This process holds the route now (a new seat, when replicas share a store).
+        self.tasks.put_route(route).await?;
+        self.resume_following(route, channel).await
+    }
+
+    /// A takeover moved to this seat the route of an upstream task a lost replica
+    /// followed: follow it from here. One that cannot be followed stays on this seat,
+    /// and the orphan sweep fails its task.
+    pub(super) async fn follow_adopted(self: &Arc<Self>, route: &RequestRoute) {
+        let Some(upstreams) = self.upstreams.get() else {
+            return;
         };
-        let Some(up) = upstreams.by_name(&route.upstream) else {
-            return Ok(false);
+        let Some(channel) = self.adopt_session(upstreams, route) else {
+            return;
+        };
+        if let Err(e) = self.resume_following(route, channel).await {
+            tracing::warn!(route = %route.route_id, error = %e, "re-attaching to a taken-over upstream task failed");
+        }
+    }
+
+    /// The upstream session a route's upstream task lives in, reached again.
+    fn adopt_session(
+        &self,
+        upstreams: &crate::upstream::UpstreamSet,
+        route: &RequestRoute,
+    ) -> Option<Arc<dyn TaskChannel>> {
+        let ut = route.upstream_task.as_ref()?;
+        let session = SessionRef {
+            id: ut.session.clone()?,
+            version: ut.session_version.clone(),
         };
         let principal = Principal {
             tenant: route.tenant.clone(),
             subject: route.subject.clone(),
         };
-        let sref = SessionRef {
-            id: session.clone(),
-            version: ut.session_version.clone(),
-        };
-        let Some(channel) = up.adopt(&principal, &sref) else {
+        upstreams
+            .by_name(&route.upstream)?
+            .adopt(&principal, &session)
+    }
+
+    /// Follow the upstream task of `route` (held by this process) on `channel`.
+    async fn resume_following(
+        self: &Arc<Self>,
+        route: &RequestRoute,
+        channel: Arc<dyn TaskChannel>,
+    ) -> Result<bool, StoreError> {
+        let (Some(task_id), Some(ut)) = (&route.task_id, &route.upstream_task) else {
             return Ok(false);
         };
-        // This process holds the route now (a new seat, when replicas share a store).
-        self.tasks.put_route(route).await?;
         // Input requests of the previous process had their answer channels there;
         // the upstream asks again through `tasks/result`.
         let live = self

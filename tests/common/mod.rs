@@ -961,3 +961,25 @@ pub async fn poll_task(
         wait = t["pollIntervalMs"].as_u64().unwrap_or(200).clamp(50, 2000) + 20;
     }
 }
+
+/// The Python `mcp` 1.30 venv's interpreter.
+pub fn task_python() -> std::path::PathBuf {
+    peers().join("venv-mcp130/bin/python")
+}
+
+/// The Python 2025-11-25 task upstream (`tests/peers/mcp130_task_server.py`).
+pub fn task_server_py() -> std::path::PathBuf {
+    repo_root().join("tests/peers/mcp130_task_server.py")
+}
+
+/// That upstream serving Streamable HTTP on a free port: the process and its port.
+pub async fn start_task_server_http() -> (Proc, u16) {
+    let port = free_port();
+    let mut cmd = Command::new(task_python());
+    cmd.arg(task_server_py()).arg("http").arg(port.to_string());
+    let p = Proc::spawn(cmd);
+    p.wait_log("listening on port", Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|| panic!("the Python task server did not start:\n{}", p.log_text()));
+    (p, port)
+}

@@ -17,11 +17,11 @@ use tokio_postgres::AsyncMessage;
 
 use super::statements::{
     DropDeadRelays, Holder, LockTask, Notify, OrphanedRoutes, Register, RemoveRoutes, Renew,
-    SeatOf, SendRelay, TakeOverTask, TakeRelays,
+    ReseatRoute, SeatOf, SendRelay, TakeOverTask, TakeRelays,
 };
 use super::{PgError, PgStore, SCHEMA_VERSION, db_message, decode, encode, ms};
 use crate::store::cluster::{Cluster, ClusterEvent, Relay, RelayKind, Seat, TakenOver, TakenRelay};
-use crate::store::{StoreError, TaskRecord, Update, now_ms};
+use crate::store::{RequestRoute, StoreError, TaskRecord, Update, now_ms};
 use futures_util::future::BoxFuture;
 
 /// Routes resolved per takeover transaction.
@@ -121,6 +121,9 @@ impl PgStore {
             for row in &rows {
                 let route_id: String = row.try_get(0)?;
                 let task_id: Option<String> = row.try_get(1)?;
+                let route_bytes: Vec<u8> = row.try_get(2)?;
+                let route: Option<RequestRoute> =
+                    decode(&format!("request_routes/{route_id}"), &route_bytes).ok();
                 if let Some(task_id) = task_id
                     && let Some(t) = self
                         .sql
@@ -131,6 +134,26 @@ impl PgStore {
                     let bytes: Vec<u8> = t.try_get(0)?;
                     let mut rec: TaskRecord = decode(&format!("task_routes/{task_id}"), &bytes)?;
                     let from = rec.status;
+                    let follows_session = route.as_ref().is_some_and(|r| {
+                        r.upstream_task
+                            .as_ref()
+                            .is_some_and(|u| u.session.is_some())
+                    });
+                    if follows_session && !rec.status.is_terminal() {
+                        let (replica, epoch) = self.seat_columns();
+                        let reseat = ReseatRoute {
+                            route_id: &route_id,
+                            replica_id: replica.as_deref(),
+                            epoch,
+                        };
+                        self.sql.reseat_route.execute(&tx, &reseat).await?;
+                        out.push(TakenOver {
+                            from,
+                            record: rec,
+                            adopted: route,
+                        });
+                        continue;
+                    }
                     if fail(&mut rec) {
                         rec.task_id = task_id.clone();
                         rec.v = SCHEMA_VERSION;
@@ -142,7 +165,11 @@ impl PgStore {
                             record: &record,
                         };
                         self.sql.take_over_task.execute(&tx, &failed).await?;
-                        out.push(TakenOver { from, record: rec });
+                        out.push(TakenOver {
+                            from,
+                            record: rec,
+                            adopted: None,
+                        });
                     }
                 }
                 route_ids.push(route_id);

@@ -337,7 +337,7 @@ SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM i)";
     /// Routes no live seat holds, locked for this takeover. Routes naming no seat were
     /// written by a gateway before leases; start-up recovery resolves those.
     orphaned_routes: OrphanedRoutes { limit: i64 }
-        = "SELECT rr.route_id, rr.task_id FROM request_routes rr
+        = "SELECT rr.route_id, rr.task_id, rr.record FROM request_routes rr
            WHERE rr.replica_id IS NOT NULL AND NOT EXISTS (
                SELECT 1 FROM replicas p
                WHERE p.replica_id = rr.replica_id AND p.epoch = rr.epoch
@@ -357,6 +357,13 @@ SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM i)";
     } = "UPDATE task_routes SET status = $status, expires_at_ms = $expires_at_ms,
              record = $record, version = version + 1
          WHERE task_id = $task_id";
+
+    /// A takeover re-attaching to the upstream task a route follows: the route is
+    /// the taker's now (docs/design.md §25).
+    reseat_route: ReseatRoute<'a> { route_id: &'a str, replica_id: Option<&'a str>, epoch: Option<i64> }
+        = "UPDATE request_routes SET replica_id = $replica_id, epoch = $epoch,
+               version = version + 1
+           WHERE route_id = $route_id";
 
     remove_routes: RemoveRoutes<'a> { route_ids: &'a [String] }
         = "DELETE FROM request_routes WHERE route_id = ANY($route_ids)";
