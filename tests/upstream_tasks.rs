@@ -10,12 +10,14 @@
 //! and server-everything's `simulate-research-query`, each over HTTP and stdio.
 
 mod common;
+mod legacy_support;
 
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
 use common::*;
+use legacy_support::Legacy;
 
 const TASKS: &str = "io.modelcontextprotocol/tasks";
 
@@ -433,5 +435,37 @@ async fn a_stdio_task_fails_with_its_child() {
             .unwrap_or_default()
             .contains("gateway restarted"),
         "{t}"
+    );
+}
+
+/// A 2025-era session calling a `required` upstream-task tool without `params.task`:
+/// the gateway follows the upstream task inline, as one long call (the upstream itself
+/// refuses such a call with `-32601`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2025_session_gets_a_required_task_tool_inline() {
+    let s = setup(Up::PyHttp).await;
+    let mut l = Legacy::new(&s.gw, Some(token("alice", "acme")));
+    l.initialize_as(json!({"elicitation": {}}), "2025-06-18")
+        .await;
+    let r = l
+        .request(
+            json!(2),
+            "tools/call",
+            json!({"name": "task_work", "arguments": {"ms": 600, "steps": 2}}),
+        )
+        .await;
+    let v = if r.is_sse() {
+        r.sse_messages()
+            .into_iter()
+            .find(|m| m.get("id") == Some(&json!(2)))
+            .unwrap_or_default()
+    } else {
+        r.json()
+    };
+    assert_eq!(
+        first_text(&v["result"]),
+        "task_work done: 600 ms, 2 steps",
+        "{v}\n{}",
+        s.gw.proc.log_text()
     );
 }
