@@ -100,6 +100,19 @@ impl Identity {
         self.last.subscribe()
     }
 
+    /// Whether the server advertises 2025-11-25 tasks for `tools/call`
+    /// (`capabilities.tasks.requests.tools.call`); `None` while no identity is known.
+    /// A read of the shared value, no copy: every `tools/call` asks (docs/design.md
+    /// §25).
+    pub fn advertises_tasks(&self) -> Option<bool> {
+        self.last.borrow().as_ref().map(|info| {
+            info.capabilities
+                .get("tasks")
+                .and_then(|t| t.pointer("/requests/tools/call"))
+                .is_some_and(serde_json::Value::is_object)
+        })
+    }
+
     /// The last identity any transport learned (or the stored one), else the
     /// placeholder for an upstream that never answered.
     pub fn current(&self) -> UpstreamInfo {

@@ -472,24 +472,16 @@ impl Upstream {
     /// (docs/design.md §25): the server advertises `tasks.requests.tools.call` and the
     /// tool declares `execution.taskSupport` `optional` or `required`.
     pub async fn runs_tasks(&self, principal: &Principal, tool: &str) -> bool {
-        let (transport, _) = self.scoped(principal.into());
-        let advertises = |t: &Arc<dyn LegacyTransport>| {
-            t.info().is_some_and(|info| {
-                info.capabilities
-                    .get("tasks")
-                    .and_then(|t| t.pointer("/requests/tools/call"))
-                    .is_some_and(Value::is_object)
-            })
-        };
-        // Most servers have no tasks: their identity answers without a tools lookup.
-        if transport.info().is_some() && !advertises(&transport) {
+        // The server's capability first: most servers have none, and reading it is
+        // cheaper than the tools lookup (the hot path of every `tools/call`).
+        if self.identity.advertises_tasks() == Some(false) {
             return false;
         }
-        // Listing the tools initialises the scope's session if it was not yet.
+        // Listing the tools initialises the scope's session if none did yet.
         matches!(
             self.tool_task_support(principal, tool).await.as_deref(),
             Some("optional" | "required")
-        ) && advertises(&transport)
+        ) && self.identity.advertises_tasks() == Some(true)
     }
 
     /// Pin the scope's upstream session (HTTP) or a child (stdio) for an upstream
