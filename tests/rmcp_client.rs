@@ -262,3 +262,124 @@ async fn rmcp_foreign_task_is_not_found() {
     owner.cancel().await.ok();
     other.cancel().await.ok();
 }
+
+/// The gateway in front of server-everything over HTTP, whose `simulate-research-query`
+/// is the upstream's own 2025-11-25 task (docs/design.md §25).
+async fn everything_gateway(port: u16) -> Gateway {
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let body = format!(
+        "{}[tasks]\npoll_interval_ms = 100\n{}",
+        jwt_auth(),
+        http_upstream("everything", "/mcp", &url, "")
+    );
+    let gw = Gateway::start(&body).await;
+    gw.wait_ready().await;
+    gw
+}
+
+/// Poll through rmcp until the upstream reports a stage of its own.
+async fn under_way(c: &RunningService<RoleClient, ClientConfig>, id: &str, gw: &Gateway) {
+    let start = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if let Ok(r) = c.peer().get_task(GetTaskParams::new(id)).await {
+            let m = r.task.task.status_message.clone().unwrap_or_default();
+            if m.ends_with("...") {
+                return;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{}",
+            gw.proc.log_text()
+        );
+    }
+}
+
+fn report(t: rmcp::model::DetailedTask) -> String {
+    let TaskPayload::Completed { result } = t.payload else {
+        panic!("expected completed, got {:?}", t.payload)
+    };
+    let result: CallToolResult = serde_json::from_value(Value::Object(result)).unwrap();
+    result.content[0].as_text().unwrap().text.clone()
+}
+
+/// rmcp against server-everything's research task through the gateway: input, result,
+/// cancel, and a gateway SIGKILL mid-task that the restarted gateway re-attaches to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rmcp_follows_server_everything_research_through_a_restart() {
+    let (_everything, port) = start_everything_http().await;
+    let gw = everything_gateway(port).await;
+    let c = client(&gw, true).await;
+
+    // Input: the ambiguous query asks which Python is meant.
+    let created = start_task(
+        &c,
+        &gw,
+        "simulate-research-query",
+        json!({"topic": "python", "ambiguous": true}),
+    )
+    .await;
+    assert_eq!(created.task.ttl_ms, Some(300000), "{created:?}");
+    let id = created.task.task_id.clone();
+    let t = poll(&c, &id, TaskStatus::InputRequired, &gw).await;
+    let TaskPayload::InputRequired { input_requests } = t.payload else {
+        panic!("expected input_required, got {:?}", t.payload)
+    };
+    let key = input_requests.keys().next().cloned().expect("a request");
+    let mut answers = InputResponses::new();
+    answers.insert(
+        key,
+        json!({"action": "accept", "content": {"interpretation": "snake"}}),
+    );
+    c.peer()
+        .update_task(UpdateTaskParams::new(id.clone(), answers))
+        .await
+        .unwrap_or_else(|e| panic!("tasks/update: {e:?}\n{}", gw.proc.log_text()));
+    let text = report(poll(&c, &id, TaskStatus::Completed, &gw).await);
+    assert!(
+        text.contains("Research Report") && text.contains("snake"),
+        "{text}"
+    );
+
+    // Cancel reaches the upstream task.
+    let created = start_task(&c, &gw, "simulate-research-query", json!({"topic": "go"})).await;
+    let id = created.task.task_id.clone();
+    under_way(&c, &id, &gw).await;
+    c.peer()
+        .cancel_task(CancelTaskParams::new(id.clone()))
+        .await
+        .unwrap_or_else(|e| panic!("tasks/cancel: {e:?}\n{}", gw.proc.log_text()));
+    let t = poll(&c, &id, TaskStatus::Cancelled, &gw).await;
+    assert_eq!(t.status(), TaskStatus::Cancelled);
+    assert!(
+        gw.proc
+            .wait_log("upstream task cancelled", Duration::from_secs(20))
+            .await
+            .is_some(),
+        "{}",
+        gw.proc.log_text()
+    );
+
+    // SIGKILL mid-task: the restarted gateway re-attaches and the task completes.
+    let created = start_task(&c, &gw, "simulate-research-query", json!({"topic": "rust"})).await;
+    let id = created.task.task_id.clone();
+    under_way(&c, &id, &gw).await;
+    c.cancel().await.ok();
+    let Gateway {
+        mut proc,
+        dir,
+        config_path,
+        ..
+    } = gw;
+    proc.kill9();
+    let gw = Gateway::launch(dir, config_path).await;
+    gw.wait_ready().await;
+    let c = client(&gw, true).await;
+    let text = report(poll(&c, &id, TaskStatus::Completed, &gw).await);
+    assert!(
+        text.contains("Research Report") && text.contains("rust"),
+        "{text}"
+    );
+    c.cancel().await.ok();
+}
