@@ -13,6 +13,7 @@ mod common;
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -47,7 +48,11 @@ async fn gateway() -> Gateway {
 /// Run one scenario of the driver; returns its JSON report (asserting `ok`).
 async fn run(scenario: &str) -> (Value, Gateway) {
     require_peers();
-    let gw = gateway().await;
+    run_on(gateway().await, scenario).await
+}
+
+/// Run one scenario against `gw`.
+async fn run_on(gw: Gateway, scenario: &str) -> (Value, Gateway) {
     let url = gw.url("/mcp");
     let tok = token("fastmcp-user", "acme");
     let scenario_owned = scenario.to_string();
@@ -142,5 +147,47 @@ async fn fastmcp_unshimmed_client_lacks_mcp_name_on_tasks_get() {
             .as_str()
             .is_some_and(|e| e.contains("Mcp-Name")),
         "{r}"
+    );
+}
+
+/// server-everything's `simulate-research-query`, the upstream's own 2025-11-25 task,
+/// through the gateway (docs/design.md §25): fastmcp's elicitation handler answers
+/// the upstream's question through `tasks/update`, the report comes back, and a
+/// cancel reaches the upstream task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fastmcp_follows_server_everything_research() {
+    require_peers();
+    let (_everything, port) = start_everything_http().await;
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let body = format!(
+        "{}[tasks]\npoll_interval_ms = 100\n[limits]\npoll_burst = 10\n{}",
+        jwt_auth(),
+        http_upstream("everything", "/mcp", &url, "")
+    );
+    let gw = Gateway::start(&body).await;
+    gw.wait_ready().await;
+    let (r, gw) = run_on(gw, "research").await;
+    assert_eq!(r["final_status"], "completed", "{r}");
+    assert_eq!(r["ttl_ms"], 300000, "{r}");
+    assert!(
+        r["asked"][0]
+            .as_str()
+            .unwrap_or_default()
+            .contains("python"),
+        "{r}"
+    );
+    let text = r["result"][0].as_str().unwrap_or_default();
+    assert!(
+        text.contains("Research Report") && text.contains("snake"),
+        "{r}"
+    );
+    assert_eq!(r["cancelled"], "cancelled", "{r}");
+    assert!(
+        gw.proc
+            .wait_log("upstream task cancelled", Duration::from_secs(20))
+            .await
+            .is_some(),
+        "{}",
+        gw.proc.log_text()
     );
 }

@@ -5,7 +5,9 @@ installed by scripts/install-peers.sh into .peers/venv-fastmcp).
 
 Prints one JSON object on the last stdout line: {"ok": true, ...facts} or
 {"ok": false, "error": "..."}; tests/fastmcp_client.rs asserts on the facts.
-The gateway fronts the bundled demo upstream (tools echo, sleep, elicit).
+The gateway fronts the bundled demo upstream (tools echo, sleep, elicit), except for
+`research`: server-everything, whose `simulate-research-query` is its own 2025-11-25
+task that the gateway follows (docs/design.md §25).
 """
 import asyncio
 import json
@@ -91,6 +93,28 @@ async def cancel():
         return {"task_id": t.task_id, "final_status": final.status}
 
 
+async def on_research_elicit(message, response_type, params, context):
+    asked.append(message)
+    return ElicitResult(action="accept", content={"interpretation": "snake"})
+
+
+async def research():
+    # server-everything's research task: input through the elicitation handler, the
+    # result, and a cancel that the gateway forwards upstream.
+    async with client(elicitation_handler=on_research_elicit) as c:
+        t = await fastmcp_tasks.call_tool_task(
+            c, "simulate-research-query", {"topic": "python", "ambiguous": True})
+        res = await t.result()
+        final = await t.status()
+        u = await fastmcp_tasks.call_tool_task(c, "simulate-research-query", {"topic": "go"})
+        await asyncio.sleep(1.5)
+        await u.cancel()
+        cancelled = await u.wait(timeout=30)
+        return {"task_id": t.task_id, "asked": asked, "result": texts(res),
+                "final_status": final.status, "ttl_ms": t.create_result.ttl_ms,
+                "cancelled": cancelled.status}
+
+
 async def unshimmed():
     # The client exactly as shipped: its tasks/get lacks Mcp-Name (see shim_mcp_name).
     async with client() as c:
@@ -104,7 +128,8 @@ async def unshimmed():
 
 
 async def main():
-    fn = {"unshimmed": unshimmed, "transparent": transparent, "handle": handle, "elicit": elicit, "cancel": cancel}[SCENARIO]
+    fn = {"unshimmed": unshimmed, "transparent": transparent, "handle": handle, "elicit": elicit, "cancel": cancel,
+          "research": research}[SCENARIO]
     try:
         out = await asyncio.wait_for(fn(), 90)
         out["ok"] = True
