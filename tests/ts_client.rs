@@ -513,3 +513,57 @@ async fn ts_sdk_everything_input_answered_via_tasks_update() {
 async fn ts_sdk_everything_cancel_task() {
     cancel_task(Up::Everything).await;
 }
+
+/// server-everything's `simulate-research-query` is the upstream's own 2025-11-25 task,
+/// which the gateway follows (docs/design.md §25): through ext-tasks, the stages as
+/// status, the question answered by the application's handler via `tasks/update`, the
+/// report as the completed result, and a cancel that reaches the upstream task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ts_sdk_everything_research_task_is_followed() {
+    let s = Setup::start(Up::Everything).await;
+    s.wait_tool("simulate-research-query").await;
+    let f = Flow {
+        tool: "simulate-research-query",
+        args: json!({"topic": "python", "ambiguous": true}),
+        answer: json!({"interpretation": "snake"}),
+    };
+    let r = s.run("input", &f).await;
+    r.is_task();
+    let asked = r.get("asked").as_array().cloned().unwrap_or_default();
+    r.check(
+        asked.len() == 1
+            && asked[0]["kind"] == "elicitation"
+            && asked[0]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("python")),
+        "the upstream's question reached the handler",
+    );
+    r.check(
+        r.statuses().contains(&"input_required"),
+        "input_required observed",
+    );
+    r.completed();
+    r.check(
+        r.first_text().contains("Research Report") && r.first_text().contains("snake"),
+        "the report, with the answer",
+    );
+
+    let r = s
+        .run(
+            "cancel",
+            &flow("simulate-research-query", json!({"topic": "go"})),
+        )
+        .await;
+    r.is_task();
+    r.check(
+        r.get("server_status") == "cancelled",
+        "the task is cancelled",
+    );
+    r.check(
+        s.gw.proc
+            .wait_log("upstream task cancelled", Duration::from_secs(20))
+            .await
+            .is_some(),
+        "the cancel reached the upstream task",
+    );
+}
