@@ -13,7 +13,10 @@
 //! * no stdio child outlives the gateway that spawned it (each child's pid, with its
 //!   start time, is gone within a generous polled bound after the SIGKILL, before the
 //!   next gateway could clean up leftovers);
-//! * after the last restart, new tasks still complete within their bound.
+//! * after the last restart, new tasks still complete within their bound;
+//! * a task following an upstream's own 2025-11-25 task over HTTP (docs/design.md §25)
+//!   is re-attached by every restart, never failed: each one handed out completes with
+//!   its own result (`upstream_tasks_survive_the_crash_loop`).
 //!
 //! Knobs: `TASKGATE_CHAOS_ROUNDS` (default 10) for long runs, `TASKGATE_CHAOS_SEED` to
 //! replay a run's choices (the seed is printed first and in every failure; the kill
@@ -37,7 +40,8 @@ use serde_json::{Value, json};
 
 per_backend!(
     crash_loop,
-    terminal_state_seen_right_before_a_kill_survives_it
+    terminal_state_seen_right_before_a_kill_survives_it,
+    upstream_tasks_survive_the_crash_loop
 );
 
 const TASKS: &str = "io.modelcontextprotocol/tasks";
@@ -843,5 +847,167 @@ async fn terminal_state_seen_right_before_a_kill_survives_it(b: StoreBackend) {
     eprintln!(
         "terminal before kill[{}]: {ATTEMPTS} kills, {seen_total} terminal reads checked",
         b.name()
+    );
+}
+
+/// Upstream task ids handed out: id → (owner, `ms`, `steps`) of its `task_work` call.
+type Handed = BTreeMap<String, (usize, u64, u64)>;
+
+/// Upstream tasks (docs/design.md §25) under the same SIGKILL rounds: creators keep
+/// starting `task_work` tasks on the Python task server (HTTP, which outlives every
+/// gateway) while owners poll; each round ends with a SIGKILL at a random moment. Every
+/// task id handed out must complete with its own result — re-attached by each restart,
+/// never failed, never lost.
+async fn upstream_tasks_survive_the_crash_loop(b: StoreBackend) {
+    let seed = seed();
+    let rounds = rounds().min(6);
+    eprintln!(
+        "upstream_tasks_survive_the_crash_loop[{}]: seed {seed}, {rounds} rounds",
+        b.name()
+    );
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (_py, port) = start_task_server_http().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config_path = dir.path().join("taskgate.toml");
+    write(
+        &config_path,
+        &format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\nkeepalive_ms = 1000\n{}{}\
+             [tasks]\npoll_interval_ms = 50\n[limits]\npoll_burst = 100000\n{}",
+            b.store_section(dir.path(), ""),
+            jwt_auth(),
+            http_upstream("py", "/py", &format!("http://127.0.0.1:{port}/mcp"), ""),
+        ),
+    );
+    let mut gw = Gateway::launch(dir, config_path).await;
+    gw.wait_ready().await;
+    let client = |addr: std::net::SocketAddr, owner: usize| {
+        let mut c = client(addr, owner);
+        c.url = format!("http://{addr}/py");
+        c
+    };
+    let handed: Arc<Mutex<Handed>> = Default::default();
+    let addr = Arc::new(Mutex::new(gw.addr));
+    let ctx = |what: &str| format!("upstream crash loop[{}] seed {seed}: {what}", b.name());
+    for round in 1..=rounds {
+        let stop = Arc::new(AtomicBool::new(false));
+        let creators: Vec<_> = (0..2u64)
+            .map(|w| {
+                let (stop, handed, addr) = (stop.clone(), handed.clone(), addr.clone());
+                let mut rng = StdRng::seed_from_u64(seed ^ ((round as u64) << 20) ^ w);
+                tokio::spawn(async move {
+                    while !stop.load(Ordering::Relaxed) {
+                        let owner = rng.random_range(0..OWNERS.len());
+                        let (ms, steps) = (rng.random_range(500..3000), rng.random_range(1..4));
+                        let a = *addr.lock().unwrap();
+                        let args =
+                            json!({"name": "task_work", "arguments": {"ms": ms, "steps": steps}});
+                        if let Some(v) = rpc(&client(a, owner), "tools/call", args, None).await
+                            && let Some(id) = v["result"]["taskId"].as_str()
+                        {
+                            handed
+                                .lock()
+                                .unwrap()
+                                .insert(id.to_string(), (owner, ms, steps));
+                        }
+                        tokio::time::sleep(Duration::from_millis(rng.random_range(50..300))).await;
+                    }
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(rng.random_range(300..2500))).await;
+        let Gateway {
+            mut proc,
+            dir,
+            config_path,
+            ..
+        } = gw;
+        proc.kill9();
+        stop.store(true, Ordering::Relaxed);
+        for c in creators {
+            c.await.expect("creator panicked");
+        }
+        drop(proc);
+        gw = Gateway::launch(dir, config_path).await;
+        gw.wait_ready().await;
+        *addr.lock().unwrap() = gw.addr;
+        // Nothing handed out was failed by the restart.
+        let all: Vec<_> = handed
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        for (id, (owner, _, _)) in &all {
+            let v = rpc(
+                &client(gw.addr, *owner),
+                "tasks/get",
+                json!({"taskId": id}),
+                None,
+            )
+            .await
+            .unwrap_or_else(|| panic!("{}", ctx("the restarted gateway did not answer")));
+            let st = v["result"]["status"].as_str().unwrap_or_default();
+            assert!(
+                matches!(st, "working" | "completed"),
+                "{}",
+                ctx(&format!(
+                    "round {round}: {id} is {st} after the restart: {v}\n{}",
+                    gw.proc.log_text()
+                ))
+            );
+        }
+    }
+    // Every task handed out completes with its own result.
+    let all: Vec<_> = handed
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), *v))
+        .collect();
+    assert!(
+        all.len() >= rounds,
+        "{}",
+        ctx("almost no upstream tasks were created")
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for (id, (owner, ms, steps)) in &all {
+        loop {
+            let v = rpc(
+                &client(gw.addr, *owner),
+                "tasks/get",
+                json!({"taskId": id}),
+                None,
+            )
+            .await
+            .unwrap_or_else(|| panic!("{}", ctx("the gateway did not answer")));
+            let t = &v["result"];
+            if t["status"] == "completed" {
+                assert_eq!(
+                    first_text(&t["result"]),
+                    format!("task_work done: {ms} ms, {steps} steps"),
+                    "{}",
+                    ctx(&format!("{id}: {v}"))
+                );
+                break;
+            }
+            assert_eq!(
+                t["status"],
+                "working",
+                "{}",
+                ctx(&format!("{id}: {v}\n{}", gw.proc.log_text()))
+            );
+            assert!(
+                Instant::now() < deadline,
+                "{}",
+                ctx(&format!("{id} never completed: {v}"))
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    eprintln!(
+        "upstream_tasks_survive_the_crash_loop[{}]: {} upstream tasks across {rounds} SIGKILLs, all completed",
+        b.name(),
+        all.len()
     );
 }
