@@ -469,3 +469,42 @@ async fn a_2025_session_gets_a_required_task_tool_inline() {
         s.gw.proc.log_text()
     );
 }
+
+/// Keyed calls of an upstream-task tool (docs/design.md §9): concurrent duplicates get
+/// one task (its claim is written before anything goes upstream), which completes, and
+/// a repeat after completion names it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_duplicates_share_one_upstream_task() {
+    let s = setup(Up::PyHttp).await;
+    let gw = &s.gw;
+    let keyed = || async {
+        let c = client(gw);
+        let params = json!({"name": "task_work", "arguments": {"ms": 800, "steps": 2}});
+        let body = c.body(json!(1), "tools/call", &params);
+        let mut h = c.headers("tools/call", &params);
+        h.push(("idempotency-key", "report-42".to_string()));
+        let r = raw(&c.url, "POST", &h, bytes::Bytes::from(body.to_string()))
+            .await
+            .expect("tools/call");
+        let v = r.json();
+        assert_eq!(
+            v["result"]["resultType"],
+            "task",
+            "{v}\n{}",
+            gw.proc.log_text()
+        );
+        v["result"]["taskId"].as_str().expect("taskId").to_string()
+    };
+    let ids = futures_util::future::join_all((0..4).map(|_| keyed())).await;
+    assert!(ids.iter().all(|i| *i == ids[0]), "{ids:?}");
+    let t = follow(gw, &ids[0], "completed", &mut Vec::new()).await;
+    assert_eq!(
+        first_text(&t["result"]),
+        "task_work done: 800 ms, 2 steps",
+        "{t}"
+    );
+    assert_eq!(keyed().await, ids[0]);
+    // One upstream task was created for all of them.
+    let created = gw.proc.log_text().matches("upstream task created").count();
+    assert_eq!(created, 1, "{}", gw.proc.log_text());
+}

@@ -278,7 +278,7 @@ impl Engine {
                 return r;
             }
             if c.upstream.runs_tasks(&c.principal, &tool).await {
-                return self.upstream_task_call(c, fp, idem, Some(index)).await;
+                return self.keyed_upstream_task_call(c, fp, idem, index).await;
             }
             let rec = self.new_record(&c, &tool, fp.clone(), idem.clone());
             return self.create_then_call(c, rec, Some(index), fp).await;
@@ -287,7 +287,7 @@ impl Engine {
             return r;
         }
         if c.upstream.runs_tasks(&c.principal, &tool).await {
-            return self.upstream_task_call(c, fp, None, None).await;
+            return self.upstream_task_call(c, fp).await;
         }
         if c.promotion.promote_after.is_zero() {
             let rec = self.new_record(&c, &tool, fp.clone(), None);

@@ -23,7 +23,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 
 use super::Engine;
-use super::call::{ToolCall, store_failed_after_send};
+use super::call::{ToolCall, store_failed_after_send, store_failure};
 use super::driver::Driven;
 use super::events::Pending;
 use super::outcome::{Reply, answer_of};
@@ -84,6 +84,23 @@ fn created_task(v: &Value) -> Option<Created2025> {
             .and_then(Value::as_str)
             .map(str::to_string),
     })
+}
+
+/// What the request route keeps of an upstream task (`store::UpstreamTaskRoute`).
+fn route_entry(
+    channel: &dyn TaskChannel,
+    task_id: &str,
+    caps: &crate::protocol::ClientCaps,
+    answer_undeclared: bool,
+) -> UpstreamTaskRoute {
+    let session = channel.session();
+    UpstreamTaskRoute {
+        task_id: task_id.to_string(),
+        session_version: session.as_ref().and_then(|s| s.version.clone()),
+        session: session.map(|s| s.id),
+        caps: caps.clone(),
+        answer_undeclared,
+    }
 }
 
 /// The upstream's `pollInterval` within the gateway's bounds.
@@ -340,6 +357,7 @@ impl Engine {
             Ok(CallOutcome::Result(v)) => match created_task(&v) {
                 Some(t) => {
                     channel.task_started();
+                    tracing::debug!(upstream = %up.name(), upstream_task = %t.task_id, "upstream task created");
                     Ok((channel, t))
                 }
                 // The server ran the call without a task after all.
@@ -349,15 +367,10 @@ impl Engine {
         }
     }
 
-    /// `tools/call` of a tool the upstream runs as its own task (docs/design.md §25).
-    /// `index` is the idempotency index key of a keyed call (looked up already).
-    pub(super) async fn upstream_task_call(
-        self: &Arc<Self>,
-        c: ToolCall,
-        fp: String,
-        idem: Option<String>,
-        index: Option<Vec<u8>>,
-    ) -> Reply {
+    /// `tools/call` of a tool the upstream runs as its own task (docs/design.md §25),
+    /// without an idempotency key: the upstream task first, then the gateway's, whose
+    /// route names it from its first write.
+    pub(super) async fn upstream_task_call(self: &Arc<Self>, c: ToolCall, fp: String) -> Reply {
         let name = c.upstream.name().to_string();
         let answer = |r| answer_of(c.req.method, &name, &c.server_info, Ok(r));
         let admitted = match self.admit_task(&c.upstream, &c.principal).await {
@@ -379,7 +392,7 @@ impl Engine {
             task_id: created.task_id.clone(),
             live: true,
         };
-        let mut rec = self.new_record(&c, &c.tool, fp.clone(), idem);
+        let mut rec = self.new_record(&c, &c.tool, fp, None);
         if let Some(upstream_ttl) = created.ttl_ms
             && upstream_ttl < rec.ttl_ms
         {
@@ -391,19 +404,15 @@ impl Engine {
             rec.status_message = Some(m.clone());
         }
         let mut route = self.new_route(&c, &rec.task_id);
-        route.upstream_task = Some(UpstreamTaskRoute {
-            task_id: created.task_id.clone(),
-            session: channel.session().map(|s| s.id),
-            session_version: channel.session().and_then(|s| s.version),
-            caps: c.req.meta.caps.clone(),
-            answer_undeclared: c.answer_undeclared,
-        });
+        route.upstream_task = Some(route_entry(
+            channel.as_ref(),
+            &created.task_id,
+            &c.req.meta.caps,
+            c.answer_undeclared,
+        ));
         let _creating = self.calls.creating(&rec.task_id);
-        let stored = match self.tasks.create(&rec, &route, index.as_deref()).await {
-            Ok(Created::New) => self.flush().await,
-            // A concurrent duplicate won: its task is the answer, this upstream task
-            // is cancelled (by `orphan`).
-            Ok(Created::Existing(entry)) => return self.existing(&c, entry, &fp).await,
+        let stored = match self.tasks.create(&rec, &route, None).await {
+            Ok(_) => self.flush().await,
             Err(e) => Err(e),
         };
         if let Err(e) = stored {
@@ -415,6 +424,96 @@ impl Engine {
         self.launch(&c, &rec, &route, follower, Vec::new());
         crate::metrics::promoted(&name, &rec.task_id);
         Reply::Task(snapshot::create_result(&rec, &c.server_info))
+    }
+
+    /// A keyed call of an upstream-task tool: the task and its idempotency claim are
+    /// written before anything goes upstream, as for every keyed call (docs/design.md
+    /// §9), so concurrent duplicates never create two upstream tasks. The call the
+    /// driver follows then creates the upstream task and records it in the route
+    /// before it polls; a crash in between fails the task once at the next start.
+    pub(super) async fn keyed_upstream_task_call(
+        self: &Arc<Self>,
+        c: ToolCall,
+        fp: String,
+        idem: Option<String>,
+        index: Vec<u8>,
+    ) -> Reply {
+        let rec = self.new_record(&c, &c.tool, fp.clone(), idem);
+        let route = self.new_route(&c, &rec.task_id);
+        let _creating = self.calls.creating(&rec.task_id);
+        match self.tasks.create(&rec, &route, Some(&index)).await {
+            Ok(Created::New) => {}
+            Ok(Created::Existing(entry)) => return self.existing(&c, entry, &fp).await,
+            Err(e) => return store_failure(e),
+        }
+        if let Err(e) = self.flush().await {
+            return store_failure(e);
+        }
+        let call = super::inputs::upstream_spec(c.req.method, &c.req.params.fwd, false);
+        let (tx, rx) = mpsc::channel(32);
+        let engine = self.clone();
+        let (up, p) = (c.upstream.clone(), c.principal.clone());
+        let (caps, answer_undeclared) = (c.req.meta.caps.clone(), c.answer_undeclared);
+        let mut recorded = route.clone();
+        let created_at = rec.created_at_ms;
+        let task = tokio::spawn(async move {
+            let admitted = engine.admit_task(&up, &p).await?;
+            let (channel, created) = match engine.create_upstream_task(&up, &p, call).await {
+                Ok(x) => x,
+                Err(r) => return r,
+            };
+            let mut orphan = CancelUpstream {
+                engine: engine.clone(),
+                channel: channel.clone(),
+                task_id: created.task_id.clone(),
+                live: true,
+            };
+            recorded.upstream_task = Some(route_entry(
+                channel.as_ref(),
+                &created.task_id,
+                &caps,
+                answer_undeclared,
+            ));
+            if let Err(e) = engine.tasks.put_route(&recorded).await {
+                // `orphan` cancels the upstream task; the task fails with this.
+                return Err(UpstreamError::Broken {
+                    upstream: up.name().to_string(),
+                    reason: format!("the upstream task could not be recorded: {e}"),
+                });
+            }
+            orphan.live = false;
+            if let Some(ttl) = created.ttl_ms {
+                engine.shorten_ttl(&recorded, created_at, ttl).await;
+            }
+            let poll = bounded_poll(&engine, created.poll);
+            follow(engine, channel, created.task_id, poll, tx, Some(admitted)).await
+        });
+        let pending = Pending::new(task, rx, self.input_gather());
+        self.launch(&c, &rec, &route, pending, Vec::new());
+        crate::metrics::promoted(c.upstream.name(), &rec.task_id);
+        Reply::Task(snapshot::create_result(&rec, &c.server_info))
+    }
+
+    /// The upstream keeps its task for `ttl_ms`: a task that outlived it could show
+    /// nothing, so its `ttlMs` says the shorter time.
+    async fn shorten_ttl(&self, route: &RequestRoute, created_at_ms: u64, ttl_ms: u64) {
+        let Some(task_id) = &route.task_id else {
+            return;
+        };
+        let r = self
+            .tasks
+            .update(task_id, Some(&route.route_id), &mut |rec| {
+                if rec.status.is_terminal() || rec.ttl_ms <= ttl_ms {
+                    return false;
+                }
+                rec.ttl_ms = ttl_ms;
+                rec.expires_at_ms = created_at_ms + ttl_ms;
+                true
+            })
+            .await;
+        if let Err(e) = r {
+            tracing::warn!(task = %task_id, error = %e, "shortening the task's ttl to the upstream's failed");
+        }
     }
 
     /// A `required` upstream task tool called by a 2025-era session without task
