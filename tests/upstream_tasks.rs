@@ -44,6 +44,11 @@ fn stdio(command: &[String]) -> String {
 }
 
 async fn setup(up: Up) -> Setup {
+    setup_with(up, "").await
+}
+
+/// [`setup`] with more `[tasks]` keys.
+async fn setup_with(up: Up, tasks_extra: &str) -> Setup {
     for p in [task_python(), node(), everything_js()] {
         assert!(
             p.exists(),
@@ -80,7 +85,7 @@ async fn setup(up: Up) -> Setup {
         ),
     };
     let body = format!(
-        "{}\n[tasks]\npoll_interval_ms = 100\n{upstream}",
+        "{}\n[tasks]\npoll_interval_ms = 100\n{tasks_extra}\n{upstream}",
         jwt_auth()
     );
     let gw = Gateway::start(&body).await;
@@ -507,4 +512,40 @@ async fn keyed_duplicates_share_one_upstream_task() {
     // One upstream task was created for all of them.
     let created = gw.proc.log_text().matches("upstream task created").count();
     assert_eq!(created, 1, "{}", gw.proc.log_text());
+}
+
+/// An upstream delivers an input request once, on the `tasks/result` stream of the
+/// gateway process that asked: after a restart nobody can answer it, so the
+/// re-attached task fails once `input_timeout_ms` passes without a request (and the
+/// upstream task is cancelled), rather than waiting out its ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_input_request_lost_with_the_gateway_fails_the_task() {
+    let s = setup_with(Up::PyHttp, "input_timeout_ms = 3000\n").await;
+    let h = create(
+        &s.gw,
+        "task_work",
+        json!({"ms": 600, "steps": 2, "ask": "which?"}),
+    )
+    .await;
+    let id = h["taskId"].as_str().expect("taskId").to_string();
+    let t = follow(&s.gw, &id, "input_required", &mut Vec::new()).await;
+    assert_eq!(t["status"], "input_required", "{t}");
+    let s = restart(s, true).await;
+    let t = follow(&s.gw, &id, "failed", &mut Vec::new()).await;
+    assert_eq!(t["status"], "failed", "{t}\n{}", s.gw.proc.log_text());
+    assert!(
+        t["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("never reached the gateway"),
+        "{t}"
+    );
+    assert!(
+        s.gw.proc
+            .wait_log("upstream task cancelled", Duration::from_secs(20))
+            .await
+            .is_some(),
+        "{}",
+        s.gw.proc.log_text()
+    );
 }

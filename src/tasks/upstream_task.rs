@@ -210,6 +210,48 @@ fn retry(failures: &mut u32, task_id: &str, e: UpstreamError) -> Result<(), Upst
     Ok(())
 }
 
+/// Why a task failed whose upstream asked for input that never reached the gateway.
+const INPUT_LOST: &str = "the upstream task asks for input, but its request never reached \
+     the gateway within input_timeout_ms (an upstream delivers a request once: one \
+     delivered to a gateway process that has since stopped is lost)";
+
+/// The upstream task is `input_required`: its `tasks/result` delivers the request (and
+/// returns once the task moves on). `None` when no request came within `limit` — one
+/// delivered to a previous gateway process is not delivered again, and the task would
+/// wait for an answer nobody can give until its ttl.
+async fn wait_for_input(
+    channel: &dyn TaskChannel,
+    task_id: &str,
+    events: &mpsc::Sender<CallEvent>,
+    limit: Duration,
+) -> Option<Result<(), UpstreamError>> {
+    let (tx, mut rx) = mpsc::channel(32);
+    let result = channel.call(spec(LegacyTaskMethod::Result, task_id), tx);
+    tokio::pin!(result);
+    let deadline = tokio::time::sleep(limit);
+    tokio::pin!(deadline);
+    let mut delivered = false;
+    let mut open = true;
+    let r = loop {
+        tokio::select! {
+            biased;
+            ev = rx.recv(), if open => match ev {
+                Some(ev) => {
+                    delivered |= matches!(ev, CallEvent::Input(_));
+                    let _ = events.send(ev).await;
+                }
+                None => open = false,
+            },
+            r = &mut result => break r.map(|_| ()),
+            () = &mut deadline, if !delivered => return None,
+        }
+    };
+    while let Ok(ev) = rx.try_recv() {
+        let _ = events.send(ev).await;
+    }
+    Some(r)
+}
+
 /// Follow the upstream task `task_id` on `channel` until a `tasks/get` says it is
 /// terminal, then fetch its result. Statuses and input requests go to `events`.
 async fn follow(
@@ -269,12 +311,15 @@ async fn follow(
             // What it returns then may not be final (a "resuming" result): only a
             // terminal `tasks/get` ends the task, so the loop asks again.
             "input_required" => {
-                if let Err(e) = channel
-                    .call(spec(LegacyTaskMethod::Result, &task_id), events.clone())
-                    .await
-                {
-                    retry(&mut failures, &task_id, e)?;
-                    tokio::time::sleep(poll).await;
+                let wait = engine.cfg.tasks.input_timeout;
+                match wait_for_input(channel.as_ref(), &task_id, &events, wait).await {
+                    Some(Ok(())) => {}
+                    Some(Err(e)) => {
+                        retry(&mut failures, &task_id, e)?;
+                        tokio::time::sleep(poll).await;
+                    }
+                    // `guard` cancels the upstream task, which nobody can answer.
+                    None => return Ok(CallOutcome::Error(RpcError::internal(INPUT_LOST))),
                 }
             }
             "completed" | "failed" => {
