@@ -105,12 +105,7 @@ impl Identity {
     /// A read of the shared value, no copy: every `tools/call` asks (docs/design.md
     /// §25).
     pub fn advertises_tasks(&self) -> Option<bool> {
-        self.last.borrow().as_ref().map(|info| {
-            info.capabilities
-                .get("tasks")
-                .and_then(|t| t.pointer("/requests/tools/call"))
-                .is_some_and(serde_json::Value::is_object)
-        })
+        self.last.borrow().as_ref().map(advertises_tasks)
     }
 
     /// The last identity any transport learned (or the stored one), else the
@@ -121,6 +116,14 @@ impl Identity {
             .clone()
             .unwrap_or_else(|| unknown(&self.name))
     }
+}
+
+/// Whether `info` advertises 2025-11-25 tasks for `tools/call`.
+pub fn advertises_tasks(info: &UpstreamInfo) -> bool {
+    info.capabilities
+        .get("tasks")
+        .and_then(|t| t.pointer("/requests/tools/call"))
+        .is_some_and(serde_json::Value::is_object)
 }
 
 /// The identity of an upstream that never completed `initialize`: its configured name,

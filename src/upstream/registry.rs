@@ -474,14 +474,31 @@ impl Upstream {
     pub async fn runs_tasks(&self, principal: &Principal, tool: &str) -> bool {
         // The server's capability first: most servers have none, and reading it is
         // cheaper than the tools lookup (the hot path of every `tools/call`).
-        if self.identity.advertises_tasks() == Some(false) {
+        let (transport, _) = match self.identity.advertises_tasks() {
+            Some(false) => return false,
+            Some(true) => return self.declares_task_support(principal, tool).await,
+            // No identity shared yet (the transport may not report one): its own.
+            None => self.scoped(principal.into()),
+        };
+        if transport
+            .info()
+            .is_some_and(|i| !super::identity::advertises_tasks(&i))
+        {
             return false;
         }
         // Listing the tools initialises the scope's session if none did yet.
+        self.declares_task_support(principal, tool).await
+            && transport
+                .info()
+                .is_some_and(|i| super::identity::advertises_tasks(&i))
+    }
+
+    /// The tool declares `execution.taskSupport` `optional` or `required`.
+    async fn declares_task_support(&self, principal: &Principal, tool: &str) -> bool {
         matches!(
             self.tool_task_support(principal, tool).await.as_deref(),
             Some("optional" | "required")
-        ) && self.identity.advertises_tasks() == Some(true)
+        )
     }
 
     /// Pin the scope's upstream session (HTTP) or a child (stdio) for an upstream
