@@ -853,6 +853,12 @@ async fn terminal_state_seen_right_before_a_kill_survives_it(b: StoreBackend) {
 /// Upstream task ids handed out: id → (owner, `ms`, `steps`) of its `task_work` call.
 type Handed = BTreeMap<String, (usize, u64, u64)>;
 
+/// The upstream tasks handed out so far, copied out of the lock.
+fn snapshot(handed: &Mutex<Handed>) -> Vec<(String, (usize, u64, u64))> {
+    let h = handed.lock().unwrap();
+    h.iter().map(|(k, v)| (k.clone(), *v)).collect()
+}
+
 /// Upstream tasks (docs/design.md §25) under the same SIGKILL rounds: creators keep
 /// starting `task_work` tasks on the Python task server (HTTP, which outlives every
 /// gateway) while owners poll; each round ends with a SIGKILL at a random moment. Every
@@ -916,28 +922,14 @@ async fn upstream_tasks_survive_the_crash_loop(b: StoreBackend) {
             })
             .collect();
         tokio::time::sleep(Duration::from_millis(rng.random_range(300..2500))).await;
-        let Gateway {
-            mut proc,
-            dir,
-            config_path,
-            ..
-        } = gw;
-        proc.kill9();
+        gw = gw.kill9_and_relaunch().await;
         stop.store(true, Ordering::Relaxed);
         for c in creators {
             c.await.expect("creator panicked");
         }
-        drop(proc);
-        gw = Gateway::launch(dir, config_path).await;
-        gw.wait_ready().await;
         *addr.lock().unwrap() = gw.addr;
         // Nothing handed out was failed by the restart.
-        let all: Vec<_> = handed
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(k, v)| (k.clone(), *v))
-            .collect();
+        let all = snapshot(&handed);
         for (id, (owner, _, _)) in &all {
             let v = rpc(
                 &client(gw.addr, *owner),
@@ -959,12 +951,7 @@ async fn upstream_tasks_survive_the_crash_loop(b: StoreBackend) {
         }
     }
     // Every task handed out completes with its own result.
-    let all: Vec<_> = handed
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|(k, v)| (k.clone(), *v))
-        .collect();
+    let all = snapshot(&handed);
     assert!(
         all.len() >= rounds,
         "{}",

@@ -158,14 +158,7 @@ async fn fastmcp_unshimmed_client_lacks_mcp_name_on_tasks_get() {
 async fn fastmcp_follows_server_everything_research() {
     require_peers();
     let (_everything, port) = start_everything_http().await;
-    let url = format!("http://127.0.0.1:{port}/mcp");
-    let body = format!(
-        "{}[tasks]\npoll_interval_ms = 100\n[limits]\npoll_burst = 10\n{}",
-        jwt_auth(),
-        http_upstream("everything", "/mcp", &url, "")
-    );
-    let gw = Gateway::start(&body).await;
-    gw.wait_ready().await;
+    let gw = everything_gateway(port, "poll_interval_ms = 100\n[limits]\npoll_burst = 10\n").await;
     let (r, gw) = run_on(gw, "research").await;
     assert_eq!(r["final_status"], "completed", "{r}");
     assert_eq!(r["ttl_ms"], 300000, "{r}");

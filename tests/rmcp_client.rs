@@ -263,20 +263,6 @@ async fn rmcp_foreign_task_is_not_found() {
     other.cancel().await.ok();
 }
 
-/// The gateway in front of server-everything over HTTP, whose `simulate-research-query`
-/// is the upstream's own 2025-11-25 task (docs/design.md §25).
-async fn everything_gateway(port: u16) -> Gateway {
-    let url = format!("http://127.0.0.1:{port}/mcp");
-    let body = format!(
-        "{}[tasks]\npoll_interval_ms = 100\n{}",
-        jwt_auth(),
-        http_upstream("everything", "/mcp", &url, "")
-    );
-    let gw = Gateway::start(&body).await;
-    gw.wait_ready().await;
-    gw
-}
-
 /// Poll through rmcp until the upstream reports a stage of its own.
 async fn under_way(c: &RunningService<RoleClient, ClientConfig>, id: &str, gw: &Gateway) {
     let start = Instant::now();
@@ -309,7 +295,7 @@ fn report(t: rmcp::model::DetailedTask) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rmcp_follows_server_everything_research_through_a_restart() {
     let (_everything, port) = start_everything_http().await;
-    let gw = everything_gateway(port).await;
+    let gw = everything_gateway(port, "poll_interval_ms = 100\n").await;
     let c = client(&gw, true).await;
 
     // Input: the ambiguous query asks which Python is meant.
@@ -366,15 +352,7 @@ async fn rmcp_follows_server_everything_research_through_a_restart() {
     let id = created.task.task_id.clone();
     under_way(&c, &id, &gw).await;
     c.cancel().await.ok();
-    let Gateway {
-        mut proc,
-        dir,
-        config_path,
-        ..
-    } = gw;
-    proc.kill9();
-    let gw = Gateway::launch(dir, config_path).await;
-    gw.wait_ready().await;
+    let gw = gw.kill9_and_relaunch().await;
     let c = client(&gw, true).await;
     let text = report(poll(&c, &id, TaskStatus::Completed, &gw).await);
     assert!(

@@ -101,6 +101,12 @@ fn client(gw: &Gateway) -> Client2026 {
         .with_caps(json!({"extensions": {TASKS: {}}, "elicitation": {}}))
 }
 
+/// Call `tool` and return the id of the gateway's task.
+async fn start(gw: &Gateway, tool: &str, args: Value) -> String {
+    let h = create(gw, tool, args).await;
+    h["taskId"].as_str().expect("taskId").to_string()
+}
+
 /// Call `tool` and return the gateway's task handle.
 async fn create(gw: &Gateway, tool: &str, args: Value) -> Value {
     let r = client(gw).call_tool(tool, args).await;
@@ -182,8 +188,7 @@ async fn python_flows(up: Up) {
     let gw = &s.gw;
 
     // A task, its status messages, its result.
-    let h = create(gw, "task_work", json!({"ms": 1200, "steps": 3})).await;
-    let id = h["taskId"].as_str().expect("taskId").to_string();
+    let id = start(gw, "task_work", json!({"ms": 1200, "steps": 3})).await;
     let mut seen = Vec::new();
     let t = follow(gw, &id, "completed", &mut seen).await;
     assert_eq!(t["status"], "completed", "{t}");
@@ -204,13 +209,12 @@ async fn python_flows(up: Up) {
     );
 
     // Input: the upstream asks through tasks/result; the answer goes back by tasks/update.
-    let h = create(
+    let id = start(
         gw,
         "task_work",
         json!({"ms": 800, "steps": 2, "ask": "which?"}),
     )
     .await;
-    let id = h["taskId"].as_str().expect("taskId").to_string();
     let t = follow(gw, &id, "input_required", &mut Vec::new()).await;
     assert_eq!(t["status"], "input_required", "{t}");
     let req = &t["inputRequests"]["elicitation-1"];
@@ -225,8 +229,7 @@ async fn python_flows(up: Up) {
     );
 
     // Cancel is forwarded upstream.
-    let h = create(gw, "task_work", json!({"ms": 30000, "steps": 30})).await;
-    let id = h["taskId"].as_str().expect("taskId").to_string();
+    let id = start(gw, "task_work", json!({"ms": 30000, "steps": 30})).await;
     under_way(gw, &id).await;
     let r = client(gw)
         .request("tasks/cancel", json!({"taskId": id}))
@@ -244,13 +247,13 @@ async fn python_flows(up: Up) {
     );
 
     // The upstream's failures: a raised error fails the task; `isError` is a tool error.
-    let h = create(
+    let id = start(
         gw,
         "task_work",
         json!({"ms": 200, "steps": 1, "fail": "error"}),
     )
     .await;
-    let t = follow(gw, h["taskId"].as_str().unwrap(), "failed", &mut Vec::new()).await;
+    let t = follow(gw, &id, "failed", &mut Vec::new()).await;
     assert_eq!(t["status"], "failed", "{t}");
     assert!(
         t["error"]["message"]
@@ -259,30 +262,18 @@ async fn python_flows(up: Up) {
             .contains("the upstream task failed"),
         "{t}"
     );
-    let h = create(
+    let id = start(
         gw,
         "task_work",
         json!({"ms": 200, "steps": 1, "fail": "isError"}),
     )
     .await;
-    let t = follow(
-        gw,
-        h["taskId"].as_str().unwrap(),
-        "completed",
-        &mut Vec::new(),
-    )
-    .await;
+    let t = follow(gw, &id, "completed", &mut Vec::new()).await;
     assert_eq!(t["result"]["isError"], true, "{t}");
 
     // The optional tool runs as the upstream's task too.
-    let h = create(gw, "task_optional", json!({"ms": 200, "steps": 1})).await;
-    let t = follow(
-        gw,
-        h["taskId"].as_str().unwrap(),
-        "completed",
-        &mut Vec::new(),
-    )
-    .await;
+    let id = start(gw, "task_optional", json!({"ms": 200, "steps": 1})).await;
+    let t = follow(gw, &id, "completed", &mut Vec::new()).await;
     assert_eq!(
         first_text(&t["result"]),
         "task_work done: 200 ms, 1 steps",
@@ -356,21 +347,21 @@ async fn server_everything_research_over_stdio() {
 /// Stop the gateway (SIGKILL or SIGTERM) mid-task and start it again on its store.
 async fn restart(s: Setup, kill: bool) -> Setup {
     let Setup { gw, _server } = s;
+    if kill {
+        let gw = gw.kill9_and_relaunch().await;
+        return Setup { gw, _server };
+    }
     let Gateway {
         mut proc,
         dir,
         config_path,
         ..
     } = gw;
-    if kill {
-        proc.kill9();
-    } else {
-        proc.sigterm();
-        let _ = tokio::task::spawn_blocking(move || {
-            let _ = proc.child.wait();
-        })
-        .await;
-    }
+    proc.sigterm();
+    let _ = tokio::task::spawn_blocking(move || {
+        let _ = proc.child.wait();
+    })
+    .await;
     let gw = Gateway::launch(dir, config_path).await;
     gw.wait_ready().await;
     Setup { gw, _server }
@@ -390,8 +381,7 @@ async fn reattach(up: Up, kill: bool) {
             "task_work done: 4000 ms, 8 steps",
         ),
     };
-    let h = create(&s.gw, tool, args).await;
-    let id = h["taskId"].as_str().expect("taskId").to_string();
+    let id = start(&s.gw, tool, args).await;
     // Under way upstream before the gateway goes.
     under_way(&s.gw, &id).await;
     let mut seen = Vec::new();
@@ -428,8 +418,7 @@ async fn a_killed_gateway_reattaches_to_server_everything_tasks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stdio_task_fails_with_its_child() {
     let s = setup(Up::PyStdio).await;
-    let h = create(&s.gw, "task_work", json!({"ms": 20000, "steps": 20})).await;
-    let id = h["taskId"].as_str().expect("taskId").to_string();
+    let id = start(&s.gw, "task_work", json!({"ms": 20000, "steps": 20})).await;
     under_way(&s.gw, &id).await;
     let s = restart(s, true).await;
     let t = follow(&s.gw, &id, "failed", &mut Vec::new()).await;
@@ -521,13 +510,12 @@ async fn keyed_duplicates_share_one_upstream_task() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_input_request_lost_with_the_gateway_fails_the_task() {
     let s = setup_with(Up::PyHttp, "input_timeout_ms = 3000\n").await;
-    let h = create(
+    let id = start(
         &s.gw,
         "task_work",
         json!({"ms": 600, "steps": 2, "ask": "which?"}),
     )
     .await;
-    let id = h["taskId"].as_str().expect("taskId").to_string();
     let t = follow(&s.gw, &id, "input_required", &mut Vec::new()).await;
     assert_eq!(t["status"], "input_required", "{t}");
     let s = restart(s, true).await;

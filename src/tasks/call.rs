@@ -277,7 +277,11 @@ impl Engine {
             if let Some(r) = self.over_quota(&c).await {
                 return r;
             }
-            if c.upstream.runs_tasks(&c.principal, &tool).await {
+            if c.upstream
+                .upstream_task_support(&c.principal, &tool)
+                .await
+                .is_some()
+            {
                 return self.keyed_upstream_task_call(c, fp, idem, index).await;
             }
             let rec = self.new_record(&c, &tool, fp.clone(), idem.clone());
@@ -286,7 +290,11 @@ impl Engine {
         if let Some(r) = self.over_quota(&c).await {
             return r;
         }
-        if c.upstream.runs_tasks(&c.principal, &tool).await {
+        if c.upstream
+            .upstream_task_support(&c.principal, &tool)
+            .await
+            .is_some()
+        {
             return self.upstream_task_call(c, fp).await;
         }
         if c.promotion.promote_after.is_zero() {

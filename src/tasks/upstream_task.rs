@@ -168,6 +168,16 @@ struct CancelUpstream {
 }
 
 impl CancelUpstream {
+    /// Armed: dropping it cancels `task_id` unless [`ended`](Self::ended) or disarmed.
+    fn new(engine: &Arc<Engine>, channel: &Arc<dyn TaskChannel>, task_id: &str) -> Self {
+        Self {
+            engine: engine.clone(),
+            channel: channel.clone(),
+            task_id: task_id.to_string(),
+            live: true,
+        }
+    }
+
     /// The upstream task is over: nothing to cancel, and its session may go.
     fn ended(&mut self) {
         if std::mem::take(&mut self.live) {
@@ -262,12 +272,7 @@ async fn follow(
     events: mpsc::Sender<CallEvent>,
     _admitted: Option<Permit>,
 ) -> Result<CallOutcome, UpstreamError> {
-    let mut guard = CancelUpstream {
-        engine: engine.clone(),
-        channel: channel.clone(),
-        task_id: task_id.clone(),
-        live: true,
-    };
+    let mut guard = CancelUpstream::new(&engine, &channel, &task_id);
     let mut failures = 0;
     let mut last_message = String::new();
     loop {
@@ -431,12 +436,7 @@ impl Engine {
             Err(r) => return answer(r),
         };
         // From here on the upstream task exists: a failure to record it cancels it.
-        let mut orphan = CancelUpstream {
-            engine: self.clone(),
-            channel: channel.clone(),
-            task_id: created.task_id.clone(),
-            live: true,
-        };
+        let mut orphan = CancelUpstream::new(self, &channel, &created.task_id);
         let mut rec = self.new_record(&c, &c.tool, fp, None);
         if let Some(upstream_ttl) = created.ttl_ms
             && upstream_ttl < rec.ttl_ms
@@ -507,12 +507,7 @@ impl Engine {
                 Ok(x) => x,
                 Err(r) => return r,
             };
-            let mut orphan = CancelUpstream {
-                engine: engine.clone(),
-                channel: channel.clone(),
-                task_id: created.task_id.clone(),
-                live: true,
-            };
+            let mut orphan = CancelUpstream::new(&engine, &channel, &created.task_id);
             recorded.upstream_task = Some(route_entry(
                 channel.as_ref(),
                 &created.task_id,

@@ -468,37 +468,33 @@ impl Upstream {
             .map(str::to_string)
     }
 
-    /// Whether a `tools/call` of `tool` runs as the upstream's own task
-    /// (docs/design.md §25): the server advertises `tasks.requests.tools.call` and the
-    /// tool declares `execution.taskSupport` `optional` or `required`.
-    pub async fn runs_tasks(&self, principal: &Principal, tool: &str) -> bool {
+    /// The tool's `execution.taskSupport` (`optional` or `required`) when a
+    /// `tools/call` of it runs as the upstream's own task (docs/design.md §25): the
+    /// server advertises `tasks.requests.tools.call` and the tool declares support.
+    /// `None` for every other tool.
+    pub async fn upstream_task_support(&self, principal: &Principal, tool: &str) -> Option<String> {
         // The server's capability first: most servers have none, and reading it is
         // cheaper than the tools lookup (the hot path of every `tools/call`).
-        let (transport, _) = match self.identity.advertises_tasks() {
-            Some(false) => return false,
-            Some(true) => return self.declares_task_support(principal, tool).await,
+        let transport = match self.identity.advertises_tasks() {
+            Some(false) => return None,
+            Some(true) => None,
             // No identity shared yet (the transport may not report one): its own.
-            None => self.scoped(principal.into()),
+            None => Some(self.scoped(principal.into()).0),
         };
-        if transport
-            .info()
-            .is_some_and(|i| !super::identity::advertises_tasks(&i))
-        {
-            return false;
+        let advertised = |t: &Option<Arc<dyn LegacyTransport>>| {
+            t.as_ref().is_none_or(|t| {
+                t.info()
+                    .is_some_and(|i| super::identity::advertises_tasks(&i))
+            })
+        };
+        if transport.as_ref().is_some_and(|t| t.info().is_some()) && !advertised(&transport) {
+            return None;
         }
         // Listing the tools initialises the scope's session if none did yet.
-        self.declares_task_support(principal, tool).await
-            && transport
-                .info()
-                .is_some_and(|i| super::identity::advertises_tasks(&i))
-    }
-
-    /// The tool declares `execution.taskSupport` `optional` or `required`.
-    async fn declares_task_support(&self, principal: &Principal, tool: &str) -> bool {
-        matches!(
-            self.tool_task_support(principal, tool).await.as_deref(),
-            Some("optional" | "required")
-        )
+        self.tool_task_support(principal, tool)
+            .await
+            .filter(|s| matches!(s.as_str(), "optional" | "required"))
+            .filter(|_| advertised(&transport))
     }
 
     /// Pin the scope's upstream session (HTTP) or a child (stdio) for an upstream

@@ -323,6 +323,21 @@ impl Gateway {
         format!("{scheme}://{}{}", self.addr, path)
     }
 
+    /// SIGKILL the gateway and start it again on the same store and config, ready.
+    pub async fn kill9_and_relaunch(self) -> Self {
+        let Gateway {
+            mut proc,
+            dir,
+            config_path,
+            ..
+        } = self;
+        proc.kill9();
+        drop(proc);
+        let gw = Gateway::launch(dir, config_path).await;
+        gw.wait_ready().await;
+        gw
+    }
+
     /// Wait until `/readyz` says ready.
     pub async fn wait_ready(&self) {
         let start = Instant::now();
@@ -982,4 +997,18 @@ pub async fn start_task_server_http() -> (Proc, u16) {
         .await
         .unwrap_or_else(|| panic!("the Python task server did not start:\n{}", p.log_text()));
     (p, port)
+}
+
+/// A gateway (JWT auth) in front of server-everything's Streamable HTTP on `port` at
+/// `/mcp`, with `[tasks]` keys `tasks` (which may open further sections).
+pub async fn everything_gateway(port: u16, tasks: &str) -> Gateway {
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let body = format!(
+        "{}[tasks]\n{tasks}{}",
+        jwt_auth(),
+        http_upstream("everything", "/mcp", &url, "")
+    );
+    let gw = Gateway::start(&body).await;
+    gw.wait_ready().await;
+    gw
 }

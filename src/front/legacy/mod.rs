@@ -501,13 +501,11 @@ impl Session<'_> {
         // the gateway follows that task inline (docs/design.md §25).
         let upstream_task = match spec.tool.as_deref() {
             Some(tool) if method == Method::ToolsCall => {
-                self.upstream.runs_tasks(self.principal, tool).await
-                    && self
-                        .upstream
-                        .tool_task_support(self.principal, tool)
-                        .await
-                        .as_deref()
-                        == Some("required")
+                self.upstream
+                    .upstream_task_support(self.principal, tool)
+                    .await
+                    .as_deref()
+                    == Some("required")
             }
             _ => false,
         };

@@ -198,6 +198,31 @@ impl HttpUpstream {
         this
     }
 
+    /// One call (in the current session, or the `pinned` one) that ends with
+    /// `ShuttingDown` once the transport stops.
+    async fn call_until_stopped(
+        &self,
+        spec: CallSpec,
+        events: mpsc::Sender<CallEvent>,
+        pinned: Option<&Session>,
+    ) -> Result<CallOutcome, UpstreamError> {
+        if self.is_shutting_down() {
+            return Err(UpstreamError::ShuttingDown);
+        }
+        let stop = self.stop.clone();
+        tokio::select! {
+            _ = stop.cancelled() => Err(UpstreamError::ShuttingDown),
+            r = self.call_inner(spec, events, pinned) => {
+                // A stream broken by our own DELETE is a shutdown, not a failure.
+                if r.is_err() && self.is_shutting_down() {
+                    Err(UpstreamError::ShuttingDown)
+                } else {
+                    r
+                }
+            }
+        }
+    }
+
     /// The endpoint currently used (after any remembered redirect).
     pub fn url(&self) -> String {
         self.inner().url.clone()
@@ -227,23 +252,7 @@ impl LegacyTransport for HttpUpstream {
         spec: CallSpec,
         events: mpsc::Sender<CallEvent>,
     ) -> BoxFuture<'_, Result<CallOutcome, UpstreamError>> {
-        Box::pin(async move {
-            if self.is_shutting_down() {
-                return Err(UpstreamError::ShuttingDown);
-            }
-            let stop = self.stop.clone();
-            tokio::select! {
-                _ = stop.cancelled() => Err(UpstreamError::ShuttingDown),
-                r = self.call_inner(spec, events, None) => {
-                    // A stream broken by our own DELETE is a shutdown, not a failure.
-                    if r.is_err() && self.is_shutting_down() {
-                        Err(UpstreamError::ShuttingDown)
-                    } else {
-                        r
-                    }
-                }
-            }
-        })
+        Box::pin(self.call_until_stopped(spec, events, None))
     }
 
     fn notifications(&self) -> broadcast::Receiver<SessionNotification> {

@@ -40,17 +40,10 @@ impl TaskChannel for Pinned {
         spec: CallSpec,
         events: mpsc::Sender<CallEvent>,
     ) -> BoxFuture<'_, Result<CallOutcome, UpstreamError>> {
-        Box::pin(async move {
-            let up = &self.upstream;
-            if up.is_shutting_down() {
-                return Err(UpstreamError::ShuttingDown);
-            }
-            let stop = up.stop.clone();
-            tokio::select! {
-                _ = stop.cancelled() => Err(UpstreamError::ShuttingDown),
-                r = up.call_inner(spec, events, Some(&self.session)) => r,
-            }
-        })
+        Box::pin(
+            self.upstream
+                .call_until_stopped(spec, events, Some(&self.session)),
+        )
     }
 
     fn session(&self) -> Option<SessionRef> {
