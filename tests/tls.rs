@@ -174,15 +174,25 @@ async fn a_client_certificate_is_required_and_never_replaces_the_token() {
     )
     .await;
     let healthz = https(&gw, "/healthz");
+    // Under TLS 1.3 the client's side of the handshake ends before the gateway
+    // judges the certificate, so the client sees the refusal as an alert or as a
+    // connection closed before its request went out, depending on timing. Either
+    // way no request is served; the gateway's own count names the reason.
     for (who, id) in [("no certificate", None), ("another CA", Some(&mallory))] {
         let err = get(&ca.ca_file, id, &[], &healthz).await.unwrap_err();
-        assert!(
-            err.to_lowercase().contains("certificate") || err.contains("alert"),
-            "{who}: {err}"
-        );
+        assert!(!err.is_empty(), "{who}");
     }
     let (r, _) = get(&ca.ca_file, Some(&alice), &[], &healthz).await.unwrap();
     assert_eq!(r.status, 200);
+    let m = get(&ca.ca_file, Some(&alice), &[], &https(&gw, "/metrics"))
+        .await
+        .unwrap();
+    let m = String::from_utf8_lossy(&m.0.body).into_owned();
+    let inbound = "taskgate_tls_handshake_failures_total{side=\"inbound\",peer=\"listener\"";
+    for reason in ["bad_certificate", "unknown_issuer"] {
+        let line = format!("{inbound},reason=\"{reason}\"}}");
+        assert!(sample(&m, &line) >= 1.0, "{reason}: {m}");
+    }
     // The stdio upstream starts in the background: a call before it is up is a 503.
     gw.wait_ready_at(&https(&gw, "/readyz"), &ca.ca_file, Some(&alice))
         .await;
