@@ -964,6 +964,108 @@ pub(crate) async fn sessions_are_deleted_and_expire_idle(h: Harness) {
     assert_eq!(r.unwrap(), SessionCreated::New);
 }
 
+async fn tenant_ids(
+    s: &dyn TaskStore,
+    tenant: &str,
+    status: TaskStatus,
+    after: Option<&OwnerCursor>,
+    limit: usize,
+) -> Vec<String> {
+    s.list_tenant(tenant, status, after, limit)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.task_id)
+        .collect()
+}
+
+/// The operator API's index: a tenant's tasks per status in creation order, moved
+/// when the status changes, gone with the task; and the per-tenant counts.
+pub(crate) async fn tenant_lists(h: Harness) {
+    let s = h.store();
+    let working = TaskStatus::Working;
+    for (id, tenant, subject, at) in [
+        ("tsk_d", "acme", "alice", 200),
+        ("tsk_b", "acme", "bob", 100),
+        ("tsk_a", "acme", "alice", 100),
+        ("tsk_Z", "acme", "carol", 100),
+        ("tsk_c", "acme", "alice", 50),
+        // Neighbours: tenants whose names extend, or are extended by, "acme".
+        ("tsk_o1", "acme2", "alice", 10),
+        ("tsk_o2", "acm", "alice", 10),
+        ("tsk_o3", "globex", "alice", 10),
+    ] {
+        let rec = owned(id, tenant, subject, "demo", at);
+        s.create(&rec, &route(&format!("rt_{id}"), None), None)
+            .await
+            .unwrap();
+    }
+    let order = ["tsk_c", "tsk_Z", "tsk_a", "tsk_b", "tsk_d"];
+    assert_eq!(tenant_ids(&*s, "acme", working, None, 10).await, order);
+    assert_eq!(
+        tenant_ids(&*s, "acme", working, None, 2).await,
+        ["tsk_c", "tsk_Z"]
+    );
+    assert_eq!(
+        tenant_ids(&*s, "acme", working, Some(&after(100, "tsk_Z")), 2).await,
+        ["tsk_a", "tsk_b"]
+    );
+    assert!(
+        tenant_ids(&*s, "acme", TaskStatus::Completed, None, 10)
+            .await
+            .is_empty()
+    );
+    assert_eq!(tenant_ids(&*s, "acm", working, None, 10).await, ["tsk_o2"]);
+    // A status change moves the task to its new status's list.
+    s.update("tsk_a", &mut |rec| {
+        rec.status = TaskStatus::Completed;
+        rec.result = Some(json!({"content": []}));
+        true
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        tenant_ids(&*s, "acme", working, None, 10).await,
+        ["tsk_c", "tsk_Z", "tsk_b", "tsk_d"]
+    );
+    let done = s
+        .list_tenant("acme", TaskStatus::Completed, None, 10)
+        .await
+        .unwrap();
+    assert_eq!(done.len(), 1);
+    assert_eq!(Some(&done[0]), s.get("tsk_a").await.unwrap().as_ref());
+    // Expired: gone from every list.
+    let now = now_ms();
+    s.update("tsk_b", &mut |rec| {
+        rec.expires_at_ms = now - 1;
+        true
+    })
+    .await
+    .unwrap();
+    assert!(s.expire("tsk_b", now, now + HOUR).await.unwrap().is_some());
+    assert_eq!(
+        tenant_ids(&*s, "acme", working, None, 10).await,
+        ["tsk_c", "tsk_Z", "tsk_d"]
+    );
+    let counts: Vec<(String, TaskStatus, u64)> = s
+        .tenant_counts()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| (c.tenant, c.status, c.tasks))
+        .collect();
+    for want in [
+        ("acme".to_string(), working, 3),
+        ("acme".to_string(), TaskStatus::Completed, 1),
+        ("acme2".to_string(), working, 1),
+        ("acm".to_string(), working, 1),
+        ("globex".to_string(), working, 1),
+    ] {
+        assert!(counts.contains(&want), "{want:?} in {counts:?}");
+    }
+    assert_eq!(counts.len(), 5, "{counts:?}");
+}
+
 /// Every case of the contract, as tests of one backend: `contract_suite!(name,
 /// factory)` with `factory: fn() -> Harness`.
 macro_rules! contract_suite {
@@ -1010,6 +1112,10 @@ macro_rules! contract_suite {
             #[tokio::test]
             async fn owner_lists() {
                 super::owner_lists($factory()).await
+            }
+            #[tokio::test]
+            async fn tenant_lists() {
+                super::tenant_lists($factory()).await
             }
             #[tokio::test]
             async fn upstream_tool_headers() {

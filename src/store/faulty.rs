@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 use super::{
     Created, Expired, IdempotencyEntry, Owned, OwnedSession, OwnerCursor, RequestRoute,
     SessionCreated, SessionRecord, SessionUpdate, StoreError, TaskRecord, TaskStatus, TaskStore,
-    Tombstone, Update,
+    TenantCount, Tombstone, Update,
 };
 use crate::protocol::UpstreamInfo;
 use crate::protocol::param_headers::ToolHeaders;
@@ -199,6 +199,24 @@ impl TaskStore for FaultyStore {
             self.inner
                 .list_owned(tenant, subject, upstream, after, limit)
         )
+    }
+
+    fn list_tenant<'a>(
+        &'a self,
+        tenant: &'a str,
+        status: TaskStatus,
+        after: Option<&'a OwnerCursor>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<TaskRecord>, StoreError>> {
+        pass!(
+            self,
+            "list_tenant",
+            self.inner.list_tenant(tenant, status, after, limit)
+        )
+    }
+
+    fn tenant_counts(&self) -> BoxFuture<'_, Result<Vec<TenantCount>, StoreError>> {
+        pass!(self, "tenant_counts", self.inner.tenant_counts())
     }
 
     fn lookup_owned<'a>(

@@ -13,7 +13,7 @@ use rand::RngCore;
 use super::{
     Corruption, Created, Expired, IdempotencyEntry, Owned, OwnedSession, OwnerCursor, RequestRoute,
     SCHEMA_VERSION, SessionCreated, SessionRecord, SessionUpdate, StoreError, StoredIdentity,
-    StoredToolHeaders, TaskRecord, TaskStatus, TaskStore, Tombstone, Update,
+    StoredToolHeaders, TaskRecord, TaskStatus, TaskStore, TenantCount, Tombstone, Update,
 };
 use crate::protocol::UpstreamInfo;
 use crate::protocol::param_headers::ToolHeaders;
@@ -226,6 +226,52 @@ impl MemoryStore {
             .take_while(|(t, sub, up, _, _)| t == tenant && sub == subject && up == upstream)
             .filter_map(|(_, _, _, _, id)| s.tasks.get(id).cloned())
             .take(limit)
+            .collect()
+    }
+
+    /// A scan of every task: this store is a test seam, where that costs nothing.
+    fn list_tenant_now(
+        &self,
+        tenant: &str,
+        status: TaskStatus,
+        after: Option<&OwnerCursor>,
+        limit: usize,
+    ) -> Vec<TaskRecord> {
+        let s = self.state();
+        let mut page: Vec<&TaskRecord> = s
+            .tasks
+            .values()
+            .filter(|r| r.tenant == tenant && r.status == status)
+            .filter(|r| {
+                after.is_none_or(|c| {
+                    (r.created_at_ms, r.task_id.as_bytes())
+                        > (c.created_at_ms, c.task_id.as_bytes())
+                })
+            })
+            .collect();
+        page.sort_by(|a, b| {
+            (a.created_at_ms, a.task_id.as_bytes()).cmp(&(b.created_at_ms, b.task_id.as_bytes()))
+        });
+        page.into_iter().take(limit).cloned().collect()
+    }
+
+    fn tenant_counts_now(&self) -> Vec<TenantCount> {
+        let s = self.state();
+        let mut counts: BTreeMap<(String, &'static str), u64> = BTreeMap::new();
+        for r in s.tasks.values() {
+            *counts
+                .entry((r.tenant.clone(), r.status.as_str()))
+                .or_insert(0) += 1;
+        }
+        counts
+            .into_iter()
+            .filter_map(|((tenant, status), tasks)| {
+                Some(TenantCount {
+                    tenant,
+                    status: TaskStatus::parse(status)?,
+                    tasks,
+                })
+            })
             .collect()
     }
 
@@ -503,6 +549,20 @@ impl TaskStore for MemoryStore {
         ready(Ok(
             self.list_owned_now(tenant, subject, upstream, after, limit)
         ))
+    }
+
+    fn list_tenant<'a>(
+        &'a self,
+        tenant: &'a str,
+        status: TaskStatus,
+        after: Option<&'a OwnerCursor>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<TaskRecord>, StoreError>> {
+        ready(Ok(self.list_tenant_now(tenant, status, after, limit)))
+    }
+
+    fn tenant_counts(&self) -> BoxFuture<'_, Result<Vec<TenantCount>, StoreError>> {
+        ready(Ok(self.tenant_counts_now()))
     }
 
     fn sweep_tombstones(&self, now_ms: u64) -> BoxFuture<'_, Result<usize, StoreError>> {

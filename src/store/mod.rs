@@ -59,6 +59,20 @@ impl TaskStatus {
         matches!(self, Self::Completed | Self::Failed | Self::Cancelled)
     }
 
+    /// Every status, in the order the operator API reports them.
+    pub const ALL: [TaskStatus; 5] = [
+        Self::Working,
+        Self::InputRequired,
+        Self::Completed,
+        Self::Failed,
+        Self::Cancelled,
+    ];
+
+    /// The status named by [`as_str`](Self::as_str)'s spelling.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Working => "working",
@@ -326,6 +340,14 @@ pub struct OwnerCursor {
     pub task_id: String,
 }
 
+/// How many tasks one tenant holds in one status ([`TaskStore::tenant_counts`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantCount {
+    pub tenant: String,
+    pub status: TaskStatus,
+    pub tasks: u64,
+}
+
 /// The longest the gateway waits for one store operation before it abandons it
 /// (PostgreSQL; sled works locally). An abandoned write may still land: the orphan
 /// sweep leaves routes younger than this alone (docs/design.md §16).
@@ -458,6 +480,24 @@ pub trait TaskStore: Send + Sync + 'static {
         after: Option<&'a OwnerCursor>,
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<TaskRecord>, StoreError>>;
+
+    /// The task records of `tenant` in `status` (the operator API's list,
+    /// docs/design.md §24), in (created_at_ms, task_id) order — task ids compared as
+    /// bytes — strictly after `after`, at most `limit`. Served by a (tenant, status,
+    /// created) index, never a scan of every task; like
+    /// [`list_owned`](Self::list_owned) it may include records past their expiry but
+    /// not yet swept.
+    fn list_tenant<'a>(
+        &'a self,
+        tenant: &'a str,
+        status: TaskStatus,
+        after: Option<&'a OwnerCursor>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<TaskRecord>, StoreError>>;
+
+    /// How many tasks each tenant holds, by status (the operator API): one pass over
+    /// an index, never a decode of the records. Tenants in (tenant, status) order.
+    fn tenant_counts(&self) -> BoxFuture<'_, Result<Vec<TenantCount>, StoreError>>;
 
     /// Delete tombstones past their time, with their idempotency entries.
     fn sweep_tombstones(&self, now_ms: u64) -> BoxFuture<'_, Result<usize, StoreError>>;

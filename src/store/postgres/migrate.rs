@@ -49,10 +49,15 @@ pub(super) const MIGRATIONS: &[(i32, &str, &str)] = &[
         "owner_index",
         include_str!("../../../migrations/postgres/0004_owner_index.sql"),
     ),
+    (
+        5,
+        "tenant_index",
+        include_str!("../../../migrations/postgres/0005_tenant_index.sql"),
+    ),
 ];
 
 /// The newest schema version this gateway knows.
-pub const LATEST_MIGRATION: i32 = 4;
+pub const LATEST_MIGRATION: i32 = 5;
 
 /// What [`migrate`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -176,6 +176,22 @@ SELECT d.record, EXISTS (SELECT 1 FROM s) AS seen, (SELECT count(*) FROM t) AS t
          ORDER BY created_at_ms, task_id COLLATE \"C\"
          LIMIT $limit";
 
+    list_tenant: ListTenant<'a> {
+        tenant: &'a str,
+        status: &'a str,
+        after_ms: i64,
+        after_id: &'a str,
+        limit: i64,
+    } = "SELECT record FROM task_routes
+         WHERE tenant = $tenant AND status = $status
+           AND (created_at_ms, task_id COLLATE \"C\") > ($after_ms, $after_id)
+         ORDER BY created_at_ms, task_id COLLATE \"C\"
+         LIMIT $limit";
+
+    tenant_counts: TenantCounts {}
+        = "SELECT tenant, status, count(*) FROM task_routes
+           GROUP BY tenant, status ORDER BY tenant, status";
+
     tombstone: GetTombstone<'a> { task_id: &'a str }
         = "SELECT tenant, subject, idem_key, expires_at_ms FROM tombstones
            WHERE task_id = $task_id";

@@ -189,6 +189,7 @@ pub(super) struct IndexProbe {
     pub(super) tenant: String,
     pub(super) status: crate::store::TaskStatus,
     pub(super) expires_at_ms: u64,
+    pub(super) created_at_ms: u64,
 }
 
 pub(super) fn probe(key: &[u8], bytes: &[u8]) -> Result<IndexProbe, StoreError> {

@@ -7,6 +7,7 @@ use super::codec::{
 };
 use super::owner::owner_entry;
 use super::schema::{META_IDEM_OF, expiry_key, meta_key};
+use super::tenant::tenant_entry;
 use super::{Cas, SledStore};
 use crate::store::probe;
 use crate::store::{Expired, Owned, SCHEMA_VERSION, StoreError, TaskRecord, Tombstone};
@@ -114,6 +115,8 @@ impl SledStore {
             self.del(&self.meta, "expire: idem_of", &idem_of_key)?;
             let marked = self.del(&self.seen, "expire: seen mark", key)?;
             self.del(&self.owner, "expire: owner entry", &owner_entry(&rec))?;
+            let tenant = tenant_entry(&rec);
+            self.del(&self.tenant_status, "expire: tenant entry", &tenant)?;
             let exp = expiry_key(rec.expires_at_ms, task_id);
             self.del(&self.expiry, "expire: expiry entry", &exp)?;
             if !rec.status.is_terminal() {

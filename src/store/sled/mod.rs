@@ -87,7 +87,8 @@
 //!   its log as a contiguous prefix (0.34.7 `LogIter::next` stops at the first torn
 //!   message; `check_contiguity_in_unstable_tail` cuts the tail at the first gap).
 //!   Writes are visible as they land, so the order also keeps concurrent readers safe:
-//!   * `create`: request route → expiry entry → live entry → owner entry → task
+//!   * `create`: request route → expiry entry → live entry → owner entry → tenant
+//!     entry → task
 //!     (compare-and-swap: an existing id is refused) → `meta/idem_of` → idempotency
 //!     claim. A route always exists before its task, so start-up recovery
 //!     ([`TaskStore::routes`]) finds every task a crash may have left `working`; its
@@ -95,10 +96,12 @@
 //!     it. A losing claim undoes in reverse order, task first.
 //!   * `update`: (only when the expiry got earlier) new expiry entry → (only when a
 //!     field of the owner key changed, which the engine never does) new owner entry →
-//!     task → old expiry entry removed → old owner entry removed → live entry
-//!     removed/added when the status crosses terminal.
+//!     (only when the status changed) new tenant entry → task → old expiry entry
+//!     removed → old owner entry removed → old tenant entry removed → live entry
+//!     removed/added when the status crosses terminal. A crash before the record's
+//!     swap leaves a new tenant entry the record disagrees with, which lists skip.
 //!   * `expire`: tombstone → task removed (compare-and-swap) → `meta/idem_of` →
-//!     seen mark → owner entry → expiry entry → live entry. The owner never sees "not
+//!     seen mark → owner entry → tenant entry → expiry entry → live entry. The owner never sees "not
 //!     found" in between; whether the removed seen mark was there is the answer's
 //!     `seen`.
 //!   * `mark_seen`: seen mark → task re-checked, and the mark removed again if the
@@ -153,12 +156,14 @@
 //! | `tombstones`  | task id                                          | [`Tombstone`] JSON |
 //! | `live`        | 4-byte big-endian tenant length ++ tenant ++ task id | empty; one entry per non-terminal task |
 //! | `owner`       | tenant, subject and upstream, each as 4-byte big-endian length ++ bytes, ++ 8-byte big-endian `created_at_ms` ++ task id | empty; one entry per task, so a range scan under one (tenant, subject, upstream) prefix pages a principal's tasks on an upstream in (created_at_ms, task id) order ([`TaskStore::list_owned`], `tasks/list`) |
+//! | `tenant_status` | tenant and status (`working`, `completed`, …), each as 4-byte big-endian length ++ bytes, ++ 8-byte big-endian `created_at_ms` ++ task id | empty; one entry per task, moved when its status changes, so a range scan under one (tenant, status) prefix pages a tenant's tasks in that status in (created_at_ms, task id) order (the operator API, docs/design.md §24) |
 //! | `upstream_identity` | upstream name (UTF-8)                      | `StoredIdentity` JSON: `{"v", "protocol_version", "server_info", "capabilities", "instructions"?}`, the upstream's last `initialize` result; `server_info` and `capabilities` byte-exact as the upstream sent them (key order and number text kept) |
 //! | `upstream_tool_headers` | upstream name (UTF-8)                  | `{"v", "tools": {tool: [{"name", "property"}]}}`: the `Mcp-Param-*` header map derived from the upstream's last `tools/list` (docs/design.md §12 "HTTP front"); only tools with annotated parameters are listed, and a record with none still says the list is known |
 //! | `meta`        | `schema`                                         | 4-byte big-endian schema version of the store as a whole |
 //! | `meta`        | `secret/<name>`                                  | 32 raw random bytes (see [`TaskStore::secret`]) |
 //! | `meta`        | `layout/live_index`                              | `[1]`: the `live` tree is built (stores without it are migrated at open) |
 //! | `meta`        | `layout/owner_index`                             | `[1]`: the `owner` tree is built (a store written without it gets it from its task records at open, once) |
+//! | `meta`        | `layout/tenant_index`                            | `[1]`: the `tenant_status` tree is built (likewise) |
 //! | `meta`        | `idem_of/<task id>`                              | raw idempotency index key of a keyed live task; moved into the tombstone's `idempotency_index_key` on expiry |
 //! | `meta`        | `layout/seen_since`                              | 8-byte big-endian ms since the epoch from which this store tracks reads: `0` for a store created with the `seen` tree, the time of the first open by a gateway that has it for an older store. A task that turned terminal (`last_updated_at_ms`) before it counts as seen at expiry, since whether it was read is unknown |
 //! | `seen`        | task id                                          | `{"v", "at_ms"}`: the task's owner received its terminal snapshot (a `tasks/get` or a `notifications/tasks`), first at `at_ms`. Only the key's presence matters (a newer `v` is still a mark); written once per task by [`TaskStore::mark_seen`], so a read never rewrites the task record |
@@ -192,6 +197,7 @@ mod owner;
 mod schema;
 mod sessions;
 mod tasks;
+mod tenant;
 
 #[cfg(test)]
 mod tests;
@@ -206,8 +212,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::{
     Created, Expired, IdempotencyEntry, IoError, Owned, OwnedSession, OwnerCursor, RequestRoute,
-    SessionCreated, SessionRecord, SessionUpdate, StoreError, TaskRecord, TaskStore, Tombstone,
-    Update,
+    SessionCreated, SessionRecord, SessionUpdate, StoreError, TaskRecord, TaskStatus, TaskStore,
+    TenantCount, Tombstone, Update,
 };
 use crate::protocol::UpstreamInfo;
 use crate::protocol::param_headers::ToolHeaders;
@@ -238,6 +244,8 @@ pub struct SledStore {
     upstream_tool_headers: sled::Tree,
     /// Each principal's tasks per upstream, in creation order (`tasks/list`).
     owner: sled::Tree,
+    /// Each tenant's tasks per status, in creation order (the operator API).
+    tenant_status: sled::Tree,
     /// Non-terminal tasks per tenant: the `live` tree counted at open, then kept in
     /// step with it.
     live_counts: Mutex<HashMap<String, i64>>,
@@ -428,6 +436,20 @@ impl TaskStore for SledStore {
         Box::pin(
             async move { SledStore::list_owned(self, tenant, subject, upstream, after, limit) },
         )
+    }
+
+    fn list_tenant<'a>(
+        &'a self,
+        tenant: &'a str,
+        status: TaskStatus,
+        after: Option<&'a OwnerCursor>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<TaskRecord>, StoreError>> {
+        Box::pin(async move { SledStore::list_tenant(self, tenant, status, after, limit) })
+    }
+
+    fn tenant_counts(&self) -> BoxFuture<'_, Result<Vec<TenantCount>, StoreError>> {
+        Box::pin(async move { SledStore::tenant_counts(self) })
     }
 
     fn sweep_tombstones(&self, now_ms: u64) -> BoxFuture<'_, Result<usize, StoreError>> {

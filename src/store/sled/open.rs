@@ -94,6 +94,7 @@ impl SledStore {
         let session_owner = tree("session_owner")?;
         let upstream_tool_headers = tree("upstream_tool_headers")?;
         let owner = tree("owner")?;
+        let tenant_status = tree("tenant_status")?;
 
         // Store-wide schema version: refuse a store written by a newer gateway.
         match meta
@@ -179,6 +180,7 @@ impl SledStore {
             session_create: Mutex::new(()),
             upstream_tool_headers,
             owner,
+            tenant_status,
             live_counts: Mutex::new(HashMap::new()),
             path: path.clone(),
             strict_fsync: cfg.strict_fsync,
@@ -196,6 +198,7 @@ impl SledStore {
         }
         store.load_live_index()?;
         store.build_owner_index()?;
+        store.build_tenant_index()?;
         runtime.spawn(run_flusher(flush_rx, Arc::downgrade(&store)));
         tracing::info!(
             path = %path.display(),

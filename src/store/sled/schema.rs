@@ -12,6 +12,8 @@ pub(super) const META_IDEM_OF: &str = "idem_of/";
 pub(super) const META_SEEN_SINCE: &[u8] = b"layout/seen_since";
 /// Present once the `owner` tree has been built for this store.
 pub(super) const META_OWNER_INDEX: &[u8] = b"layout/owner_index";
+/// Present once the `tenant_status` tree has been built for this store.
+pub(super) const META_TENANT_INDEX: &[u8] = b"layout/tenant_index";
 
 pub(super) fn key_str(key: &[u8]) -> String {
     String::from_utf8_lossy(key).into_owned()
@@ -127,11 +129,53 @@ pub(super) fn owner_principal_prefix(tenant: &str, subject: &str) -> Vec<u8> {
 /// `(created_at_ms, task id)` of an `owner` key, read after its three length-prefixed
 /// parts.
 pub(super) fn split_owner_key(k: &[u8]) -> Option<(u64, &str)> {
+    let (_, at) = split_parts::<3>(k)?;
+    split_created_id(k, at)
+}
+
+/// Key of a `tenant_status` entry: tenant and status each with its 4-byte big-endian
+/// length, then the 8-byte big-endian `created_at_ms`, then the task id. So one
+/// tenant's tasks in one status share [`tenant_status_prefix`] and sort in
+/// (created_at_ms, task id bytes) order (the operator API's list).
+pub(super) fn tenant_status_key(
+    tenant: &str,
+    status: &str,
+    created_at_ms: u64,
+    task_id: &str,
+) -> Vec<u8> {
+    let mut k = length_prefixed(&[tenant, status], 8 + task_id.len());
+    k.extend_from_slice(&created_at_ms.to_be_bytes());
+    k.extend_from_slice(task_id.as_bytes());
+    k
+}
+
+/// The prefix of every `tenant_status` key of one tenant in one status.
+pub(super) fn tenant_status_prefix(tenant: &str, status: &str) -> Vec<u8> {
+    length_prefixed(&[tenant, status], 8 + 48)
+}
+
+/// `(tenant, status, created_at_ms, task id)` of a `tenant_status` key.
+pub(super) fn split_tenant_status_key(k: &[u8]) -> Option<(&str, &str, u64, &str)> {
+    let (parts, at) = split_parts::<2>(k)?;
+    let (created, id) = split_created_id(k, at)?;
+    Some((parts[0], parts[1], created, id))
+}
+
+/// The first `N` length-prefixed parts of a key, and where the rest begins.
+fn split_parts<const N: usize>(k: &[u8]) -> Option<([&str; N], usize)> {
+    let mut parts = [""; N];
     let mut at = 0usize;
-    for _ in 0..3 {
+    for part in &mut parts {
         let len = u32::from_be_bytes(k.get(at..at.checked_add(4)?)?.try_into().ok()?);
-        at = at.checked_add(4)?.checked_add(usize::try_from(len).ok()?)?;
+        let start = at.checked_add(4)?;
+        at = start.checked_add(usize::try_from(len).ok()?)?;
+        *part = std::str::from_utf8(k.get(start..at)?).ok()?;
     }
+    Some((parts, at))
+}
+
+/// The 8-byte big-endian time and the task id that end an index key at `at`.
+fn split_created_id(k: &[u8], at: usize) -> Option<(u64, &str)> {
     let created = u64::from_be_bytes(k.get(at..at.checked_add(8)?)?.try_into().ok()?);
     let id = std::str::from_utf8(k.get(at + 8..)?).ok()?;
     Some((created, id))

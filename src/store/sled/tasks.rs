@@ -7,6 +7,7 @@ use super::codec::{
 };
 use super::owner::owner_entry;
 use super::schema::{META_IDEM_OF, expiry_key, meta_key};
+use super::tenant::tenant_entry;
 use super::{Cas, SledStore};
 use crate::store::{
     Created, IdempotencyEntry, RequestRoute, SCHEMA_VERSION, StoreError, TaskRecord,
@@ -18,7 +19,7 @@ use crate::store::{
 /// call them directly.
 impl SledStore {
     /// Write order (module docs, "Concurrency contract"): route, expiry entry, live
-    /// entry, owner entry, task, `idem_of`, idempotency claim.
+    /// entry, owner entry, tenant entry, task, `idem_of`, idempotency claim.
     pub(crate) fn create(
         &self,
         task: &TaskRecord,
@@ -56,6 +57,8 @@ impl SledStore {
         }
         let owner = owner_entry(task);
         self.put(&self.owner, "create: owner entry", &owner, &[])?;
+        let tenant = tenant_entry(task);
+        self.put(&self.tenant_status, "create: tenant entry", &tenant, &[])?;
         let r = self
             .tasks
             .compare_and_swap(id, None as Option<&[u8]>, Some(task_bytes));
@@ -105,6 +108,7 @@ impl SledStore {
                         if live {
                             self.unmark_live(&task.tenant, &task.task_id)?;
                         }
+                        self.del(&self.tenant_status, "create: undo tenant entry", &tenant)?;
                         self.del(&self.owner, "create: undo owner entry", &owner)?;
                         self.del(&self.expiry, "create: undo expiry entry", &exp)?;
                         self.del(&self.routes, "create: undo route", route_id)?;
@@ -157,6 +161,13 @@ impl SledStore {
             if moved {
                 self.put(&self.owner, "update: owner entry", &is_owner, &[])?;
             }
+            // A status change moves the tenant entry the same way: new before the
+            // record, old after it.
+            let (was_tenant, is_tenant) = (tenant_entry(&old), tenant_entry(&rec));
+            let retagged = was_tenant != is_tenant;
+            if retagged {
+                self.put(&self.tenant_status, "update: tenant entry", &is_tenant, &[])?;
+            }
             let r = self
                 .tasks
                 .compare_and_swap(key, Some(&bytes), Some(new_bytes));
@@ -169,6 +180,9 @@ impl SledStore {
             }
             if moved {
                 self.del(&self.owner, "update: old owner entry", &was_owner)?;
+            }
+            if retagged {
+                self.del(&self.tenant_status, "update: old tenant entry", &was_tenant)?;
             }
             let (was, is) = (!old.status.is_terminal(), !rec.status.is_terminal());
             if was && (!is || old.tenant != rec.tenant) {
