@@ -24,6 +24,14 @@ if ! command -v valgrind >/dev/null 2>&1; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null
 fi
+# promtool and prometheus check the alert rules and fire one alert end to end
+# (tests/alerts.rs). Debian's package may try to start its service; the test runs its
+# own server on a free port and a temporary directory, so that does not matter.
+if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
+    echo "== installing prometheus (promtool and a server for tests/alerts.rs)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null
+fi
 FEATURES=(--features edge,external-tests)
 
 echo "== installing test peers into .peers/"

@@ -95,6 +95,21 @@ enum Command {
     },
 }
 
+/// `taskgate_store_healthy` and `taskgate_replica_lease_held` follow what `/readyz`
+/// reports, sampled every second (README "Operations").
+fn spawn_health_gauges(engine: &Arc<Engine>) {
+    let engine = Arc::downgrade(engine);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(e) = engine.upgrade() else { return };
+            taskgate::metrics::replica_health(e.store_healthy(), e.lease_held());
+        }
+    });
+}
+
 fn init_tracing(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("TASKGATE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -221,6 +236,9 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
     }
     init_tracing(cfg.server.log_format == LogFormat::Json);
     tracing::info!(config = %source.describe(), "configuration loaded");
+    // The metrics recorder is process-wide by design (the `metrics` facade); installed
+    // before the store opens, so the expiry of its CA file is recorded too.
+    taskgate::metrics::install();
     let listen = cfg.listen_addr()?;
 
     // The store lock first: it is what makes this gateway the only one on this store,
@@ -267,9 +285,7 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
     }
     tracing::info!(replica_id = %cfg.replica_id(), pid_dir = %pid_dir.display(), "stdio pid records");
 
-    // The metrics recorder is process-wide by design (the `metrics` facade); the
-    // limits belong to this gateway and are handed to what enforces them.
-    taskgate::metrics::install();
+    // The limits belong to this gateway and are handed to what enforces them.
     let limits = taskgate::limits::Limits::from_config(&cfg);
     seed_task_gauge(store.clone());
     seed_session_gauge(store.clone());
@@ -366,6 +382,7 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
     engine.on_relayed_mrtr(front::relayed::handler(Arc::downgrade(&gw)));
     engine.spawn_cluster(shutdown.clone());
     engine.spawn_sweeper(shutdown.clone());
+    spawn_health_gauges(&engine);
     engine.spawn_seen_marker();
     spawn_signal_handler(shutdown.clone());
     for u in &cfg.upstreams {

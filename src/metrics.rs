@@ -44,6 +44,16 @@ pub const FAIL_CLOSED: [&str; 5] = [
 /// The events of `taskgate_legacy_sessions_total`.
 const LEGACY_SESSION_EVENTS: [&str; 5] = ["created", "expired", "evicted", "deleted", "refused"];
 
+/// The `reason` label values of `taskgate_throttled_total` (`limits::Reason`), all
+/// present from start-up at 0 so an alert on their increase sees the first refusal.
+pub const THROTTLE_REASONS: [&str; 5] = [
+    "poll_interval",
+    "request_rate",
+    "tenant_quota",
+    "queue_full",
+    "legacy_sessions",
+];
+
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 ];
@@ -110,7 +120,7 @@ fn describe() {
     );
     describe_counter!(
         "taskgate_throttled_total",
-        "requests refused by a limit, by reason (poll_interval, request_rate, tenant_quota, queue_full)"
+        "requests refused by a limit, by reason (poll_interval, request_rate, tenant_quota, queue_full, legacy_sessions)"
     );
     describe_counter!(
         "taskgate_upstream_queued_total",
@@ -156,7 +166,30 @@ fn describe() {
         "taskgate_legacy_sessions_total",
         "2025-era client sessions by event (created, expired, evicted, deleted, refused)"
     );
+    describe_gauge!(
+        "taskgate_upstream_up",
+        "1 while the upstream is initialised and takes calls, else 0 (starting or down; /readyz names the reason)"
+    );
+    describe_gauge!(
+        "taskgate_store_healthy",
+        "1 while the task store takes writes, else 0 (/readyz store \"failed\")"
+    );
+    describe_gauge!(
+        "taskgate_replica_lease_held",
+        "1 while this replica holds its lease on a shared store (always 1 on sled), else 0: the replica takes no calls"
+    );
+    describe_counter!(
+        "taskgate_replica_lease_lost_total",
+        "times this replica lost its lease on a shared store (its calls in flight were stopped; it comes back under a new epoch)"
+    );
     describe_tls();
+    counter!("taskgate_replica_lease_lost_total").increment(0);
+    // The store opened and, on a shared store, the lease is taken before anything is
+    // served (a failure stops the start); from then on `replica_health` follows both.
+    replica_health(true, true);
+    for reason in THROTTLE_REASONS {
+        counter!("taskgate_throttled_total", "reason" => reason).increment(0);
+    }
     for event in LEGACY_SESSION_EVENTS {
         counter!("taskgate_legacy_sessions_total", "event" => event).increment(0);
     }
@@ -175,7 +208,11 @@ fn describe() {
 
 /// The TLS metrics, which the gateway and the edge share (README "TLS").
 fn describe_tls() {
-    use metrics::describe_counter;
+    use metrics::{describe_counter, describe_gauge};
+    describe_gauge!(
+        "taskgate_tls_cert_expiry_seconds",
+        "notAfter of a loaded certificate as Unix seconds (the earliest of a chain or CA bundle), by kind (listener, ca) and name (the listener, or the CA file's path); alert on it minus time()"
+    );
     describe_counter!(
         "taskgate_tls_handshake_failures_total",
         "TLS handshakes that failed, by side (outbound, inbound), peer (an upstream's name, jwks, postgres, replica, or the listener) and reason"
@@ -399,4 +436,50 @@ pub fn task_gauge_recounted(counts: &[(&'static str, u64)]) {
 /// One durable flush of the task store.
 pub fn store_flush(elapsed: Duration) {
     histogram!("taskgate_store_flush_duration_seconds").record(elapsed);
+}
+
+/// A certificate (`kind` `listener`: `name` is the listener) or CA file (`kind` `ca`:
+/// `name` is its path) was loaded, whose earliest `notAfter` is `not_after` (Unix
+/// seconds; README "Operations").
+pub fn tls_cert_expiry(kind: &'static str, name: &str, not_after: i64) {
+    gauge!(
+        "taskgate_tls_cert_expiry_seconds",
+        "kind" => kind,
+        "name" => name.to_string()
+    )
+    .set(not_after as f64);
+}
+
+/// Whether `upstream` is initialised and takes calls (sampled, like `/readyz`).
+pub fn upstream_up(upstream: &str, up: bool) {
+    gauge!("taskgate_upstream_up", "upstream" => upstream.to_string()).set(if up {
+        1.0
+    } else {
+        0.0
+    });
+}
+
+/// Register the series of a configured upstream at 0, so an alert on their increase
+/// sees the first event and a dashboard shows the upstream before its first call.
+pub fn upstream_configured(upstream: &str) {
+    let upstream = upstream.to_string();
+    counter!("taskgate_promotions_total", "upstream" => upstream.clone()).increment(0);
+    counter!("taskgate_inline_completions_total", "upstream" => upstream.clone()).increment(0);
+    counter!("taskgate_upstream_queued_total", "upstream" => upstream.clone()).increment(0);
+    let _ = histogram!("taskgate_upstream_queue_wait_seconds", "upstream" => upstream);
+}
+
+/// Whether the store takes writes and this replica holds its lease (what `/readyz` and
+/// `/livez` report besides the upstreams).
+pub fn replica_health(store_healthy: bool, lease_held: bool) {
+    let one = |b: bool| if b { 1.0 } else { 0.0 };
+    gauge!("taskgate_store_healthy").set(one(store_healthy));
+    gauge!("taskgate_replica_lease_held").set(one(lease_held));
+}
+
+/// This replica lost its lease: it stopped its calls in flight and registers again
+/// under a new epoch (a loss shorter than a scrape never shows in
+/// `taskgate_replica_lease_held`; this counts it).
+pub fn lease_lost() {
+    counter!("taskgate_replica_lease_lost_total").increment(1);
 }

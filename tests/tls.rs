@@ -343,6 +343,62 @@ async fn metrics_listen_has_its_own_certificate() {
     );
 }
 
+/// `taskgate_tls_cert_expiry_seconds` (README "Operations"): the listener's chain and
+/// the client CA file from start-up, the listener's again after a reload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificate_expiry_is_exported_and_follows_a_reload() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new(dir.path(), "front");
+    let clients = TestCa::new(dir.path(), "clients");
+    let live = CertFiles {
+        cert: dir.path().join("live.pem"),
+        key: dir.path().join("live-key.pem"),
+    };
+    swap(&ca.server("gw"), &live);
+    let port = free_port();
+    let server = format!(
+        "{}{}metrics_listen = \"127.0.0.1:{port}\"\n",
+        tls_server_keys(&live),
+        ca_key("client_ca_file", &clients.ca_file)
+    );
+    let gw = Gateway::start_with_server(
+        &server,
+        &format!("{}{}", jwt_auth(), demo_stdio_upstream("")),
+    )
+    .await;
+    let url = format!("http://127.0.0.1:{port}/metrics");
+    let listener = "taskgate_tls_cert_expiry_seconds{kind=\"listener\",name=\"listener\"}";
+    let client_ca = format!(
+        "taskgate_tls_cert_expiry_seconds{{kind=\"ca\",name=\"{}\"}}",
+        clients.ca_file.display()
+    );
+    // TestCa's certificates end 2099-01-01 00:00:00 UTC; its expired ones 2021-01-01.
+    const Y2099: f64 = 4_070_908_800.0;
+    const Y2021: f64 = 1_609_459_200.0;
+    let m = metrics_text(&url).await;
+    assert_eq!(sample(&m, listener), Y2099, "{m}");
+    assert_eq!(sample(&m, &client_ca), Y2099, "{m}");
+
+    // A new pair (one that has already expired: served all the same, and now visible).
+    swap(
+        &ca.issue("old", &["localhost", "127.0.0.1"], Usage::Server, true),
+        &live,
+    );
+    let start = Instant::now();
+    loop {
+        let m = metrics_text(&url).await;
+        if sample(&m, listener) == Y2021 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the reloaded certificate's expiry never showed:\n{m}\n{}",
+            gw.proc.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 // ---------------------------------------------------------------------------------
 // Outbound: HTTPS legacy upstreams
 

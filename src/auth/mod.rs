@@ -166,6 +166,31 @@ impl Authenticator {
         Ok(verified.principal)
     }
 
+    /// Checks an operator's `Authorization: Bearer <jwt>` for the operator API
+    /// (docs/design.md §24): the same verifier as the front, the admin `scope`
+    /// required, `auth.required_scope` not (it is the clients' requirement). Not
+    /// cached: operators call rarely, and a revoked key must stop them at once.
+    /// `Ok(None)` when authentication is disabled (the caller decides whether an
+    /// anonymous operator may pass).
+    pub async fn authenticate_admin(
+        &self,
+        headers: &http::HeaderMap,
+        scope: &str,
+    ) -> Result<Option<Principal>, AuthFailure> {
+        let Some(verifier) = self.verifier.as_ref().filter(|_| self.enabled) else {
+            return Ok(None);
+        };
+        let token = self.bearer_token(headers)?;
+        let verified = verifier
+            .verify(token)
+            .await
+            .map_err(|reason| self.meta.invalid_token(reason))?;
+        if !verified.scopes.iter().any(|have| have == scope) {
+            return Err(self.meta.insufficient_scope(&[scope.to_string()]));
+        }
+        Ok(Some(verified.principal))
+    }
+
     /// Verifies `token` (signature and claims) bypassing the verified-token cache and
     /// the scope check. For benchmarks; the request path uses [`Self::authenticate`].
     #[doc(hidden)]

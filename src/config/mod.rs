@@ -8,6 +8,7 @@
 //! strings or as a choice of keys into their types, and each table's `validate` checks
 //! the rest (ARCHITECTURE.md, `config/`).
 
+mod admin;
 mod auth;
 mod edge;
 mod error;
@@ -27,6 +28,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+pub use admin::AdminConfig;
 pub use auth::{AuthConfig, AuthMode, SHIPPED_DEV_SECRET};
 pub use edge::{EdgeConfig, ReplicaUrl};
 pub use error::ConfigError;
@@ -78,6 +80,9 @@ pub struct Config {
     /// `[legacy]`: bounds on 2025-era client sessions (§22).
     #[serde(default)]
     pub legacy: LegacyConfig,
+    /// `[admin]`: the operator API (§24).
+    #[serde(default)]
+    pub admin: AdminConfig,
     #[serde(default, rename = "upstream")]
     pub upstreams: Vec<UpstreamConfig>,
     /// `[edge]`: read by `taskgate edge` only ([`EdgeConfig::from_source`]); a replica
@@ -165,6 +170,7 @@ impl Config {
         self.auth.validate(listen)?;
         self.tasks.validate()?;
         self.legacy.validate()?;
+        self.admin.validate()?;
         upstream::validate_upstreams(&self.upstreams)
     }
 }

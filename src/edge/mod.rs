@@ -216,6 +216,10 @@ fn replica_ca(cfg: &EdgeConfig) -> Result<Option<String>> {
             path.display()
         );
     }
+    // pingora reads the file itself; read once more for its expiry (README "Operations").
+    if let Ok(certs) = crate::tls::load_certs(path) {
+        crate::tls::record_expiry("ca", &path.display().to_string(), &certs);
+    }
     Ok(Some(path.display().to_string()))
 }
 
@@ -263,6 +267,8 @@ fn resolve(cfg: &EdgeConfig) -> Result<Vec<Replica>> {
 pub fn run(cfg: EdgeConfig, start: EdgeStart) -> Result<()> {
     let listen = cfg.listen_addr()?;
     let replicas = Arc::new(resolve(&cfg)?);
+    // Before the certificates load: they record their expiry.
+    crate::metrics::install_edge();
     // Before pingora builds anything: its loaders panic where this says why.
     let listener_cert = match cfg.tls_cert.as_deref().zip(cfg.tls_key.as_deref()) {
         Some((cert, key)) => {
@@ -277,7 +283,6 @@ pub fn run(cfg: EdgeConfig, start: EdgeStart) -> Result<()> {
         .collect::<pingora_core::Result<_>>()
         .map_err(|e| anyhow::anyhow!("edge.replicas: {e}"))?;
 
-    crate::metrics::install_edge();
     for r in replicas.iter() {
         // Healthy until a check says otherwise (pingora's start state).
         crate::metrics::edge_replica_health(&r.name, true);

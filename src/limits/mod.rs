@@ -419,4 +419,29 @@ mod tests {
             tokio::time::timeout(Duration::from_secs(5), limits.admit("demo", 1, &p, |_| {})).await;
         assert!(matches!(third, Ok(Ok(_))), "the slot was not freed");
     }
+
+    /// `taskgate_throttled_total` is registered at 0 for every reason the limits give.
+    #[test]
+    fn every_throttle_reason_is_registered_at_start() {
+        // A new reason fails to compile here until it is listed.
+        let all = |r: Reason| match r {
+            Reason::PollInterval
+            | Reason::RequestRate
+            | Reason::TenantQuota
+            | Reason::QueueFull
+            | Reason::LegacySessions => r.as_str(),
+        };
+        let reasons = [
+            Reason::PollInterval,
+            Reason::RequestRate,
+            Reason::TenantQuota,
+            Reason::QueueFull,
+            Reason::LegacySessions,
+        ];
+        let mut names: Vec<&str> = reasons.into_iter().map(all).collect();
+        let mut registered = crate::metrics::THROTTLE_REASONS.to_vec();
+        names.sort_unstable();
+        registered.sort_unstable();
+        assert_eq!(names, registered);
+    }
 }

@@ -239,6 +239,7 @@ impl Engine {
     /// run out another replica may fail their tasks, and their writes are fenced.
     fn lose_lease(&self, why: &str) {
         if self.replica.lose_lease() {
+            crate::metrics::lease_lost();
             tracing::error!(reason = why, "replica lease lost: not taking calls");
         }
         self.calls.abort_all();

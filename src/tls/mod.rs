@@ -101,8 +101,40 @@ fn system_roots() -> &'static [CertificateDer<'static>] {
     })
 }
 
+/// The earliest `notAfter` of `certs` as Unix seconds: when the first certificate of a
+/// chain or CA bundle expires. `None` when no certificate parses (rustls reads a
+/// certificate's fields only in a handshake).
+pub fn earliest_expiry(certs: &[CertificateDer<'_>]) -> Option<i64> {
+    certs
+        .iter()
+        .filter_map(|c| x509_parser::parse_x509_certificate(c.as_ref()).ok())
+        .map(|(_, cert)| cert.validity().not_after.timestamp())
+        .min()
+}
+
+/// Record `taskgate_tls_cert_expiry_seconds{kind, name}` for certificates just loaded
+/// (README "Operations"): `kind` `listener` with the listener's name, or `ca` with the
+/// CA file's path. A chain nothing of which parses is logged and not recorded.
+pub fn record_expiry(kind: &'static str, name: &str, certs: &[CertificateDer<'_>]) {
+    match earliest_expiry(certs) {
+        Some(not_after) => crate::metrics::tls_cert_expiry(kind, name, not_after),
+        None => tracing::warn!(
+            kind,
+            name,
+            "no notAfter could be read from the certificates; their expiry is not exported"
+        ),
+    }
+}
+
+/// Every certificate of the CA file at `path`, its expiry recorded (`kind` `ca`).
+fn load_ca_file(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = load_certs(path)?;
+    record_expiry("ca", &path.display().to_string(), &certs);
+    Ok(certs)
+}
+
 /// The roots a connection verifies its server against: the system roots plus every
-/// certificate of `extra_ca_file`.
+/// certificate of `extra_ca_file` (whose expiry is recorded under its path).
 pub fn root_store(extra_ca_file: Option<&Path>) -> Result<RootCertStore, TlsError> {
     let mut roots = RootCertStore::empty();
     let (_, skipped) = roots.add_parsable_certificates(system_roots().iter().cloned());
@@ -110,7 +142,7 @@ pub fn root_store(extra_ca_file: Option<&Path>) -> Result<RootCertStore, TlsErro
         tracing::debug!(skipped, "system root certificates rustls cannot use");
     }
     if let Some(path) = extra_ca_file {
-        for cert in load_certs(path)? {
+        for cert in load_ca_file(path)? {
             roots
                 .add(cert)
                 .map_err(|e| TlsError::file(path, format!("not a usable CA certificate: {e}")))?;
@@ -209,6 +241,38 @@ mod tests {
         for r in ["unknown_issuer", "expired", "name_mismatch", "peer_alert"] {
             assert!(FAILURE_REASONS.contains(&r));
         }
+    }
+
+    /// A self-signed certificate valid until `year-month-day` 00:00 UTC.
+    fn cert_until(year: i32, month: u8, day: u8) -> CertificateDer<'static> {
+        let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+        params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        params.not_after = rcgen::date_time_ymd(year, month, day);
+        let key = rcgen::KeyPair::generate().unwrap();
+        params.self_signed(&key).unwrap().der().clone()
+    }
+
+    #[test]
+    fn the_earliest_not_after_of_a_chain_is_its_expiry() {
+        // 2030-05-01 and 2028-02-29 00:00:00 UTC as Unix seconds.
+        let leaf = cert_until(2030, 5, 1);
+        assert_eq!(
+            earliest_expiry(std::slice::from_ref(&leaf)),
+            Some(1_903_824_000)
+        );
+        let intermediate = cert_until(2028, 2, 29);
+        assert_eq!(
+            earliest_expiry(&[leaf.clone(), intermediate.clone()]),
+            Some(1_835_395_200)
+        );
+        assert_eq!(earliest_expiry(&[intermediate, leaf]), Some(1_835_395_200));
+        // Nothing that parses: no expiry rather than a made-up one; a bad entry beside
+        // a good one is skipped.
+        assert_eq!(earliest_expiry(&[]), None);
+        let garbage = CertificateDer::from(vec![0x30, 0x03, 0x02, 0x01, 0x01]);
+        assert_eq!(earliest_expiry(std::slice::from_ref(&garbage)), None);
+        let expired = cert_until(2021, 1, 1);
+        assert_eq!(earliest_expiry(&[garbage, expired]), Some(1_609_459_200));
     }
 
     #[test]

@@ -6,7 +6,9 @@
 //! either file changes on disk or the process gets SIGHUP. A new pair that does not
 //! load — half written, a key that does not fit the certificate — is logged and
 //! counted, and the previous one keeps serving: a bad deploy never takes the listener
-//! down. Connections already open keep the certificate they were accepted with.
+//! down. Connections already open keep the certificate they were accepted with. Each
+//! pair that loads (and the client CA file) sets `taskgate_tls_cert_expiry_seconds` to
+//! its earliest `notAfter` (README "Operations").
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -18,7 +20,9 @@ use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
 use tokio_util::sync::CancellationToken;
 
-use super::{PROTOCOL_VERSIONS, TlsError, load_certs, load_key, provider};
+use super::{
+    PROTOCOL_VERSIONS, TlsError, load_ca_file, load_certs, load_key, provider, record_expiry,
+};
 
 /// How often the certificate files are checked for a change.
 pub const RELOAD_POLL: Duration = Duration::from_secs(1);
@@ -61,6 +65,7 @@ impl ReloadingCert {
     pub fn load(listener: &'static str, cert: &Path, key: &Path) -> Result<Arc<Self>, TlsError> {
         let seen = FileStamp::of(cert, key);
         let current = read_pair(cert, key)?;
+        record_expiry("listener", listener, &current.cert);
         Ok(Arc::new(Self {
             listener,
             cert_path: cert.to_path_buf(),
@@ -94,6 +99,7 @@ impl ReloadingCert {
     pub fn reload(&self) -> Result<(), TlsError> {
         match read_pair(&self.cert_path, &self.key_path) {
             Ok(pair) => {
+                record_expiry("listener", self.listener, &pair.cert);
                 *self.current.write() = Arc::new(pair);
                 crate::metrics::tls_certificate_reload(self.listener, "loaded");
                 tracing::info!(
@@ -180,7 +186,7 @@ pub fn server_config(
         None => builder.with_no_client_auth(),
         Some(path) => {
             let mut roots = rustls::RootCertStore::empty();
-            for c in load_certs(path)? {
+            for c in load_ca_file(path)? {
                 roots.add(c).map_err(|e| TlsError::File {
                     path: path.to_path_buf(),
                     reason: format!("not a usable CA certificate: {e}"),

@@ -549,6 +549,9 @@ impl Upstream {
     }
 }
 
+/// How often `taskgate_upstream_up` samples each upstream's state.
+const STATE_SAMPLE: Duration = Duration::from_secs(1);
+
 /// All configured upstreams.
 pub struct UpstreamSet {
     upstreams: Vec<Arc<Upstream>>,
@@ -573,7 +576,10 @@ impl UpstreamSet {
                     stored_tool_headers.get(&c.name).cloned(),
                 )
             })
-            .collect::<Result<_, _>>()?;
+            .collect::<Result<Vec<_>, _>>()?;
+        for u in &upstreams {
+            crate::metrics::upstream_configured(u.name());
+        }
         Ok(Self { upstreams })
     }
 
@@ -589,8 +595,28 @@ impl UpstreamSet {
         self.upstreams.iter()
     }
 
-    /// Start a background loop that reaps idle isolation scopes.
+    /// Start the background loops: one that reaps each upstream's idle isolation
+    /// scopes, and one that samples every upstream's state (what `/readyz` reports)
+    /// into `taskgate_upstream_up` every second (README "Operations"), until the set
+    /// is dropped.
     pub fn spawn_reaper(&self) {
+        let all: Vec<std::sync::Weak<Upstream>> =
+            self.upstreams.iter().map(Arc::downgrade).collect();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(STATE_SAMPLE);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let live: Vec<Arc<Upstream>> =
+                    all.iter().filter_map(std::sync::Weak::upgrade).collect();
+                if live.is_empty() {
+                    return;
+                }
+                for u in live {
+                    crate::metrics::upstream_up(u.name(), u.state() == TransportState::Ready);
+                }
+            }
+        });
         for u in &self.upstreams {
             if u.cfg.isolation == Isolation::Shared {
                 continue;
