@@ -241,8 +241,8 @@ fn query_has_access_token(query: &str) -> bool {
     })
 }
 
-/// Minimal percent-decoding (and `+` → space) for a query parameter name.
-fn percent_decode_lossy(s: &str) -> String {
+/// Minimal percent-decoding (and `+` → space) of a query parameter name or value.
+pub fn percent_decode_lossy(s: &str) -> String {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

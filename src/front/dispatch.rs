@@ -182,12 +182,9 @@ pub async fn dispatch(
     let task_plane = req.method.is_task_plane();
     // A replica that lost its lease takes no new upstream calls: another replica may
     // already be failing its calls (docs/design.md §18). Tasks stay readable.
-    if !task_plane && !gw.engine.lease_held() {
-        return reply::unavailable(
-            Some(&req.id),
-            &RpcError::internal("this replica lost its store lease; retry (another replica)"),
-            1,
-        );
+    // Nor does one an operator drained (docs/design.md §24).
+    if !task_plane && let Some(refused) = reply::not_accepting(&gw.engine, Some(&req.id)) {
+        return refused;
     }
     let info = if task_plane {
         upstream.identity()

@@ -47,13 +47,15 @@ impl Gateway {
         // §16 "Durability, store failures and upgrades").
         let store_ok = self.engine.store_healthy();
         let lease = self.engine.lease_held();
-        let ready = all_ready && store_ok && lease;
+        let drained = self.engine.drained();
+        let ready = all_ready && store_ok && lease && !drained;
         reply::json(
             ok_or_unavailable(ready),
             &json!({
                 "ready": ready,
                 "store": if store_ok { "open" } else { "failed" },
                 "lease": if lease { "held" } else { "lost" },
+                "drained": drained,
                 "upstreams": states
             }),
         )
@@ -66,7 +68,7 @@ impl Gateway {
     pub(super) fn livez(&self) -> Response<Body> {
         let store_ok = self.engine.store_healthy();
         let lease = self.engine.lease_held();
-        let draining = self.engine.shutting_down();
+        let draining = self.engine.shutting_down() || self.engine.drained();
         let live = store_ok && lease && !draining;
         reply::json(
             ok_or_unavailable(live),

@@ -7,6 +7,7 @@
 //! one way (tests/layering.rs): this one composes and serves; the steps build on
 //! `stack.rs` (the step machinery), `gateway.rs` (the shared state) and `reply.rs`.
 
+mod admin;
 pub mod conn;
 pub mod dispatch;
 mod gateway;
@@ -92,8 +93,9 @@ fn build(
         .service(dispatch::Rpc(gw))
 }
 
-/// The optional `server.metrics_listen` listener: `/metrics`, `/healthz` and
-/// `/readyz` only, under the same connection rules as the main listener.
+/// The optional `server.metrics_listen` listener: `/metrics`, `/healthz`, `/readyz`,
+/// `/livez` and the operator API under `/admin/` (`admin.rs`), under the same
+/// connection rules as the main listener.
 pub async fn serve_ops(
     gw: Arc<Gateway>,
     listener: TcpListener,
@@ -104,7 +106,11 @@ pub async fn serve_ops(
     let ops = tower::service_fn(move |req: Request<Incoming>| {
         let gw = gw.clone();
         async move {
-            Ok::<_, Infallible>(match req.uri().path() {
+            let path = req.uri().path();
+            if path == "/admin" || path.starts_with("/admin/") {
+                return admin::serve(gw, req).await;
+            }
+            Ok::<_, Infallible>(match path {
                 "/metrics" => reply::metrics(),
                 "/healthz" => reply::json(StatusCode::OK, &json!({"status": "ok"})),
                 "/livez" => gw.livez(),

@@ -49,6 +49,34 @@ pub fn unavailable(id: Option<&RequestId>, err: &RpcError, retry_after_s: u64) -
     r
 }
 
+/// The 503 of a replica that takes no new upstream calls (lease lost, or drained by
+/// an operator), marked as never processed so the edge retries it on another
+/// replica; `None` when this replica takes calls.
+pub fn not_accepting(
+    engine: &crate::tasks::Engine,
+    id: Option<&RequestId>,
+) -> Option<Response<Body>> {
+    let (why, message) = if !engine.lease_held() {
+        (
+            "lease-lost",
+            "this replica lost its store lease; retry (another replica)",
+        )
+    } else if engine.drained() {
+        (
+            "draining",
+            "this replica is draining for a deploy; retry (another replica)",
+        )
+    } else {
+        return None;
+    };
+    let mut r = unavailable(id, &RpcError::internal(message), 1);
+    r.headers_mut().insert(
+        crate::protocol::NOT_SENT_HEADER,
+        HeaderValue::from_static(why),
+    );
+    Some(r)
+}
+
 /// One SSE event carrying a JSON-RPC message (no `id:` lines: 2026 streams are not
 /// resumable, MCP 2026-07-28 Streamable HTTP, "Receiving Messages").
 pub fn sse_event(msg: &Value) -> Bytes {

@@ -27,6 +27,10 @@ pub const PROTOCOL_VERSION: &str = "2026-07-28";
 pub const LEGACY_OFFER_VERSION: &str = "2025-11-25";
 /// Extension id of the Tasks extension (MCP Tasks extension, "Extension Identifier").
 pub const TASKS_EXTENSION: &str = "io.modelcontextprotocol/tasks";
+/// The response header of a 503 a replica gave before doing anything with the
+/// request (its lease lost, or an operator drained it): the edge may send the same
+/// request to another replica (docs/design.md §24). Its value says why.
+pub const NOT_SENT_HEADER: &str = "taskgate-not-sent";
 
 pub const META_PROTOCOL_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
 pub const META_CLIENT_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";

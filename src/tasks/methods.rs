@@ -181,34 +181,46 @@ impl Engine {
         server_info: &Value,
     ) -> Result<Value, Failure> {
         let rec = self.resolve(principal, upstream, task).await?;
+        self.cancel_record(&rec, "cancelled by the client")
+            .await
+            .map_err(unavailable)?;
+        Ok(ack(server_info))
+    }
+
+    /// Cancel `rec` durably with `message` and stop its call; a terminal task is left
+    /// as it is, once its terminal write is durable (the caller's acknowledgement says
+    /// the task is over: a crash must not bring it back). The status the task has
+    /// afterwards.
+    pub(super) async fn cancel_record(
+        &self,
+        rec: &TaskRecord,
+        message: &str,
+    ) -> Result<TaskStatus, StoreError> {
         if rec.status.is_terminal() {
-            // The ack says the task is over: a crash must not bring it back, so the
-            // terminal write it saw has to be durable first.
-            self.tasks.durable(&rec).await.map_err(unavailable)?;
-            return Ok(ack(server_info));
+            self.tasks.durable(rec).await?;
+            return Ok(rec.status);
         }
         let retention = as_millis(self.cfg.tasks.result_retention);
         self.tasks.terminal_writing(&rec.task_id);
-        let r = self
+        let after = self
             .tasks
             .update(&rec.task_id, None, &mut |r| {
                 if r.status.is_terminal() {
                     return false;
                 }
                 r.status = TaskStatus::Cancelled;
-                r.status_message = Some("cancelled by the client".into());
+                r.status_message = Some(message.to_string());
                 r.cancel_requested = true;
                 conclude(r, retention);
                 true
             })
-            .await;
-        r.map_err(unavailable)?;
-        self.flush().await.map_err(unavailable)?;
+            .await?;
+        self.flush().await?;
         self.tasks.terminal_flushed(&rec.task_id);
         // Dropping the call sends `notifications/cancelled` upstream (here, or at the
         // replica holding it, by a relay).
         self.stop_call(&rec.task_id).await;
         self.changed(&rec.task_id);
-        Ok(ack(server_info))
+        Ok(after.map_or(TaskStatus::Cancelled, |r| r.status))
     }
 }

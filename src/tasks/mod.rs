@@ -13,6 +13,8 @@
 //! - `driver.rs`: a promoted call running in the background (progress, input, result).
 //! - `methods.rs`: the `tasks/*` methods and the ownership check; `list.rs` a page of
 //!   a principal's tasks (`tasks/list` of the 2025-11-25 dialect).
+//! - `admin.rs`: what the operator API asks (lists by tenant, operator cancels,
+//!   draining).
 //! - `sweeper.rs`: expiry, tombstones, idle sessions and restart recovery.
 //! - `sessions.rs`: the 2025-era client sessions (`SessionRepo`, a part of its own).
 //! - `seen.rs`: read marks, for counting outcomes nobody collected.
@@ -25,6 +27,7 @@
 //! - `inputs.rs`: screening upstream input requests; `failure.rs`: the retry class
 //!   of a call that produced no answer; `outcome.rs`: the reply type.
 
+pub mod admin;
 pub mod call;
 pub mod clock;
 pub mod dialect;
@@ -78,6 +81,8 @@ pub struct Engine {
     calls: live::LiveCalls,
     /// This replica's seat, lease and relays on a shared store (`replica.rs`).
     replica: replica_state::Replica,
+    /// An operator drained this replica (`admin.rs`): no new upstream calls.
+    admin_drained: std::sync::atomic::AtomicBool,
     /// The 2025-era client sessions (`sessions.rs`).
     sessions: SessionRepo,
     /// The upstreams, once started: a takeover re-attaches to upstream tasks through
@@ -95,6 +100,7 @@ impl Engine {
             limits,
             calls: live::LiveCalls::default(),
             upstreams: std::sync::OnceLock::new(),
+            admin_drained: std::sync::atomic::AtomicBool::new(false),
         })
     }
 

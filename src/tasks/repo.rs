@@ -14,7 +14,7 @@ use crate::protocol::UpstreamInfo;
 use crate::protocol::param_headers::ToolHeaders;
 use crate::store::{
     Created, Expired, IdempotencyEntry, Owned, OwnerCursor, RequestRoute, StoreError, TaskRecord,
-    TaskStatus, TaskStore,
+    TaskStatus, TaskStore, TenantCount,
 };
 
 /// A task changed status: `from: None` when it was created, `to: None` when expiry
@@ -228,6 +228,26 @@ impl TaskRepo {
         self.store
             .list_owned(tenant, subject, upstream, after, limit)
             .await
+    }
+
+    /// A task as stored, whoever owns it (the operator API only).
+    pub(super) async fn get(&self, task_id: &str) -> Result<Option<TaskRecord>, StoreError> {
+        self.store.get(task_id).await
+    }
+
+    /// A page of `tenant`'s tasks in `status` (`TaskStore::list_tenant`).
+    pub(super) async fn list_tenant(
+        &self,
+        tenant: &str,
+        status: TaskStatus,
+        after: Option<&OwnerCursor>,
+        limit: usize,
+    ) -> Result<Vec<TaskRecord>, StoreError> {
+        self.store.list_tenant(tenant, status, after, limit).await
+    }
+
+    pub(super) async fn tenant_counts(&self) -> Result<Vec<TenantCount>, StoreError> {
+        self.store.tenant_counts().await
     }
 
     /// The status of `task_id` as stored, `None` when it is gone or unreadable.

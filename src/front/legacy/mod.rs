@@ -417,12 +417,8 @@ impl Session<'_> {
 
     /// The upstream's identity, when it is up; else the failure to answer.
     async fn info(&self, id: &RequestId) -> Result<UpstreamInfo, Response<Body>> {
-        if !self.gw.engine.lease_held() {
-            return Err(reply::unavailable(
-                Some(id),
-                &RpcError::internal("this replica lost its store lease; retry (another replica)"),
-                1,
-            ));
+        if let Some(refused) = reply::not_accepting(&self.gw.engine, Some(id)) {
+            return Err(refused);
         }
         self.upstream.info().await.map_err(|e| {
             super::inline::upstream_failure(id, self.upstream.name(), &e).into_response()
