@@ -892,3 +892,85 @@ async fn the_edge_terminates_tls_and_verifies_its_https_replicas() {
     let r = blind.client().request("tools/list", json!({})).await;
     assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
 }
+
+/// A replica drained for a deploy refuses new calls unprocessed (503 +
+/// `taskgate-not-sent`); the edge sends each to the other replica, so under load
+/// no client sees a refusal, and nothing is served twice (docs/design.md §24).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_replica_hands_new_calls_to_another_during_load() {
+    let ports = [free_port(), free_port()];
+    let rs = Replicas::start_edited(2, "", |text| {
+        let mut text = text;
+        for (i, port) in ports.iter().enumerate() {
+            text = text.replace(
+                &format!("replica_id = \"r{i}\"\n"),
+                &format!("replica_id = \"r{i}\"\nmetrics_listen = \"127.0.0.1:{port}\"\n"),
+            );
+        }
+        text
+    })
+    .await;
+    // Probes far apart: the drained replica stays in the ring, so every request
+    // routed to it must be handed on by the edge itself.
+    let edge = Edge::start_with(&rs, 600_000, 0).await;
+    let admin_token = token_with(json!({
+        "sub": "ops-jane", "tenant": "ops", "iss": ISSUER.issuer, "aud": ISSUER.audience,
+        "exp": now_s() + 3600, "scope": "taskgate:admin",
+    }));
+    let auth = [("authorization", format!("Bearer {admin_token}"))];
+    let load = |n: usize| {
+        let c = edge.client();
+        tokio::spawn(async move {
+            let mut out = Vec::new();
+            for i in 0..n {
+                let text = format!("call {i}");
+                let r = c.call_tool("echo", json!({"text": text})).await;
+                let echoed = first_text(&r.json()["result"]);
+                out.push((r.status, echoed == text, replica_of(&r)));
+            }
+            out
+        })
+    };
+    let runs: Vec<_> = (0..4).map(|_| load(25)).collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let drain = format!("http://127.0.0.1:{}/admin/drain", ports[0]);
+    let r = raw(&drain, "POST", &auth, Bytes::new()).await.unwrap();
+    assert_eq!(r.status, 200, "{r:?}");
+    let mut served = Vec::new();
+    for run in runs {
+        served.extend(run.await.unwrap());
+    }
+    for (status, echoed, replica) in &served {
+        assert_eq!(*status, 200, "{served:?}\n{}", edge.proc.log_text());
+        assert!(*echoed, "each answer is its own call's ({replica})");
+    }
+    // After the drain, r0 serves nothing new.
+    let c = edge.client();
+    for i in 0..6 {
+        let r = c.call_tool("echo", json!({"text": "after"})).await;
+        assert_eq!(r.status, 200, "after the drain, request {i}");
+        assert_eq!(replica_of(&r), "r1", "request {i}");
+    }
+    let m = raw(&edge.url("/metrics"), "GET", &[], Bytes::new())
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&m.body);
+    let drained = format!("http://{}", rs.gws[0].addr);
+    assert!(
+        text.contains(&format!(
+            "taskgate_edge_retries_total{{replica=\"{drained}\"}}"
+        )),
+        "{text}"
+    );
+    // Undrained, it serves again.
+    let undrain = format!("http://127.0.0.1:{}/admin/undrain", ports[0]);
+    let r = raw(&undrain, "POST", &auth, Bytes::new()).await.unwrap();
+    assert_eq!(r.status, 200);
+    let mut seen = BTreeSet::new();
+    for _ in 0..6 {
+        let r = c.call_tool("echo", json!({"text": "again"})).await;
+        assert_eq!(r.status, 200);
+        seen.insert(replica_of(&r));
+    }
+    assert!(seen.contains("r0"), "{seen:?}");
+}

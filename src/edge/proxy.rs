@@ -89,6 +89,9 @@ pub(crate) struct Ctx {
     /// Replicas tried so far (a retry never picks one again).
     tried: Vec<SocketAddr>,
     retries: u32,
+    /// The last replica refused the request before doing anything with it (a 503
+    /// with the not-sent header): [`ProxyHttp::error_while_proxy`] keeps the retry.
+    refused_unsent: bool,
     _slot: Option<Slot>,
 }
 
@@ -193,6 +196,7 @@ impl ProxyHttp for EdgeProxy {
             own: false,
             tried: Vec::new(),
             retries: 0,
+            refused_unsent: false,
             _slot: None,
         }
     }
@@ -225,6 +229,9 @@ impl ProxyHttp for EdgeProxy {
             h("mcp-method"),
             h("mcp-name"),
         );
+        // Keep the body (up to pingora's retry buffer) so a request a replica refused
+        // unprocessed can go to another one.
+        session.enable_retry_buffering();
         let before = self.in_flight.fetch_add(1, Ordering::Relaxed);
         ctx._slot = Some(Slot(self.in_flight.clone()));
         if before >= self.max_in_flight {
@@ -285,6 +292,58 @@ impl ProxyHttp for EdgeProxy {
         if ctx.tried.len() < self.replicas.len() {
             ctx.retries += 1;
             e.set_retry(true);
+        }
+        e
+    }
+
+    /// A replica that lost its lease or is draining answers 503 with the not-sent
+    /// header before doing anything with the request (docs/design.md §24): the same
+    /// request goes to another replica, while one is left untried. Any other answer
+    /// passes through, so a processed request is never sent twice.
+    async fn upstream_response_filter(
+        &self,
+        _session: &mut Session,
+        resp: &mut ResponseHeader,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        if resp.status.as_u16() != 503 || ctx.tried.len() >= self.replicas.len() {
+            return Ok(());
+        }
+        let Some(why) = resp.headers.get(crate::protocol::NOT_SENT_HEADER) else {
+            return Ok(());
+        };
+        let why = String::from_utf8_lossy(why.as_bytes()).into_owned();
+        if let Some(addr) = ctx.tried.last() {
+            crate::metrics::edge_retry(&self.name_of(*addr));
+        }
+        ctx.retries += 1;
+        ctx.refused_unsent = true;
+        let mut e = Error::explain(
+            ErrorType::HTTPStatus(503),
+            format!("replica refused the request unprocessed ({why})"),
+        );
+        e.set_retry(true);
+        Err(e)
+    }
+
+    /// pingora's default policy, except for a refusal marked unprocessed: that one
+    /// may be retried whatever the method, as long as the whole body was kept.
+    fn error_while_proxy(
+        &self,
+        peer: &HttpPeer,
+        session: &mut Session,
+        e: Box<Error>,
+        ctx: &mut Ctx,
+        client_reused: bool,
+    ) -> Box<Error> {
+        let mut e = e.more_context(format!("Peer: {peer}"));
+        let whole_body = !session.as_ref().retry_buffer_truncated();
+        if std::mem::take(&mut ctx.refused_unsent) {
+            e.set_retry(whole_body);
+        } else if !session.req_header().method.is_idempotent() || !whole_body {
+            e.set_retry(false);
+        } else {
+            e.retry.decide_reuse(client_reused);
         }
         e
     }
