@@ -2,6 +2,7 @@
 //! servers. See `README.md` for what it does, `ARCHITECTURE.md` for the layers and
 //! `docs/design.md` for the design decisions.
 
+pub mod admin_client;
 pub mod auth;
 pub mod config;
 pub mod demo;

@@ -78,6 +78,27 @@ enum Command {
         #[arg(long)]
         daemon: bool,
     },
+    /// Call the operator API of a gateway (README "Operations").
+    Admin {
+        /// The gateway's operations listener (`server.metrics_listen`).
+        #[arg(
+            long,
+            env = "TASKGATE_ADMIN_URL",
+            default_value = "http://127.0.0.1:9090"
+        )]
+        url: String,
+        /// A token with the `[admin] scope`.
+        #[arg(long, env = "TASKGATE_ADMIN_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// Trust this CA (PEM) for an `https://` URL, besides the system roots.
+        #[arg(long)]
+        ca_file: Option<PathBuf>,
+        /// Print the API's JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[command(subcommand)]
+        what: AdminCommand,
+    },
     /// Run the bundled demo legacy MCP server (stdio, or HTTP with --http).
     DemoUpstream {
         /// Serve legacy Streamable HTTP on this address instead of stdio.
@@ -108,6 +129,137 @@ fn spawn_health_gauges(engine: &Arc<Engine>) {
             taskgate::metrics::replica_health(e.store_healthy(), e.lease_held());
         }
     });
+}
+
+#[derive(Subcommand)]
+enum AdminCommand {
+    /// Tasks: list a tenant's, show one, cancel one.
+    Tasks {
+        #[command(subcommand)]
+        what: AdminTasks,
+    },
+    /// Every tenant's task counts by status.
+    Tenants,
+    /// Stop admitting new upstream calls on this replica (rolling deploys).
+    Drain,
+    /// Admit new upstream calls again.
+    Undrain,
+}
+
+#[derive(Subcommand)]
+enum AdminTasks {
+    /// A tenant's tasks, oldest first.
+    List {
+        #[arg(long)]
+        tenant: String,
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long)]
+        upstream: Option<String>,
+        #[arg(long)]
+        tool: Option<String>,
+        /// Only tasks created at least this many milliseconds ago.
+        #[arg(long)]
+        min_age_ms: Option<u64>,
+        #[arg(long)]
+        limit: Option<usize>,
+        /// The `next_cursor` of the previous page.
+        #[arg(long)]
+        cursor: Option<String>,
+    },
+    /// One task.
+    Show { id: String },
+    /// Cancel one task (audited under the token's subject).
+    Cancel { id: String },
+}
+
+/// `taskgate admin …`: one call of the operator API, printed as a table or JSON.
+async fn admin(
+    url: &str,
+    token: Option<&str>,
+    ca_file: Option<&std::path::Path>,
+    json: bool,
+    what: AdminCommand,
+) -> Result<()> {
+    use http::Method;
+    use taskgate::admin_client::{call, tasks_table, tenants_table};
+    let enc = |s: &str| -> String {
+        s.bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                    (b as char).to_string()
+                }
+                _ => format!("%{b:02X}"),
+            })
+            .collect()
+    };
+    let (method, path) = match &what {
+        AdminCommand::Tasks { what } => match what {
+            AdminTasks::List {
+                tenant,
+                status,
+                upstream,
+                tool,
+                min_age_ms,
+                limit,
+                cursor,
+            } => {
+                let mut q = vec![format!("tenant={}", enc(tenant))];
+                let opt = [
+                    ("status", status.clone()),
+                    ("upstream", upstream.clone()),
+                    ("tool", tool.clone()),
+                    ("min_age_ms", min_age_ms.map(|n| n.to_string())),
+                    ("limit", limit.map(|n| n.to_string())),
+                    ("cursor", cursor.clone()),
+                ];
+                for (k, v) in opt {
+                    if let Some(v) = v {
+                        q.push(format!("{k}={}", enc(&v)));
+                    }
+                }
+                (Method::GET, format!("/admin/tasks?{}", q.join("&")))
+            }
+            AdminTasks::Show { id } => (Method::GET, format!("/admin/tasks/{}", enc(id))),
+            AdminTasks::Cancel { id } => (Method::POST, format!("/admin/tasks/{}/cancel", enc(id))),
+        },
+        AdminCommand::Tenants => (Method::GET, "/admin/tenants".to_string()),
+        AdminCommand::Drain => (Method::POST, "/admin/drain".to_string()),
+        AdminCommand::Undrain => (Method::POST, "/admin/undrain".to_string()),
+    };
+    let v = call(url, &path, method, token, ca_file).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let empty = Vec::new();
+    match what {
+        AdminCommand::Tasks {
+            what: AdminTasks::List { .. },
+        } => {
+            println!("{}", tasks_table(v["tasks"].as_array().unwrap_or(&empty)));
+            if let Some(within) = v["filtered_within_page"].as_array() {
+                let names: Vec<&str> = within.iter().filter_map(|w| w.as_str()).collect();
+                println!("(filtered within the page: {})", names.join(", "));
+            }
+            if let Some(c) = v["next_cursor"].as_str() {
+                println!("next page: --cursor {c}");
+            }
+        }
+        AdminCommand::Tasks { .. } => {
+            println!("{}", tasks_table(std::slice::from_ref(&v["task"])));
+        }
+        AdminCommand::Tenants => {
+            println!(
+                "{}",
+                tenants_table(v["tenants"].as_array().unwrap_or(&empty))
+            );
+        }
+        AdminCommand::Drain | AdminCommand::Undrain => {
+            println!("replica {} drained: {}", v["replica"], v["drained"]);
+        }
+    }
+    Ok(())
 }
 
 fn init_tracing(json: bool) {
@@ -167,6 +319,19 @@ fn run() -> Result<()> {
             println!("{token}");
             Ok(())
         }
+        Command::Admin {
+            url,
+            token,
+            ca_file,
+            json,
+            what,
+        } => tokio_runtime()?.block_on(admin(
+            &url,
+            token.as_deref(),
+            ca_file.as_deref(),
+            json,
+            what,
+        )),
         Command::DemoUpstream {
             http,
             tls_cert,

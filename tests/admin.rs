@@ -200,6 +200,52 @@ async fn the_operator_api_lists_shows_cancels_and_drains() {
     assert_eq!(of("acme").unwrap()["tasks"]["working"], 5, "{t}");
     assert_eq!(of("globex").unwrap()["tasks"]["cancelled"], 1, "{t}");
 
+    // The CLI: the same API, as a table or JSON; a refusal is a failed command.
+    let cli = |args: &[&str], token: Option<&str>| {
+        let mut cmd = std::process::Command::new(bin());
+        cmd.arg("admin")
+            .arg("--url")
+            .arg(format!("http://127.0.0.1:{port}"));
+        cmd.env_remove("TASKGATE_ADMIN_TOKEN");
+        if let Some(t) = token {
+            cmd.env("TASKGATE_ADMIN_TOKEN", t);
+        }
+        cmd.args(args).output().unwrap()
+    };
+    let out = cli(
+        &["tasks", "list", "--tenant", "acme", "--limit", "3"],
+        Some(&root),
+    );
+    assert!(out.status.success(), "{out:?}");
+    let table = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(
+        lines[0].starts_with("ID") && lines[0].contains("STATUS"),
+        "{table}"
+    );
+    for (line, id) in lines[1..4].iter().zip(&mine) {
+        assert!(
+            line.starts_with(id.as_str()) && line.contains("working"),
+            "{table}"
+        );
+    }
+    assert!(lines[4].starts_with("next page: --cursor "), "{table}");
+    let out = cli(&["--json", "tenants"], Some(&root));
+    assert!(out.status.success(), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["tenants"].is_array(), "{v}");
+    let out = cli(&["tasks", "show", &theirs], Some(&root));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("cancelled"),
+        "{out:?}"
+    );
+    let out = cli(&["tenants"], None);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("401"),
+        "{out:?}"
+    );
+
     // Drain: no new calls (503, marked as never processed), the task plane still
     // served, the probes say not ready; undrain restores.
     let (st, d) = admin(&ops("/drain"), "POST", Some(&root)).await;

@@ -46,6 +46,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
         ],
     ),
     ("demo", &["protocol"]),
+    // `taskgate admin`: a client of the operator API over HTTP; it names the task
+    // statuses it prints, and the TLS client configuration.
+    ("admin_client", &["store", "tls"]),
     // `taskgate edge` (feature `edge`): beside `front`, in front of the replicas; it
     // reads its config, records its metrics, and checks methods and task ids, nothing
     // more.
