@@ -142,15 +142,18 @@ async fn the_listener_serves_h2_and_http1_over_tls() {
         .await
         .is_err()
     );
-    // The refusals are counted on the gateway's side too.
-    let m = metrics_text(&https(&gw, "/metrics")).await;
-    assert!(
-        sample(
-            &m,
-            "taskgate_tls_handshake_failures_total{side=\"inbound\",peer=\"listener\""
-        ) >= 2.0,
-        "{m}"
-    );
+    // The refusals are counted on the gateway's side too, once its side of each
+    // handshake has ended (which may be after the client gave up).
+    let counted = "taskgate_tls_handshake_failures_total{side=\"inbound\",peer=\"listener\"";
+    let mut m = String::new();
+    for _ in 0..100 {
+        m = metrics_text(&https(&gw, "/metrics")).await;
+        if sample(&m, counted) >= 2.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(sample(&m, counted) >= 2.0, "{m}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -184,13 +187,20 @@ async fn a_client_certificate_is_required_and_never_replaces_the_token() {
     }
     let (r, _) = get(&ca.ca_file, Some(&alice), &[], &healthz).await.unwrap();
     assert_eq!(r.status, 200);
-    let m = get(&ca.ca_file, Some(&alice), &[], &https(&gw, "/metrics"))
-        .await
-        .unwrap();
-    let m = String::from_utf8_lossy(&m.0.body).into_owned();
     let inbound = "taskgate_tls_handshake_failures_total{side=\"inbound\",peer=\"listener\"";
     for reason in ["bad_certificate", "unknown_issuer"] {
         let line = format!("{inbound},reason=\"{reason}\"}}");
+        let mut m = String::new();
+        for _ in 0..100 {
+            let r = get(&ca.ca_file, Some(&alice), &[], &https(&gw, "/metrics"))
+                .await
+                .unwrap();
+            m = String::from_utf8_lossy(&r.0.body).into_owned();
+            if sample(&m, &line) >= 1.0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         assert!(sample(&m, &line) >= 1.0, "{reason}: {m}");
     }
     // The stdio upstream starts in the background: a call before it is up is a 503.

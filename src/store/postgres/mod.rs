@@ -699,15 +699,7 @@ impl PgStore {
         if [tenant, subject, upstream].iter().any(|s| s.contains('\0')) {
             return Ok(Vec::new());
         }
-        // A cursor id with a NUL is cut at it: no stored id lies between the cut and
-        // the whole (none holds a NUL), so "after" selects the same rows.
-        let (after_ms, after_id) = match after {
-            Some(c) => (
-                ms(c.created_at_ms),
-                c.task_id.split('\0').next().unwrap_or_default(),
-            ),
-            None => (-1, ""),
-        };
+        let (after_ms, after_id) = cursor_params(after);
         let c = self.pool.get().await?;
         let page = ListOwned {
             tenant,
@@ -718,12 +710,7 @@ impl PgStore {
             limit: i64::try_from(limit).unwrap_or(i64::MAX),
         };
         let rows = self.sql.list_owned.query(&c, &page).await?;
-        rows.iter()
-            .map(|row| {
-                let bytes: Vec<u8> = row.try_get(0)?;
-                decode("task_routes (owner index)", &bytes)
-            })
-            .collect()
+        decode_records(&rows, "task_routes (owner index)")
     }
 
     async fn list_tenant_now(
@@ -737,13 +724,7 @@ impl PgStore {
         if tenant.contains('\0') {
             return Ok(Vec::new());
         }
-        let (after_ms, after_id) = match after {
-            Some(c) => (
-                ms(c.created_at_ms),
-                c.task_id.split('\0').next().unwrap_or_default(),
-            ),
-            None => (-1, ""),
-        };
+        let (after_ms, after_id) = cursor_params(after);
         let c = self.pool.get().await?;
         let page = ListTenant {
             tenant,
@@ -753,12 +734,7 @@ impl PgStore {
             limit: i64::try_from(limit).unwrap_or(i64::MAX),
         };
         let rows = self.sql.list_tenant.query(&c, &page).await?;
-        rows.iter()
-            .map(|row| {
-                let bytes: Vec<u8> = row.try_get(0)?;
-                decode("task_routes (tenant index)", &bytes)
-            })
-            .collect()
+        decode_records(&rows, "task_routes (tenant index)")
     }
 
     async fn tenant_counts_now(&self) -> Result<Vec<TenantCount>, PgError> {
@@ -817,6 +793,30 @@ impl PgStore {
             format!("store_secrets/{name}: inserted but not found").into(),
         ))
     }
+}
+
+/// The `(after_ms, after_id)` parameters of a page query resuming after `after`
+/// (`-1, ""` for the first page). A cursor id with a NUL is cut at it: no stored id
+/// lies between the cut and the whole (none holds a NUL), so "after" selects the
+/// same rows.
+fn cursor_params(after: Option<&OwnerCursor>) -> (i64, &str) {
+    match after {
+        Some(c) => (
+            ms(c.created_at_ms),
+            c.task_id.split('\0').next().unwrap_or_default(),
+        ),
+        None => (-1, ""),
+    }
+}
+
+/// The task records of a page query's rows (the record is column 0).
+fn decode_records(rows: &[tokio_postgres::Row], what: &str) -> Result<Vec<TaskRecord>, PgError> {
+    rows.iter()
+        .map(|row| {
+            let bytes: Vec<u8> = row.try_get(0)?;
+            decode(what, &bytes)
+        })
+        .collect()
 }
 
 impl TaskStore for PgStore {

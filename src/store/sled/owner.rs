@@ -105,13 +105,39 @@ impl SledStore {
     }
 
     /// At open: build the owner index once for a store written before it existed
-    /// (`meta/layout/owner_index` says it is built). The entries go first and the
-    /// marker last, so a crash in between builds it again (the writes are
-    /// idempotent), and the flush makes both durable before the store is used.
+    /// (`meta/layout/owner_index` says it is built).
     pub(super) fn build_owner_index(&self) -> Result<(), StoreError> {
+        self.build_index(META_OWNER_INDEX, &self.owner, "owner", |k, id, v| {
+            let p: OwnerProbe = serde_json::from_slice(v).map_err(|e| {
+                StoreError::Corrupt(
+                    Corruption::from(format!("tasks/{}: {e}", key_str(k))).caused_by(e),
+                )
+            })?;
+            Ok(owner_key(
+                &p.tenant,
+                &p.subject,
+                &p.upstream,
+                p.created_at_ms,
+                id,
+            ))
+        })
+    }
+
+    /// Build the index `tree` from every task record, once (`marker` in `meta`
+    /// says it is built): `entry` makes a task's key from its id and stored bytes.
+    /// The entries go first and the marker last, so a crash in between builds it
+    /// again (the writes are idempotent), and the flush makes both durable before
+    /// the store is used.
+    pub(super) fn build_index(
+        &self,
+        marker: &[u8],
+        tree: &sled::Tree,
+        name: &str,
+        entry: impl Fn(&[u8], &str, &[u8]) -> Result<Vec<u8>, StoreError>,
+    ) -> Result<(), StoreError> {
         let built = self
             .meta
-            .get(META_OWNER_INDEX)
+            .get(marker)
             .map_err(|e| self.read_failed("get meta/layout", e))?
             .is_some();
         if built {
@@ -123,19 +149,14 @@ impl SledStore {
             let id = std::str::from_utf8(&k).map_err(|_| {
                 StoreError::Corrupt(format!("tasks: key {:?} is not UTF-8", k.as_ref()).into())
             })?;
-            let p: OwnerProbe = serde_json::from_slice(&v).map_err(|e| {
-                StoreError::Corrupt(
-                    Corruption::from(format!("tasks/{}: {e}", key_str(&k))).caused_by(e),
-                )
-            })?;
-            let entry = owner_key(&p.tenant, &p.subject, &p.upstream, p.created_at_ms, id);
-            self.put(&self.owner, "build owner index", &entry, &[])?;
+            let key = entry(&k, id, &v)?;
+            self.put(tree, "build an index", &key, &[])?;
             entries += 1;
         }
-        self.put(&self.meta, "write meta/layout", META_OWNER_INDEX, &[1])?;
+        self.put(&self.meta, "write meta/layout", marker, &[1])?;
         self.flush_blocking()?;
         if entries > 0 {
-            tracing::info!(path = %self.path.display(), entries, "owner index built");
+            tracing::info!(path = %self.path.display(), index = name, entries, "index built");
         }
         Ok(())
     }

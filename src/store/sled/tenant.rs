@@ -113,33 +113,21 @@ impl SledStore {
     }
 
     /// At open: build the tenant index once for a store written before it existed
-    /// (`meta/layout/tenant_index` says it is built), entries first and the marker
-    /// last, flushed before the store is used (as `build_owner_index`).
+    /// (`meta/layout/tenant_index` says it is built).
     pub(super) fn build_tenant_index(&self) -> Result<(), StoreError> {
-        let built = self
-            .meta
-            .get(META_TENANT_INDEX)
-            .map_err(|e| self.read_failed("get meta/layout", e))?
-            .is_some();
-        if built {
-            return Ok(());
-        }
-        let mut entries = 0u64;
-        for kv in self.tasks.iter() {
-            let (k, v) = kv.map_err(|e| self.read_failed("scan tasks", e))?;
-            let id = std::str::from_utf8(&k).map_err(|_| {
-                StoreError::Corrupt(format!("tasks: key {:?} is not UTF-8", k.as_ref()).into())
-            })?;
-            let p = probe(&k, &v)?;
-            let entry = tenant_status_key(&p.tenant, p.status.as_str(), p.created_at_ms, id);
-            self.put(&self.tenant_status, "build tenant index", &entry, &[])?;
-            entries += 1;
-        }
-        self.put(&self.meta, "write meta/layout", META_TENANT_INDEX, &[1])?;
-        self.flush_blocking()?;
-        if entries > 0 {
-            tracing::info!(path = %self.path.display(), entries, "tenant index built");
-        }
-        Ok(())
+        self.build_index(
+            META_TENANT_INDEX,
+            &self.tenant_status,
+            "tenant_status",
+            |k, id, v| {
+                let p = probe(k, v)?;
+                Ok(tenant_status_key(
+                    &p.tenant,
+                    p.status.as_str(),
+                    p.created_at_ms,
+                    id,
+                ))
+            },
+        )
     }
 }
