@@ -17,5 +17,6 @@ pub mod metrics;
 pub mod protocol;
 pub mod store;
 pub mod tasks;
+pub mod telemetry;
 pub mod tls;
 pub mod upstream;

@@ -278,6 +278,56 @@ fn init_tracing(json: bool) {
     }
 }
 
+/// Logging, and traces when `[telemetry]` or the `OTEL_*` variables name a collector
+/// (docs/design.md §24 "Operations"). Without one the subscriber is exactly the
+/// plain one; with one, the gateway's spans go to the exporter only, so log lines
+/// read the same either way.
+fn init_logs_and_traces(
+    json: bool,
+    telemetry: &taskgate::config::TelemetryConfig,
+    instance: &str,
+    role: &'static str,
+) -> Result<Option<taskgate::telemetry::Telemetry>> {
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::filter::filter_fn;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+
+    let Some(export) = telemetry.export(|k| std::env::var(k).ok())? else {
+        init_tracing(json);
+        return Ok(None);
+    };
+    let traces = taskgate::telemetry::start(&export, instance, role)?;
+    let target = taskgate::telemetry::TARGET;
+    let env_filter = || {
+        tracing_subscriber::EnvFilter::try_from_env("TASKGATE_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+    };
+    // The exporter sees its spans and the events inside them (as span events).
+    let otel = traces.layer().with_filter(filter_fn(move |m| {
+        m.target() == target || (m.is_event() && *m.level() <= tracing::Level::INFO)
+    }));
+    let not_ours = filter_fn(move |m| m.target() != target);
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let logs = tracing_subscriber::fmt::layer()
+        .with_writer(taskgate::logsink::Sink)
+        .with_ansi(ansi);
+    taskgate::logsink::flush_on_panic();
+    let registry = tracing_subscriber::registry().with(otel);
+    if json {
+        registry
+            .with(logs.json().with_filter(env_filter()).with_filter(not_ours))
+            .init();
+    } else {
+        registry
+            .with(logs.with_filter(env_filter()).with_filter(not_ours))
+            .init();
+    }
+    tracing::info!(collector = %export.url, sample_ratio = export.sample_ratio,
+        service = %export.service_name, "exporting traces over OTLP/HTTP");
+    Ok(Some(traces))
+}
+
 fn main() -> Result<()> {
     // Before any library builds a TLS configuration from the process default.
     taskgate::tls::install_process_default();
@@ -381,9 +431,19 @@ fn edge(
         cfg.listen = listen;
         cfg.validate()?;
     }
-    init_tracing(cfg.log_format == LogFormat::Json);
+    let instance = format!("edge-{}", std::process::id());
+    let traces = init_logs_and_traces(
+        cfg.log_format == LogFormat::Json,
+        &cfg.telemetry,
+        &instance,
+        "edge",
+    )?;
     tracing::info!(config = %source.describe(), "edge configuration loaded");
-    taskgate::edge::run(cfg, taskgate::edge::EdgeStart { upgrade, daemon })
+    let r = taskgate::edge::run(cfg, taskgate::edge::EdgeStart { upgrade, daemon });
+    if let Some(t) = traces {
+        t.shutdown();
+    }
+    r
 }
 
 #[cfg(not(feature = "edge"))]
@@ -399,7 +459,12 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
         cfg.server.listen = listen;
         cfg.revalidate()?;
     }
-    init_tracing(cfg.server.log_format == LogFormat::Json);
+    let traces = init_logs_and_traces(
+        cfg.server.log_format == LogFormat::Json,
+        &cfg.telemetry,
+        &cfg.replica_id(),
+        "replica",
+    )?;
     tracing::info!(config = %source.describe(), "configuration loaded");
     // The metrics recorder is process-wide by design (the `metrics` facade); installed
     // before the store opens, so the expiry of its CA file is recorded too.
@@ -582,6 +647,10 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
         tracing::error!(error = %e, "final store flush failed");
     }
     tracing::info!("taskgate stopped");
+    // The spans of the last requests go out (bounded by the export timeout).
+    if let Some(t) = traces {
+        t.shutdown();
+    }
     Ok(())
 }
 

@@ -483,3 +483,14 @@ pub fn replica_health(store_healthy: bool, lease_held: bool) {
 pub fn lease_lost() {
     counter!("taskgate_replica_lease_lost_total").increment(1);
 }
+
+/// Spans the OTLP exporter delivered to the collector.
+pub fn trace_spans_exported(n: u64) {
+    counter!("taskgate_trace_spans_exported_total").increment(n);
+}
+
+/// Spans dropped: `queue_full` (the export queue was full) or `export_failed` (the
+/// collector refused them or could not be reached).
+pub fn trace_spans_dropped(reason: &'static str, n: u64) {
+    counter!("taskgate_trace_spans_dropped_total", "reason" => reason).increment(n);
+}

@@ -23,11 +23,14 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("metrics", &[]),
     ("logsink", &[]),
     ("tls", &["metrics"]),
+    // OpenTelemetry traces: the exporter (over the TLS client), its config, the
+    // `_meta` carrier and its counters; named by every layer that opens a span.
+    ("telemetry", &["protocol", "config", "metrics", "tls"]),
     ("store", &["protocol", "config", "metrics", "tls"]),
     ("auth", &["protocol", "config", "metrics", "tls"]),
     (
         "upstream",
-        &["protocol", "config", "metrics", "auth", "tls"],
+        &["protocol", "config", "metrics", "auth", "tls", "telemetry"],
     ),
     (
         "limits",
@@ -36,13 +39,29 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "tasks",
         &[
-            "protocol", "config", "metrics", "auth", "store", "upstream", "limits",
+            "protocol",
+            "config",
+            "metrics",
+            "auth",
+            "store",
+            "upstream",
+            "limits",
+            "telemetry",
         ],
     ),
     (
         "front",
         &[
-            "protocol", "config", "metrics", "auth", "store", "upstream", "limits", "tasks", "tls",
+            "protocol",
+            "config",
+            "metrics",
+            "auth",
+            "store",
+            "upstream",
+            "limits",
+            "tasks",
+            "tls",
+            "telemetry",
         ],
     ),
     ("demo", &["protocol"]),
@@ -52,7 +71,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
     // `taskgate edge` (feature `edge`): beside `front`, in front of the replicas; it
     // reads its config, records its metrics, and checks methods and task ids, nothing
     // more.
-    ("edge", &["protocol", "config", "metrics", "tasks", "tls"]),
+    (
+        "edge",
+        &["protocol", "config", "metrics", "tasks", "tls", "telemetry"],
+    ),
     // Test-only harnesses over the untrusted-input surfaces: a top layer beside
     // `main`, since they drive `front` from above.
     (

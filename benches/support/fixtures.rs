@@ -35,6 +35,7 @@ pub(crate) fn task(id: &str, tenant: &str, subject: &str, ttl_ms: u64) -> TaskRe
         input_requests: Map::new(),
         issued_keys: Vec::new(),
         cancel_requested: false,
+        trace: None,
     }
 }
 

@@ -44,6 +44,9 @@ pub struct EdgeConfig {
     /// The CA bundle (PEM) trusted for `https://` replicas, instead of the system roots
     /// (the replicas are the operator's own; pingora's connector takes one store).
     pub replica_ca_file: Option<PathBuf>,
+    /// `[telemetry]` of the same file (the edge's own spans).
+    #[serde(skip)]
+    pub telemetry: super::TelemetryConfig,
 }
 
 impl Default for EdgeConfig {
@@ -58,6 +61,7 @@ impl Default for EdgeConfig {
             max_connections: 10_000,
             log_format_written: "text".into(),
             log_format: LogFormat::Text,
+            telemetry: super::TelemetryConfig::default(),
             tls_cert: None,
             tls_key: None,
             replica_ca_file: None,
@@ -128,6 +132,9 @@ impl ReplicaUrl {
 struct EdgeOnly {
     #[serde(default)]
     edge: Option<EdgeConfig>,
+    /// The edge exports its spans like a replica (docs/design.md §24).
+    #[serde(default)]
+    telemetry: super::TelemetryConfig,
 }
 
 impl EdgeConfig {
@@ -151,6 +158,8 @@ impl EdgeConfig {
             .ok_or_else(|| invalid("edge", "`taskgate edge` needs an [edge] table"))?;
         edge.build()?;
         edge.validate()?;
+        only.telemetry.validate()?;
+        edge.telemetry = only.telemetry;
         Ok(edge)
     }
 

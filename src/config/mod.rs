@@ -19,6 +19,7 @@ mod server;
 mod source;
 mod store;
 mod tasks;
+mod telemetry;
 #[cfg(test)]
 mod tests;
 mod upstream;
@@ -39,6 +40,7 @@ pub use server::ServerConfig;
 pub use source::{ConfigSource, DEFAULT_CONFIG_PATH, SHIPPED_DEFAULT};
 pub use store::{StoreBackend, StoreConfig, is_pg_schema_name};
 pub use tasks::{LimitsConfig, TasksConfig};
+pub use telemetry::{TelemetryConfig, TraceExport};
 pub use upstream::{
     Isolation, OPERATIONAL_PATHS, OnInput, TaskMode, ToolConfig, UpstreamConfig, UpstreamTransport,
     interpolate_env,
@@ -83,6 +85,9 @@ pub struct Config {
     /// `[admin]`: the operator API (§24).
     #[serde(default)]
     pub admin: AdminConfig,
+    /// `[telemetry]`: OpenTelemetry traces (§24).
+    #[serde(default)]
+    pub telemetry: TelemetryConfig,
     #[serde(default, rename = "upstream")]
     pub upstreams: Vec<UpstreamConfig>,
     /// `[edge]`: read by `taskgate edge` only ([`EdgeConfig::from_source`]); a replica
@@ -171,6 +176,7 @@ impl Config {
         self.tasks.validate()?;
         self.legacy.validate()?;
         self.admin.validate()?;
+        self.telemetry.validate()?;
         upstream::validate_upstreams(&self.upstreams)
     }
 }

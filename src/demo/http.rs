@@ -519,6 +519,7 @@ impl HttpState {
         } else {
             None
         };
+        let header_trace = header_str(&req, "traceparent").map(str::to_string);
         let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
             Ok(c) => c.to_bytes(),
             Err(_) => {
@@ -529,6 +530,21 @@ impl HttpState {
             Ok(v) => v,
             Err(_) => return error_response(StatusCode::BAD_REQUEST, -32700, "Parse error"),
         };
+        // What a traced gateway propagates (README "Operations" shows these lines).
+        let meta_trace = msg
+            .pointer("/params/_meta/traceparent")
+            .and_then(serde_json::Value::as_str);
+        if header_trace.is_some() || meta_trace.is_some() {
+            tracing::info!(
+                method = msg
+                    .get("method")
+                    .and_then(serde_json::Value::as_str)
+                    .unwrap_or("-"),
+                header_traceparent = header_trace.as_deref().unwrap_or("-"),
+                meta_traceparent = meta_trace.unwrap_or("-"),
+                "demo: trace context received"
+            );
+        }
         if msg.is_array() {
             return error_response(
                 StatusCode::BAD_REQUEST,

@@ -92,6 +92,8 @@ pub(crate) struct Ctx {
     /// The last replica refused the request before doing anything with it (a 503
     /// with the not-sent header): [`ProxyHttp::error_while_proxy`] keeps the retry.
     refused_unsent: bool,
+    /// The request's span (docs/design.md §24 "Operations"), ended with the context.
+    span: tracing::Span,
     _slot: Option<Slot>,
 }
 
@@ -197,6 +199,7 @@ impl ProxyHttp for EdgeProxy {
             tried: Vec::new(),
             retries: 0,
             refused_unsent: false,
+            span: tracing::Span::none(),
             _slot: None,
         }
     }
@@ -223,6 +226,8 @@ impl ProxyHttp for EdgeProxy {
             return Ok(true);
         }
         let h = |name: &str| req.headers.get(name).map(|v| v.as_bytes());
+        let text = |name: &str| req.headers.get(name).and_then(|v| v.to_str().ok());
+        ctx.span = crate::telemetry::edge_span(text("mcp-method"), text("mcp-name"), &req.headers);
         ctx.route = route_request(
             h("mcp-protocol-version"),
             h("mcp-session-id"),
@@ -274,6 +279,24 @@ impl ProxyHttp for EdgeProxy {
         peer.options.read_timeout = Some(UPSTREAM_READ_IDLE);
         peer.options.idle_timeout = Some(POOL_IDLE);
         Ok(Box::new(peer))
+    }
+
+    /// The edge's span context goes on to the replica as the W3C headers (replacing
+    /// the client's: the replica's span is the edge span's child).
+    async fn upstream_request_filter(
+        &self,
+        _session: &mut Session,
+        upstream_request: &mut pingora_http::RequestHeader,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        if ctx.span.is_none() {
+            return Ok(());
+        }
+        let carrier = crate::telemetry::carrier_of(&ctx.span);
+        for (k, v) in carrier.pairs() {
+            upstream_request.insert_header(k, v.to_string())?;
+        }
+        Ok(())
     }
 
     /// Nothing was sent: the request may go to another replica, and this one sits
@@ -354,6 +377,7 @@ impl ProxyHttp for EdgeProxy {
             .map(|r| r.status.as_u16())
             .unwrap_or(0);
         let elapsed = ctx.at.elapsed();
+        crate::telemetry::record_http_status(&ctx.span, status);
         let class = if ctx.own { "edge" } else { ctx.route.class() };
         crate::metrics::edge_request(class, status, elapsed);
         let req = session.req_header();

@@ -11,6 +11,7 @@ use std::task::{Context, Poll};
 use http::{Response, StatusCode};
 use serde_json::{Map, Value, json};
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::gateway::Gateway;
 use super::inline::{self, Inline, InlineTiming};
@@ -31,6 +32,7 @@ use crate::tasks::failure::{CallFailure, Failure};
 use crate::tasks::mrtr::Resumed;
 use crate::tasks::outcome::Reply;
 use crate::tasks::promote::Promotion;
+use crate::telemetry;
 use crate::upstream::{Upstream, UpstreamInfo};
 
 /// The JSON-RPC service over a request whose body has been read: parse → envelope →
@@ -106,7 +108,23 @@ async fn serve_rpc(gw: &Gateway, req: ReadRequest) -> Resp {
             }
         });
     }
-    dispatch(gw, &upstream, principal, *valid, received).await
+    let target = valid
+        .params
+        .forward()
+        .and_then(|f| telemetry::target_of(valid.method.as_str(), f.upstream.as_map()));
+    let span = telemetry::server_span(telemetry::Incoming {
+        method: valid.method.as_str(),
+        target,
+        protocol_version: &valid.meta.protocol_version,
+        session: None,
+        request_id: &valid.id,
+        headers: &parts.headers,
+        meta: &valid.meta.trace,
+    });
+    telemetry::record_principal_of(&span, &principal.tenant, &principal.subject);
+    dispatch(gw, &upstream, principal, *valid, received)
+        .instrument(span)
+        .await
 }
 
 /// `server/discover` synthesised from the upstream's `initialize` result (MCP 2026-07-28

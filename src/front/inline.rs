@@ -65,8 +65,12 @@ impl Final {
             Reply::Complete(Ok(v)) | Reply::Task(v) | Reply::InputRequired(v) => {
                 Self::ok(protocol::response(id, v))
             }
-            Reply::Complete(Err(e)) => Self::ok(protocol::error_response(Some(id), &e)),
+            Reply::Complete(Err(e)) => {
+                crate::telemetry::record_rpc_error(e.code);
+                Self::ok(protocol::error_response(Some(id), &e))
+            }
             Reply::Failed(f) => {
+                crate::telemetry::record_rpc_error(f.error.code);
                 let (status, retry_after_s) = match f.class {
                     ErrorClass::Outcome => (StatusCode::OK, None),
                     ErrorClass::RetryLater(s) => (StatusCode::SERVICE_UNAVAILABLE, Some(s)),

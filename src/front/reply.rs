@@ -37,6 +37,7 @@ pub fn json(status: StatusCode, value: &Value) -> Response<Body> {
 
 /// A JSON-RPC error response with the given HTTP status, echoing the id if known.
 pub fn rpc_error(status: StatusCode, id: Option<&RequestId>, err: &RpcError) -> Response<Body> {
+    crate::telemetry::record_rpc_error(err.code);
     json(status, &protocol::error_response(id, err))
 }
 

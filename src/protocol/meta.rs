@@ -34,6 +34,11 @@ pub struct RequestMeta {
     pub client_info: Option<Value>,
     pub log_level: Option<String>,
     pub progress_token: Option<Value>,
+    /// The W3C trace context of `_meta` (SEP-414), unchecked: a malformed one is
+    /// ignored by `telemetry`, never refused. Never persisted with what keeps a
+    /// request's metadata: a context belongs to one request.
+    #[serde(skip)]
+    pub trace: super::TraceCarrier,
 }
 
 impl RequestMeta {
@@ -107,6 +112,7 @@ impl RequestMeta {
             client_info,
             log_level,
             progress_token,
+            trace: super::TraceCarrier::from_meta(meta),
         })
     }
 }

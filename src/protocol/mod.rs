@@ -11,11 +11,13 @@ pub mod method;
 pub mod param_headers;
 pub mod params;
 pub mod results;
+pub mod trace;
 pub mod upstream_info;
 
 pub use error::RpcError;
 pub use meta::{ClientCaps, RequestMeta};
 pub use method::Method;
+pub use trace::TraceCarrier;
 pub use upstream_info::UpstreamInfo;
 
 use serde_json::{Map, Value};

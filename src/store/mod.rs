@@ -113,6 +113,11 @@ pub struct TaskRecord {
     /// Every input key ever issued for this task (keys are never reused).
     pub issued_keys: Vec<String>,
     pub cancel_requested: bool,
+    /// The W3C `traceparent` of the span that created the task, when traces are on:
+    /// its settle span and its polls link to it, on any replica (docs/design.md §24
+    /// "Operations"). Absent in records of earlier versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<String>,
 }
 
 /// An in-flight upstream call (the *request routes* table).

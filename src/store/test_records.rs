@@ -31,6 +31,7 @@ pub(crate) fn task(id: &str, tenant: &str, expires_at_ms: u64) -> TaskRecord {
         input_requests: Map::new(),
         issued_keys: Vec::new(),
         cancel_requested: false,
+        trace: None,
     }
 }
 

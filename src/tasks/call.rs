@@ -103,19 +103,24 @@ fn start_call(
     let name = upstream.name().to_string();
     let gather = engine.input_gather();
     let engine = engine.clone();
-    let task = tokio::spawn(async move {
-        let call = engine.call_upstream(&up, &p, spec, tx);
-        match limit {
-            None => call.await,
-            // The timeout drops the call future, which cancels it upstream.
-            Some(d) => tokio::time::timeout(d, call).await.unwrap_or_else(|_| {
-                Err(UpstreamError::TimedOut {
-                    upstream: name,
-                    after_ms: u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
-                })
-            }),
-        }
-    });
+    // In the request's span, so the upstream call's client span is its child.
+    let span = crate::telemetry::current();
+    let task = tokio::spawn(tracing::Instrument::instrument(
+        async move {
+            let call = engine.call_upstream(&up, &p, spec, tx);
+            match limit {
+                None => call.await,
+                // The timeout drops the call future, which cancels it upstream.
+                Some(d) => tokio::time::timeout(d, call).await.unwrap_or_else(|_| {
+                    Err(UpstreamError::TimedOut {
+                        upstream: name,
+                        after_ms: u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
+                    })
+                }),
+            }
+        },
+        span,
+    ));
     Pending::new(task, rx, gather)
 }
 
@@ -180,6 +185,8 @@ impl Engine {
             input_requests: Default::default(),
             issued_keys: Vec::new(),
             cancel_requested: false,
+            // The request span is current here (the front instruments its dispatch).
+            trace: crate::telemetry::current_traceparent(),
         }
     }
 

@@ -175,6 +175,7 @@ mod tests {
             input_requests: Map::new(),
             issued_keys: Vec::new(),
             cancel_requested: false,
+            trace: None,
         }
     }
 

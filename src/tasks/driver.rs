@@ -131,6 +131,8 @@ impl Engine {
         let retention = crate::config::as_millis(self.cfg.tasks.result_retention);
         self.tasks.terminal_writing(task_id);
         let mut backoff = SETTLE_RETRY_FIRST;
+        // What the settle span needs: the creation's context and the final status.
+        let mut settled: Option<(Option<String>, &'static str)> = None;
         let updated = loop {
             let r = self
                 .tasks
@@ -140,6 +142,7 @@ impl Engine {
                     }
                     apply(rec);
                     conclude(rec, retention);
+                    settled = Some((rec.trace.clone(), rec.status.as_str()));
                     true
                 })
                 .await;
@@ -153,13 +156,21 @@ impl Engine {
             }
         };
         match updated {
-            Ok(_) => match self.flush().await {
-                Ok(()) => self.tasks.terminal_flushed(task_id),
-                // Still unflushed: readers flush (and fail) before showing it.
-                Err(e) => {
-                    tracing::error!(task = task_id, error = %e, "flushing a terminal state failed");
+            Ok(_) => {
+                let span = match &settled {
+                    Some((trace, status)) => {
+                        crate::telemetry::settle_span(task_id, status, trace.as_deref())
+                    }
+                    None => tracing::Span::none(),
+                };
+                match tracing::Instrument::instrument(self.flush(), span).await {
+                    Ok(()) => self.tasks.terminal_flushed(task_id),
+                    // Still unflushed: readers flush (and fail) before showing it.
+                    Err(e) => {
+                        tracing::error!(task = task_id, error = %e, "flushing a terminal state failed");
+                    }
                 }
-            },
+            }
             Err(StoreError::Fenced) => {
                 tracing::warn!(
                     task = task_id,

@@ -203,6 +203,7 @@ fn request(args: Value, key: Option<&str>) -> Request<ToolCallParams> {
             client_info: None,
             log_level: None,
             progress_token: None,
+            trace: Default::default(),
         },
         idempotency_key: key.map(str::to_string),
     }

@@ -74,6 +74,9 @@ impl Engine {
                 if rec.expires_at_ms <= now_ms() {
                     Err(refused(expired()))
                 } else {
+                    // One trace view shows the task end to end: each of its requests
+                    // links to the span that created it (docs/design.md §24).
+                    crate::telemetry::link_creation(rec.trace.as_deref());
                     Ok(*rec)
                 }
             }

@@ -300,7 +300,11 @@ impl Engine {
         let up = upstream.clone();
         let p = principal.clone();
         let engine = self.clone();
-        let call = tokio::spawn(async move { engine.call_upstream(&up, &p, spec, ev_tx).await });
+        // In the request's span, so the upstream call's client span is its child.
+        let call = tokio::spawn(tracing::Instrument::instrument(
+            async move { engine.call_upstream(&up, &p, spec, ev_tx).await },
+            crate::telemetry::current(),
+        ));
         events::Pending::new(call, events, self.input_gather())
     }
 

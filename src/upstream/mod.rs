@@ -150,6 +150,18 @@ pub enum Delivery {
 }
 
 impl UpstreamError {
+    /// A short name of the failure (a span's `error.type`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Unavailable { .. } => "upstream_unavailable",
+            Self::Broken { .. } => "upstream_broken",
+            Self::Protocol { .. } => "upstream_protocol",
+            Self::TimedOut { .. } => "timeout",
+            Self::QueueFull { .. } => "queue_full",
+            Self::ShuttingDown => "shutting_down",
+        }
+    }
+
     pub fn delivery(&self) -> Delivery {
         match self {
             Self::Unavailable { .. } | Self::QueueFull { .. } | Self::ShuttingDown => {

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use serde_json::{Map, Value};
 use tokio::sync::mpsc;
+use tracing::Instrument;
 
 use super::http::{HttpOptions, HttpUpstream};
 use super::identity::Identity;
@@ -24,6 +25,7 @@ use crate::auth::Principal;
 use crate::config::{Isolation, UpstreamConfig, UpstreamTransport};
 use crate::protocol::param_headers::ToolHeaders;
 use crate::protocol::{Method, RpcError};
+use crate::telemetry;
 
 /// An upstream that cannot be started as configured (its TLS files, so far).
 #[derive(Debug, thiserror::Error)]
@@ -395,11 +397,37 @@ impl Upstream {
         };
         let (transport, _) = self.scoped(scope);
         transport.ensure_ready().await?;
-        let r = transport.call(spec, events).await;
+        // The client span of this call (docs/design.md §24 "Operations"): its context
+        // goes upstream in `_meta`, and in the headers of an HTTP upstream (taken
+        // from the current span when the request is built).
+        let span = telemetry::client_span(
+            &spec.method,
+            spec.tool.as_deref(),
+            self.name(),
+            match self.cfg.transport {
+                UpstreamTransport::Stdio { .. } => "pipe",
+                UpstreamTransport::Http { .. } => "tcp",
+            },
+        );
+        if !span.is_none() {
+            telemetry::carrier_of(&span).write_into_params(&mut spec.params);
+        }
+        let r = transport.call(spec, events).instrument(span.clone()).await;
         let outcome = match &r {
-            Ok(CallOutcome::Result(_)) => "ok",
-            Ok(CallOutcome::Error(_)) => "rpc_error",
-            Err(_) => "failed",
+            Ok(CallOutcome::Result(v)) => {
+                if v.get("isError").and_then(Value::as_bool) == Some(true) {
+                    telemetry::record_error(&span, "tool_error");
+                }
+                "ok"
+            }
+            Ok(CallOutcome::Error(e)) => {
+                telemetry::record_error(&span, &e.code.to_string());
+                "rpc_error"
+            }
+            Err(e) => {
+                telemetry::record_error(&span, e.kind());
+                "failed"
+            }
         };
         crate::metrics::upstream_call(self.name(), outcome, started.elapsed());
         r

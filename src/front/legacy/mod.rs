@@ -25,6 +25,7 @@ use http::request::Parts;
 use http::{HeaderValue, Response, StatusCode};
 use serde_json::{Map, Value, json};
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use self::call::{DEFAULT_LOG_RANK, LegacyCall};
 use self::live::SubChange;
@@ -94,6 +95,7 @@ pub(super) async fn serve_post(
         principal: &principal,
         rec: &session,
         received,
+        headers: &parts.headers,
     };
     if !was_batch {
         return match messages.pop() {
@@ -328,6 +330,8 @@ struct Session<'a> {
     principal: &'a Principal,
     rec: &'a SessionRecord,
     received: Instant,
+    /// The HTTP request's headers (its W3C trace context).
+    headers: &'a http::HeaderMap,
 }
 
 impl Session<'_> {
@@ -369,8 +373,40 @@ impl Session<'_> {
         }
     }
 
-    /// A request: `stream` when the answer may be an SSE stream (not in a batch).
+    /// A request: `stream` when the answer may be an SSE stream (not in a batch),
+    /// inside its server span (docs/design.md §24 "Operations").
     async fn request(
+        &self,
+        id: RequestId,
+        method: &str,
+        params: Map<String, Value>,
+        stream: bool,
+    ) -> Response<Body> {
+        let meta = if crate::telemetry::enabled() {
+            crate::protocol::TraceCarrier::of_params(&params)
+        } else {
+            Default::default()
+        };
+        let span = crate::telemetry::server_span(crate::telemetry::Incoming {
+            method,
+            target: crate::telemetry::target_of(method, &params),
+            protocol_version: &self.rec.protocol_version,
+            session: Some(self.sid()),
+            request_id: &id,
+            headers: self.headers,
+            meta: &meta,
+        });
+        crate::telemetry::record_principal_of(
+            &span,
+            &self.principal.tenant,
+            &self.principal.subject,
+        );
+        self.request_in_span(id, method, params, stream)
+            .instrument(span)
+            .await
+    }
+
+    async fn request_in_span(
         &self,
         id: RequestId,
         method: &str,

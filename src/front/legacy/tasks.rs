@@ -191,6 +191,7 @@ impl TaskSession<'_> {
                     client_info: None,
                     log_level: None,
                     progress_token,
+                    trace: Default::default(),
                 },
                 idempotency_key: None,
             },

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http::{Method, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use serde_json::{Map, Value};
+use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -43,9 +43,10 @@ impl HttpUpstream {
         let token = token_id.map(Value::from);
         let mut params = spec.params;
         if let Some(t) = &token {
-            let mut meta = Map::new();
-            meta.insert("progressToken".into(), t.clone());
-            params.insert("_meta".into(), Value::Object(meta));
+            // Next to the trace context the registry may have put there.
+            crate::protocol::trace::with_meta(&mut params, |m| {
+                m.insert("progressToken".into(), t.clone());
+            });
         }
         // Removes the token's route however this call ends (answer, error, drop).
         let route = token_id.map(|token| ProgressRoute {

@@ -85,6 +85,12 @@ impl HttpUpstream {
             {
                 h.insert(LAST_EVENT_ID, v);
             }
+            // The W3C context of the call's client span, the same as in its `_meta`
+            // (docs/design.md §24 "Operations").
+            if crate::telemetry::enabled() {
+                let carrier = crate::telemetry::carrier_of(&tracing::Span::current());
+                crate::telemetry::insert_headers(&carrier, h);
+            }
         }
         req.body(Full::new(body.cloned().unwrap_or_default()))
             .map_err(|e| SendError::Unreachable(format!("cannot build request for {url}: {e}")))

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
@@ -75,15 +75,9 @@ impl Shared {
                 "taskgate-{}",
                 self.next_token.fetch_add(1, Ordering::Relaxed)
             );
-            let meta = params
-                .entry("_meta")
-                .or_insert_with(|| Value::Object(Map::new()));
-            if !meta.is_object() {
-                *meta = Value::Object(Map::new());
-            }
-            if let Value::Object(m) = meta {
+            crate::protocol::trace::with_meta(&mut params, |m| {
                 m.insert("progressToken".into(), Value::String(token.clone()));
-            }
+            });
             token
         });
         let (reply_tx, reply_rx) = oneshot::channel();
