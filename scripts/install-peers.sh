@@ -25,6 +25,9 @@
 #                           for the legacy FastMCP upstream tests/fixtures/fastmcp194_server.py
 #   .peers/venv-fastmcp/    python venv with fastmcp[tasks]==4.1.4 (+ pinned deps): the
 #                           2026-07-28 + tasks client of tests/peers/fastmcp_client.py
+#   .peers/venv-otel/       python venv with opentelemetry-proto and -sdk (+ pinned deps):
+#                           the OTLP receiver tests/peers/otlp_receiver.py and the traced
+#                           client tests/peers/traced_request.py of tests/telemetry.rs
 #
 # Afterwards: export PATH="$ROOT/.peers/node22/node_modules/.bin:$PATH"
 # Env: PEERS_FORCE=1 reinstalls everything; PEERS_RETRIES (default 4).
@@ -133,6 +136,8 @@ venv venv-mcp130 "$SRC/requirements-mcp130.txt"
 venv venv-mcp194 "$SRC/requirements-mcp194.txt"
 "$PEERS/venv-mcp194/bin/python" -c 'import importlib.metadata as m; print("mcp", m.version("mcp"), "pydantic", m.version("pydantic"))'
 venv venv-fastmcp "$SRC/requirements-fastmcp.txt"
+venv venv-otel "$SRC/requirements-otel.txt"
+"$PEERS/venv-otel/bin/python" -c 'import importlib.metadata as m; print("opentelemetry-sdk", m.version("opentelemetry-sdk"), "opentelemetry-proto", m.version("opentelemetry-proto"))'
 "$PEERS/venv-fastmcp/bin/python" -c 'import importlib.metadata as m, fastmcp_tasks; print("fastmcp", m.version("fastmcp"), "fastmcp-tasks", m.version("fastmcp-tasks"))'
 
 log "done: export PATH=\"$PEERS/node22/node_modules/.bin:\$PATH\""
