@@ -5,7 +5,7 @@
 //!
 //! `cargo build --release && cargo bench --bench load -- [--quick] [--out FILE]
 //!  [--duration-ms N] [--scale 100000,1000000] [--mcp-proxy PATH]
-//!  [--only inline,get,create,sessions,tls,scale,native,pool,stores,replicas,edge,versus]`
+//!  [--only inline,get,create,sessions,tls,traces,scale,native,pool,stores,replicas,edge,versus]`
 //!
 //! `versus` (only when named) runs this build beside `TASKGATE_BENCH_BASELINE_BIN`.
 //!
@@ -29,6 +29,7 @@ mod sessions;
 mod stdio_pool;
 mod stores;
 mod tls;
+mod traces;
 mod versus;
 
 use std::fmt::Write as _;
@@ -201,6 +202,9 @@ fn main() {
     drop(gw);
     if want("tls") {
         tls::tls(&rt, &o, &mut rep, up, work.path());
+    }
+    if want("traces") {
+        traces::traces(&rt, &o, &mut rep, &c, up, work.path());
     }
     if want("scale") {
         scale(&rt, &o, &mut rep, &c, up, work.path(), baseline_get_p99);

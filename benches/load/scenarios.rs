@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::HeaderValue;
@@ -13,7 +13,9 @@ use super::harness::{
     RUNS, check_completed, check_echo, check_hello, check_task_created, cpu_us_per, median_run,
     run_load,
 };
-use super::processes::{Gateway, Proc, cpu_secs_of, start_gateway, start_hello, start_mcp_proxy};
+use super::processes::{
+    Gateway, Proc, cpu_secs_of, gateway_config, start_gateway_with, start_hello, start_mcp_proxy,
+};
 use super::report::{Report, err_note, ms};
 use super::requests::{
     dir_size, echo_body_2026, gw_req, legacy_req, legacy_session, owner, post, seed, seeded_id,
@@ -385,12 +387,20 @@ pub(super) fn scale(
             "errors",
         ],
     );
+    let mut admin_rows = Vec::new();
     for &n in &o.scale {
         let dir = work.join(format!("scale-{n}"));
         std::fs::create_dir_all(&dir).unwrap();
         let seed_t = seed(&dir, n, 1000, 10_000);
         let disk = dir_size(&dir.join("data"));
-        let mut gw = start_gateway(&dir, up);
+        // With the operations listener, for the operator API's list below.
+        let ops = super::fixtures::free_port();
+        let config = gateway_config(&dir.join("data"), up).replacen(
+            "[server]\n",
+            &format!("[server]\nmetrics_listen = \"127.0.0.1:{ops}\"\n"),
+            1,
+        );
+        let mut gw = start_gateway_with(&dir, &config);
         std::thread::sleep(Duration::from_millis(300));
         let rss0 = gw.proc.rss();
         // The `taskgate_tasks` gauge is counted from the store in the background after
@@ -412,6 +422,7 @@ pub(super) fn scale(
             check_completed,
         ));
         let rss1 = gw.proc.rss();
+        admin_rows.push((n, rt.block_on(admin_list(c, ops))));
         rep.row(&[
             n.to_string(),
             format!("{:.1} s", seed_t.as_secs_f64()),
@@ -430,4 +441,78 @@ pub(super) fn scale(
         drop(gw);
         let _ = std::fs::remove_dir_all(&dir);
     }
+    rep.section(
+        "Operator API: GET /admin/tasks?tenant=…&limit=50 on the seeded stores (sequential)",
+        &[
+            "stored tasks",
+            "filter",
+            "requests",
+            "p50",
+            "p99",
+            "tasks per page",
+        ],
+    );
+    for (n, rows) in admin_rows {
+        for (filter, lat, page) in rows {
+            rep.row(&[
+                n.to_string(),
+                filter.to_string(),
+                lat.len().to_string(),
+                ms(pct(&lat, 0.5)),
+                ms(pct(&lat, 0.99)),
+                page.to_string(),
+            ]);
+        }
+    }
+    rep.note(
+        "Each tenant holds a tenth of the store; a page walks the (tenant, status, created) \
+         index, so its cost does not grow with the store.",
+    );
+}
+
+fn pct(sorted_us: &[f64], p: f64) -> f64 {
+    if sorted_us.is_empty() {
+        return f64::NAN;
+    }
+    sorted_us[((sorted_us.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Latencies (µs, sorted) of 200 sequential admin list requests per filter, and the
+/// page size of the last answer.
+async fn admin_list(c: &HttpClient, ops: u16) -> Vec<(&'static str, Vec<f64>, usize)> {
+    use http_body_util::BodyExt;
+    let mut claims = super::JWT.claims("ops", "ops", 7200);
+    claims["scope"] = serde_json::json!("taskgate:admin");
+    let bearer = format!("Bearer {}", super::JWT.sign(&claims));
+    let mut out = Vec::new();
+    for (filter, query) in [
+        ("tenant", "tenant=tenant-3&limit=50"),
+        (
+            "tenant + status",
+            "tenant=tenant-3&status=completed&limit=50",
+        ),
+    ] {
+        let mut lat = Vec::new();
+        let mut page = 0;
+        for _ in 0..200 {
+            let req = http::Request::get(format!("http://127.0.0.1:{ops}/admin/tasks?{query}"))
+                .header("authorization", &bearer)
+                .body(http_body_util::Full::new(bytes::Bytes::new()))
+                .unwrap();
+            let t = Instant::now();
+            let Ok(resp) = c.request(req).await else {
+                continue;
+            };
+            let ok = resp.status().is_success();
+            let body = resp.into_body().collect().await.map(|b| b.to_bytes());
+            lat.push(t.elapsed().as_secs_f64() * 1e6);
+            if ok && let Ok(b) = body {
+                let v: serde_json::Value = serde_json::from_slice(&b).unwrap_or_default();
+                page = v["tasks"].as_array().map_or(0, Vec::len);
+            }
+        }
+        lat.sort_by(f64::total_cmp);
+        out.push((filter, lat, page));
+    }
+    out
 }
