@@ -7,6 +7,7 @@
 //! context; a collector that is down costs no request anything.
 
 mod common;
+mod legacy_support;
 mod replicas_support;
 mod tasks_support;
 
@@ -324,6 +325,57 @@ async fn meta_context_joins_and_the_stdio_upstream_receives_it() {
     );
     assert!(!with_header.traceparent.is_empty());
     assert_nothing_private(&spans, secret);
+}
+
+/// A 2025-era session's requests are server spans too, with the session id and the
+/// negotiated version; a JSON-RPC error marks the span failed with its code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_legacy_session_is_traced_with_its_session_id_and_errors() {
+    let rx = Receiver::start().await;
+    let s = DemoSetup::start_full(
+        Transport::Stdio,
+        "",
+        &telemetry_section(&rx, "taskgate-legacy"),
+        "",
+    )
+    .await;
+    s.gw.wait_ready().await;
+    let mut l = legacy_support::Legacy::new(&s.gw, Some(token("alice", "acme")));
+    l.initialize(json!({})).await;
+    let session = l.session.clone().unwrap();
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let parent = "00f067aa0ba902b7";
+    let mut h = l.headers();
+    h.push(("traceparent", format!("00-{trace}-{parent}-01")));
+    let call = json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+        "params": {"name": "echo", "arguments": {"text": "x"}}});
+    assert_eq!(l.post_with(&h, call.to_string()).await.status, 200);
+    let unknown = json!({"jsonrpc": "2.0", "id": 6, "method": "no/such/method"});
+    assert_eq!(l.post_with(&h, unknown.to_string()).await.status, 200);
+
+    let spans = rx
+        .spans_when("the session's two server spans", |s| {
+            let t = in_trace(s, trace);
+            t.iter()
+                .any(|s| s["name"] == "tools/call echo" && s["kind"] == "SERVER")
+                && t.iter().any(|s| s["name"] == "no/such/method")
+        })
+        .await;
+    let t = in_trace(&spans, trace);
+    let echo = named(&t, "tools/call echo", "taskgate-legacy").unwrap();
+    assert_eq!(echo["parent_span_id"], parent, "{echo}");
+    let a = &echo["attributes"];
+    assert_eq!(a["mcp.session.id"], session.as_str(), "{echo}");
+    assert_eq!(
+        a["mcp.protocol.version"],
+        l.version.as_deref().unwrap(),
+        "{echo}"
+    );
+    assert_eq!(a["jsonrpc.request.id"], "5", "{echo}");
+    assert_eq!(echo["status"], "UNSET", "{echo}");
+    let failed = named(&t, "no/such/method", "taskgate-legacy").unwrap();
+    assert_eq!(failed["attributes"]["error.type"], "-32601", "{failed}");
+    assert_eq!(failed["status"], "ERROR", "{failed}");
 }
 
 /// A collector that refuses connections: every request is answered as without
