@@ -104,23 +104,19 @@ fn start_call(
     let gather = engine.input_gather();
     let engine = engine.clone();
     // In the request's span, so the upstream call's client span is its child.
-    let span = crate::telemetry::current();
-    let task = tokio::spawn(tracing::Instrument::instrument(
-        async move {
-            let call = engine.call_upstream(&up, &p, spec, tx);
-            match limit {
-                None => call.await,
-                // The timeout drops the call future, which cancels it upstream.
-                Some(d) => tokio::time::timeout(d, call).await.unwrap_or_else(|_| {
-                    Err(UpstreamError::TimedOut {
-                        upstream: name,
-                        after_ms: u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
-                    })
-                }),
-            }
-        },
-        span,
-    ));
+    let task = crate::telemetry::spawn_in_current_span(async move {
+        let call = engine.call_upstream(&up, &p, spec, tx);
+        match limit {
+            None => call.await,
+            // The timeout drops the call future, which cancels it upstream.
+            Some(d) => tokio::time::timeout(d, call).await.unwrap_or_else(|_| {
+                Err(UpstreamError::TimedOut {
+                    upstream: name,
+                    after_ms: u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
+                })
+            }),
+        }
+    });
     Pending::new(task, rx, gather)
 }
 

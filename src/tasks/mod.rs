@@ -301,10 +301,9 @@ impl Engine {
         let p = principal.clone();
         let engine = self.clone();
         // In the request's span, so the upstream call's client span is its child.
-        let call = tokio::spawn(tracing::Instrument::instrument(
-            async move { engine.call_upstream(&up, &p, spec, ev_tx).await },
-            crate::telemetry::current(),
-        ));
+        let call = crate::telemetry::spawn_in_current_span(async move {
+            engine.call_upstream(&up, &p, spec, ev_tx).await
+        });
         events::Pending::new(call, events, self.input_gather())
     }
 

@@ -12,8 +12,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 pub use export::{Telemetry, TelemetryError, start};
 pub use propagate::{carrier_of, context_of_carrier, context_of_headers, insert_headers};
 pub use spans::{
-    Incoming, client_span, current, current_traceparent, edge_span, link_creation, record_error,
-    record_http_status, record_principal_of, record_rpc_error, server_span, settle_span, target_of,
+    Incoming, client_span, current_traceparent, edge_span, link_creation, record_error,
+    record_http_status, record_principal_of, record_rpc_error, server_span, settle_span,
+    spawn_in_current_span, target_of,
 };
 
 /// The `tracing` target of the spans exported as OpenTelemetry spans; log lines

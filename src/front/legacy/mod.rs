@@ -382,11 +382,10 @@ impl Session<'_> {
         params: Map<String, Value>,
         stream: bool,
     ) -> Response<Body> {
-        let meta = if crate::telemetry::enabled() {
-            crate::protocol::TraceCarrier::of_params(&params)
-        } else {
-            Default::default()
-        };
+        if !crate::telemetry::enabled() {
+            return self.request_in_span(id, method, params, stream).await;
+        }
+        let meta = crate::protocol::TraceCarrier::of_params(&params);
         let span = crate::telemetry::server_span(crate::telemetry::Incoming {
             method,
             target: crate::telemetry::target_of(method, &params),
