@@ -307,9 +307,12 @@ async fn meta_context_joins_and_the_stdio_upstream_receives_it() {
     assert_eq!(with_header.status, 200, "{:?}", with_header.body);
     let spans = rx
         .spans_when("the header-parented server span", |s| {
-            in_trace(s, &with_header.trace_id)
-                .iter()
-                .any(|s| s["name"] == "tools/call echo")
+            named(
+                &in_trace(s, &with_header.trace_id),
+                "tools/call echo",
+                "taskgate-test",
+            )
+            .is_some()
         })
         .await;
     let trace = in_trace(&spans, &with_header.trace_id);
@@ -486,10 +489,15 @@ async fn one_trace_across_edge_replicas_and_upstream() {
 
     let spans = rx
         .spans_when("the whole trace", |s| {
+            // Every span the assertions below name (each process exports its own
+            // batches every 500 ms, and the client's spans share their names).
             let t = in_trace(s, &created.trace_id);
             t.iter().any(|s| s["name"] == "task settle")
-                && t.iter().filter(|s| s["name"] == "tasks/get").count() >= 1
-                && t.iter().any(|s| s["service"] == "taskgate-edge")
+                && t.iter().any(|s| {
+                    s["name"] == "tasks/get" && s["parent_span_id"] == polled.span_id.as_str()
+                })
+                && named(&t, "tools/call sleep", "taskgate-edge").is_some()
+                && named(&t, "tools/call sleep", "taskgate").is_some()
                 && t.iter()
                     .any(|s| s["kind"] == "CLIENT" && s["service"] == "taskgate")
         })
