@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use common::*;
 use serde_json::{Value, json};
-use tasks_support::*;
 
 /// An OTLP/HTTP receiver process.
 struct Receiver {
@@ -103,6 +102,8 @@ struct Traced {
     span_id: String,
     traceparent: String,
     status: u64,
+    /// `taskgate-replica` of the answer (the edge test's).
+    #[cfg_attr(not(feature = "edge"), allow(dead_code))]
     replica: String,
     body: Value,
 }
@@ -432,6 +433,7 @@ async fn a_collector_that_is_down_costs_no_request_anything() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_trace_across_edge_replicas_and_upstream() {
     use replicas_support::*;
+    use tasks_support::*;
     let rx = Receiver::start().await;
     let section = telemetry_section(&rx, "taskgate");
     let rs = Replicas::start_edited(2, "", |text| format!("{text}\n{section}")).await;

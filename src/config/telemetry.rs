@@ -9,7 +9,7 @@ use serde::Deserialize;
 
 use super::error::{ConfigError, invalid};
 
-/// The OTLP path of traces, appended to a base endpoint (OTLP/HTTP "Request").
+/// The OTLP path of traces, appended to a base endpoint (docs/design.md §24 "Traces").
 const TRACES_PATH: &str = "/v1/traces";
 
 #[derive(Debug, Clone, Deserialize)]
