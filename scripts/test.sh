@@ -42,6 +42,11 @@ echo "== build (release, once; tests drive this build)"
 # cores) in a 13-minute cold release build (README "The two commands").
 cargo build --release --all-targets --locked "${FEATURES[@]}" 2>&1 | tail -n 3
 
+echo "== the previous release's binary (mixed-version tests, docs/design.md §27)"
+# Built once with this build's dependencies and cached in target/ (scripts/prev-release.sh).
+TASKGATE_PREV_BIN=$(bash scripts/prev-release.sh)
+export TASKGATE_PREV_BIN
+
 echo "== format and lints"
 cargo fmt --all -- --check
 cargo clippy --release --all-targets --locked "${FEATURES[@]}" -- -D warnings 2>&1 | tail -n 3

@@ -974,3 +974,113 @@ async fn a_drained_replica_hands_new_calls_to_another_during_load() {
     }
     assert!(seen.contains("r0"), "{seen:?}");
 }
+
+// ---------------------------------------------------------------------------------
+// Two releases on one schema (docs/design.md §27 "Mixed versions").
+
+/// Poll `id` on `c` until it is terminal and has `status`; its result.
+async fn settled_as(c: &Client2026, id: &str, status: &str) -> Value {
+    let done = poll_terminal(c, id).await;
+    assert_eq!(done["status"], status, "{id}: {done}");
+    done
+}
+
+/// The previous release (`TASKGATE_PREV_BIN`, scripts/prev-release.sh) as r0 and this
+/// one as r1 serve one PostgreSQL schema behind the edge during a rolling deploy: each
+/// reads, cancels and settles the tasks the other created, and the previous release
+/// restarts on the schema this one migrated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_previous_release_and_this_one_serve_one_schema() {
+    let prev = prev_release_bin();
+    let schema = unique_schema();
+    let demo = DemoHttp::start().await;
+    // N−1 first, creating the schema at its own version as a deployment of it did;
+    // then this release, which migrates the schema while N−1 serves it.
+    let old = Replicas::start_one_bin(&prev, &schema, demo.port, 0, "", &|t| t).await;
+    let new = Replicas::start_one(&schema, demo.port, 1, "", &|t| t).await;
+    assert!(
+        new.proc
+            .wait_log("postgres store ready", Duration::from_secs(5))
+            .await
+            .is_some_and(|l| !l.contains("applied=0")),
+        "this release migrated nothing:\n{}",
+        new.proc.log_text()
+    );
+    let mut rs = Replicas {
+        demo,
+        gws: vec![old, new],
+    };
+    let edge = Edge::start(&rs).await;
+    let via_edge = edge.client();
+    let direct = [rs.client(0), rs.client(1)];
+
+    // Each release creates a long task and a short one.
+    let mut long = Vec::new();
+    let mut short = Vec::new();
+    for c in &direct {
+        long.push(task_id(
+            &create_task(c, "sleep", json!({"ms": 120_000})).await,
+        ));
+        short.push(task_id(
+            &create_task(c, "sleep", json!({"ms": 1_500})).await,
+        ));
+    }
+    for i in 0..2 {
+        let other = &direct[1 - i];
+        // Read by the other release, directly and through the edge.
+        let seen = ok_result(&tasks_get(other, &long[i]).await);
+        assert_eq!(
+            seen["status"],
+            "working",
+            "r{i}'s task read on r{}: {seen}",
+            1 - i
+        );
+        let seen = ok_result(&tasks_get(&via_edge, &long[i]).await);
+        assert_eq!(seen["status"], "working", "{seen}");
+        // Completed on its creator, the result read by the other, the same bytes.
+        let by_other = settled_as(other, &short[i], "completed").await;
+        let by_creator = settled_as(&direct[i], &short[i], "completed").await;
+        assert_eq!(by_other["result"], by_creator["result"]);
+        assert!(!by_other["result"].is_null(), "{by_other}");
+    }
+    // Cancelled through the other release: relayed to the holder, which cancels.
+    for i in 0..2 {
+        let ack = ok_result(&tasks_cancel(&direct[1 - i], &long[i]).await);
+        assert_eq!(ack["resultType"], "complete", "{ack}");
+    }
+    for id in &long {
+        settled_as(&via_edge, id, "cancelled").await;
+    }
+
+    // Settled by the other release: this one takes over N−1's call when N−1 dies.
+    let orphan = task_id(&create_task(&direct[0], "sleep", json!({"ms": 120_000})).await);
+    rs.gws[0].proc.kill9();
+    let failed = settled_as(&direct[1], &orphan, "failed").await;
+    assert!(
+        failed.to_string().contains("replica lost"),
+        "{failed}\n{}",
+        rs.gws[1].proc.log_text()
+    );
+
+    // N−1 starts again on the schema this release migrated, and serves it: it takes
+    // this release's call over when this release dies.
+    let Gateway {
+        dir, config_path, ..
+    } = rs.gws.remove(0);
+    let old = launch_replica_bin(&prev, dir, config_path).await;
+    assert!(
+        old.proc
+            .log_text()
+            .contains("newer than this taskgate knows"),
+        "N−1 did not see a newer schema:\n{}",
+        old.proc.log_text()
+    );
+    let old_client = tasks_client(&old, "alice", "acme");
+    let seen = ok_result(&tasks_get(&old_client, &orphan).await);
+    assert_eq!(seen["status"], "failed", "{seen}");
+    let orphan = task_id(&create_task(&direct[1], "sleep", json!({"ms": 120_000})).await);
+    rs.gws[0].proc.kill9();
+    let failed = settled_as(&old_client, &orphan, "failed").await;
+    assert!(failed.to_string().contains("replica lost"), "{failed}");
+    drop(edge);
+}

@@ -251,3 +251,75 @@ async fn postgres_kill9_mid_create_leaves_every_returned_handle_resolvable() {
     }
     assert!(restarted > 0, "some calls were in flight at the kill");
 }
+
+/// `psql` on the test cluster: the output of `sql`, unaligned and without headers.
+fn psql(url: &str, sql: &str) -> String {
+    let out = std::process::Command::new("psql")
+        .arg(url)
+        .args(["-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1", "-c", sql])
+        .output()
+        .expect("run psql (Debian package postgresql-client)");
+    assert!(
+        out.status.success(),
+        "psql {sql}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// docs/design.md §27 "Mixed versions": a gateway more than one release behind the
+/// release that migrated its schema refuses to start, naming the versions and what to
+/// do; the schema is left as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_gateway_two_releases_behind_refuses_to_start() {
+    let url = pg_url();
+    let schema = unique_schema();
+    drop(start_pg(&url, &schema, &sleep_tools()).await);
+    let migrations = format!("{schema}.schema_migrations");
+    let latest: i32 = psql(&url, &format!("SELECT max(version) FROM {migrations}"))
+        .parse()
+        .unwrap();
+    // The next release (served beside this one) and the one after it, which needs
+    // gateways that know the next release's version.
+    let (next, after) = (latest + 1, latest + 2);
+    psql(
+        &url,
+        &format!(
+            "INSERT INTO {migrations} (version, name, min_known)
+             VALUES ({next}, 'next', {latest}), ({after}, 'after_next', {next})"
+        ),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = pg_config(dir.path(), &url, &schema, &sleep_tools());
+    let mut cmd = std::process::Command::new(bin());
+    cmd.arg("--config").arg(&path).current_dir(dir.path());
+    let mut p = Proc::spawn(cmd);
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = p.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "a gateway two releases behind kept running:\n{}",
+            p.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // The stderr reader may still be collecting the last lines.
+    let want = format!(
+        "is at version {after}, which needs a taskgate that knows schema version {next} or later; this one knows {latest}"
+    );
+    let line = p.wait_log(&want, Duration::from_secs(5)).await;
+    assert!(!status.success(), "{}", p.log_text());
+    assert!(
+        line.is_some_and(|l| l.contains("more than one release older") && l.contains("Upgrading")),
+        "{}",
+        p.log_text()
+    );
+    assert_eq!(
+        psql(&url, &format!("SELECT count(*) FROM {migrations}")),
+        after.to_string(),
+        "the refusal changed the schema's record"
+    );
+}

@@ -159,6 +159,20 @@ pub enum SetupError {
     /// A statement's text does not fit its parameters: a bug the unit tests catch.
     #[error("postgres {0}")]
     Statement(#[source] SqlError),
+    /// The schema was migrated by a release more than one ahead of this gateway
+    /// (docs/design.md §27 "Mixed versions"): serving it could misread what it holds.
+    #[error(
+        "PostgreSQL schema {schema} is at version {version}, which needs a taskgate that knows \
+         schema version {floor} or later; this one knows {known}, so it is more than one \
+         release older than the newest replica that migrated it. Start the newer release \
+         instead (README \"Upgrading\")"
+    )]
+    TooOld {
+        schema: String,
+        version: i32,
+        floor: i32,
+        known: i32,
+    },
     /// The sled store was opened outside a tokio runtime (it starts its flusher there).
     #[error("store at {}: SledStore::open needs a tokio runtime: {source}", path.display())]
     NoRuntime {

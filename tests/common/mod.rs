@@ -38,6 +38,20 @@ pub fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_taskgate"))
 }
 
+/// The previous release's binary (docs/design.md §27 "Mixed versions"), which
+/// `scripts/prev-release.sh` builds and prints and `scripts/test.sh` exports as
+/// `TASKGATE_PREV_BIN`. A mixed-version test never skips: without it, it fails and
+/// says how to get it.
+pub fn prev_release_bin() -> PathBuf {
+    match std::env::var("TASKGATE_PREV_BIN") {
+        Ok(p) if !p.is_empty() => PathBuf::from(p),
+        _ => panic!(
+            "TASKGATE_PREV_BIN is not set: the mixed-version tests need the previous \
+             release's binary; run `export TASKGATE_PREV_BIN=$(bash scripts/prev-release.sh)` first"
+        ),
+    }
+}
+
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -292,7 +306,13 @@ impl Gateway {
     }
 
     pub async fn launch(dir: tempfile::TempDir, config_path: PathBuf) -> Self {
-        let mut cmd = Command::new(bin());
+        Self::launch_bin(&bin(), dir, config_path).await
+    }
+
+    /// As [`Gateway::launch`], running the binary at `bin` (another release's, for
+    /// the mixed-version tests).
+    pub async fn launch_bin(bin: &Path, dir: tempfile::TempDir, config_path: PathBuf) -> Self {
+        let mut cmd = Command::new(bin);
         cmd.arg("--config")
             .arg(&config_path)
             .current_dir(dir.path());

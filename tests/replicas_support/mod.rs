@@ -38,7 +38,16 @@ pub fn replica_config(
 }
 
 pub async fn launch_replica(dir: tempfile::TempDir, config_path: std::path::PathBuf) -> Gateway {
-    let gw = Gateway::launch(dir, config_path).await;
+    launch_replica_bin(&bin(), dir, config_path).await
+}
+
+/// As [`launch_replica`], running the binary at `bin`.
+pub async fn launch_replica_bin(
+    bin: &std::path::Path,
+    dir: tempfile::TempDir,
+    config_path: std::path::PathBuf,
+) -> Gateway {
+    let gw = Gateway::launch_bin(bin, dir, config_path).await;
     gw.wait_ready().await;
     gw
 }
@@ -70,11 +79,23 @@ impl Replicas {
         tasks_extra: &str,
         edit: &dyn Fn(String) -> String,
     ) -> Gateway {
+        Self::start_one_bin(&bin(), schema, demo_port, i, tasks_extra, edit).await
+    }
+
+    /// As [`Replicas::start_one`], running the binary at `bin` (another release's).
+    pub async fn start_one_bin(
+        bin: &std::path::Path,
+        schema: &str,
+        demo_port: u16,
+        i: usize,
+        tasks_extra: &str,
+        edit: &dyn Fn(String) -> String,
+    ) -> Gateway {
         let dir = tempfile::tempdir().unwrap();
         let config_path = dir.path().join("taskgate.toml");
         let text = replica_config(dir.path(), &format!("r{i}"), schema, demo_port, tasks_extra);
         std::fs::write(&config_path, edit(text)).unwrap();
-        launch_replica(dir, config_path).await
+        launch_replica_bin(bin, dir, config_path).await
     }
 
     pub fn client(&self, i: usize) -> Client2026 {

@@ -22,42 +22,75 @@ statements! {
     current_version: CurrentVersion {}
         = "SELECT coalesce(max(version), 0) FROM schema_migrations";
 
-    record: RecordMigration<'a> { version: i32, name: &'a str }
+    record: RecordMigration<'a> { version: i32, name: &'a str, min_known: Option<i32> }
+        = "INSERT INTO schema_migrations (version, name, min_known)
+           VALUES ($version, $name, $min_known)";
+
+    /// Before version 6 the table has no `min_known` column.
+    record_before_floor: RecordOlderMigration<'a> { version: i32, name: &'a str }
         = "INSERT INTO schema_migrations (version, name) VALUES ($version, $name)";
+
+    /// The oldest schema version a gateway must know to serve this schema (0 when no
+    /// migration asks for one).
+    floor: ServingFloor {}
+        = "SELECT coalesce(max(min_known), 0) FROM schema_migrations";
+}
+
+/// One versioned migration file.
+pub(super) struct Migration {
+    pub(super) version: i32,
+    pub(super) name: &'static str,
+    pub(super) sql: &'static str,
+    /// The oldest schema version a gateway must know to serve a schema that includes
+    /// this migration (docs/design.md §27 "Mixed versions"): the newest version the
+    /// release before this one knew, so that release and this one serve the schema
+    /// together and anything older refuses to start. `None` before version
+    /// [`FLOOR_VERSION`], which added the column that records it.
+    pub(super) min_known: Option<i32>,
+}
+
+/// The migration that added `schema_migrations.min_known`.
+const FLOOR_VERSION: i32 = 6;
+
+/// The newest schema version of the release before this one (the last release's
+/// [`LATEST_MIGRATION`]): the `min_known` of every migration this release adds.
+pub(super) const PREVIOUS_RELEASE: i32 = 5;
+
+macro_rules! migration {
+    ($version:literal, $name:literal, $file:literal, $min_known:expr) => {
+        Migration {
+            version: $version,
+            name: $name,
+            sql: include_str!(concat!("../../../migrations/postgres/", $file)),
+            min_known: $min_known,
+        }
+    };
 }
 
 /// The migrations, in order. A version is never edited once released; a change is a
-/// new file.
-pub(super) const MIGRATIONS: &[(i32, &str, &str)] = &[
-    (
-        1,
-        "init",
-        include_str!("../../../migrations/postgres/0001_init.sql"),
-    ),
-    (
+/// new file, expand-only: it may add tables, columns and indexes the previous release
+/// ignores, never remove or repurpose what that release still reads.
+pub(super) const MIGRATIONS: &[Migration] = &[
+    migration!(1, "init", "0001_init.sql", None),
+    migration!(
         2,
         "upstream_tool_headers",
-        include_str!("../../../migrations/postgres/0002_upstream_tool_headers.sql"),
+        "0002_upstream_tool_headers.sql",
+        None
     ),
-    (
-        3,
-        "legacy_sessions",
-        include_str!("../../../migrations/postgres/0003_legacy_sessions.sql"),
-    ),
-    (
-        4,
-        "owner_index",
-        include_str!("../../../migrations/postgres/0004_owner_index.sql"),
-    ),
-    (
-        5,
-        "tenant_index",
-        include_str!("../../../migrations/postgres/0005_tenant_index.sql"),
+    migration!(3, "legacy_sessions", "0003_legacy_sessions.sql", None),
+    migration!(4, "owner_index", "0004_owner_index.sql", None),
+    migration!(5, "tenant_index", "0005_tenant_index.sql", None),
+    migration!(
+        6,
+        "release_floor",
+        "0006_release_floor.sql",
+        Some(PREVIOUS_RELEASE)
     ),
 ];
 
 /// The newest schema version this gateway knows.
-pub const LATEST_MIGRATION: i32 = 5;
+pub const LATEST_MIGRATION: i32 = 6;
 
 /// What [`migrate`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,6 +103,17 @@ pub struct Migrated {
     /// Whether the migrations' connection is TLS (`pg_stat_ssl`): what `sslmode=prefer`
     /// settled on, for the start-up log.
     pub tls: bool,
+    /// The oldest schema version a gateway must know to serve the schema
+    /// ([`Migration::min_known`], highest of those applied).
+    pub floor: i32,
+}
+
+impl Migrated {
+    /// Whether a newer release migrated the schema: this gateway serves it as the
+    /// release before that one (docs/design.md §27 "Mixed versions").
+    pub fn newer_release(&self) -> bool {
+        self.version > LATEST_MIGRATION
+    }
 }
 
 /// Bring the schema up to date: create it if needed and apply every migration it
@@ -90,10 +134,21 @@ pub async fn migrate(settings: &PgSettings) -> Result<Migrated, StoreError> {
         let _ = conn.await;
         out
     };
-    match tokio::time::timeout(OP_TIMEOUT * 3, run).await {
-        Ok(r) => r.map_err(|e| e.into_store("migrations")),
-        Err(_) => Err(PgError::Timeout.into_store("migrations")),
+    let m = match tokio::time::timeout(OP_TIMEOUT * 3, run).await {
+        Ok(r) => r.map_err(|e| e.into_store("migrations"))?,
+        Err(_) => return Err(PgError::Timeout.into_store("migrations")),
+    };
+    // Checked after the transaction: a gateway this old has no migration the schema
+    // lacks, so it changed nothing.
+    if m.floor > LATEST_MIGRATION {
+        return Err(StoreError::Setup(SetupError::TooOld {
+            schema: settings.schema.clone(),
+            version: m.version,
+            floor: m.floor,
+            known: LATEST_MIGRATION,
+        }));
     }
+    Ok(m)
 }
 
 /// Whether this connection's session is encrypted, as the server sees it.
@@ -136,22 +191,34 @@ async fn migrate_on(
         .await?
         .try_get(0)?;
     let mut applied = 0;
-    for (version, name, migration) in MIGRATIONS {
-        if *version <= current {
-            continue;
+    for m in MIGRATIONS.iter().filter(|m| m.version > current) {
+        tx.batch_execute(m.sql).await?;
+        if m.version < FLOOR_VERSION {
+            let record = RecordOlderMigration {
+                version: m.version,
+                name: m.name,
+            };
+            sql.record_before_floor.execute(&tx, &record).await?;
+        } else {
+            let record = RecordMigration {
+                version: m.version,
+                name: m.name,
+                min_known: m.min_known,
+            };
+            sql.record.execute(&tx, &record).await?;
         }
-        tx.batch_execute(migration).await?;
-        let record = RecordMigration {
-            version: *version,
-            name,
-        };
-        sql.record.execute(&tx, &record).await?;
         applied += 1;
     }
+    let floor: i32 = sql
+        .floor
+        .query_one(&tx, &ServingFloor {})
+        .await?
+        .try_get(0)?;
     tx.commit().await?;
     Ok(Migrated {
         applied,
         version: current.max(LATEST_MIGRATION),
         tls,
+        floor,
     })
 }

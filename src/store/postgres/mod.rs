@@ -275,12 +275,16 @@ impl PgStore {
         if let Some(w) = tls::plaintext_warning(&url, m.tls) {
             tracing::warn!("{w}");
         }
-        if m.version > LATEST_MIGRATION {
+        if m.newer_release() {
+            // Allowed: `migrate` refused anything older than the release before the
+            // one that migrated (docs/design.md §27 "Mixed versions").
             tracing::warn!(
                 schema = %settings.schema,
                 version = m.version,
                 known = LATEST_MIGRATION,
-                "the database schema is newer than this taskgate knows; reading it as version {LATEST_MIGRATION}"
+                "the database schema was migrated by the next release (version {}); this taskgate \
+                 knows version {LATEST_MIGRATION} and serves it beside that release until it is upgraded",
+                m.version
             );
         }
         let store = Self::connect_lazy(settings)?;
@@ -1354,6 +1358,7 @@ mod database_tests {
                 applied: MIGRATIONS.len(),
                 version: LATEST_MIGRATION,
                 tls: first.tls,
+                floor: migrate::PREVIOUS_RELEASE,
             }
         );
         let again = migrate(&s).await.expect("again");
@@ -1363,6 +1368,7 @@ mod database_tests {
                 applied: 0,
                 version: LATEST_MIGRATION,
                 tls: first.tls,
+                floor: migrate::PREVIOUS_RELEASE,
             }
         );
         let store = PgStore::open(&s).await.expect("open");
@@ -1400,6 +1406,74 @@ mod database_tests {
             applied,
             MIGRATIONS.len(),
             "each migration applied exactly once"
+        );
+    }
+
+    /// docs/design.md §27 "Mixed versions": a schema the next release migrated is
+    /// served; one migrated two releases ahead is refused with the versions named, and
+    /// refusing changes nothing.
+    #[tokio::test]
+    async fn postgres_a_gateway_serves_the_next_release_and_refuses_a_later_one() {
+        let schema = unique_schema("floor");
+        let s = settings(&schema);
+        migrate(&s).await.expect("migrate");
+        let c = connect_url(&s.url).await.expect("connect");
+        let future = |version: i32, min_known: i32| {
+            format!(
+                "INSERT INTO {schema}.schema_migrations (version, name, min_known)
+                 VALUES ({version}, 'future_{version}', {min_known})"
+            )
+        };
+        // The next release: expand-only, serves beside this one.
+        let next = LATEST_MIGRATION + 1;
+        c.batch_execute(&future(next, LATEST_MIGRATION))
+            .await
+            .expect("next release");
+        let m = migrate(&s)
+            .await
+            .expect("the next release's schema is served");
+        assert_eq!((m.applied, m.version, m.floor), (0, next, LATEST_MIGRATION));
+        assert!(m.newer_release());
+        PgStore::open(&s)
+            .await
+            .expect("open beside the next release");
+
+        // The release after that needs gateways that know `next`: this one is too old.
+        c.batch_execute(&future(next + 1, next))
+            .await
+            .expect("release after");
+        let err = PgStore::open(&s).await.expect_err("too old");
+        match &err {
+            StoreError::Setup(SetupError::TooOld {
+                version,
+                floor,
+                known,
+                ..
+            }) => assert_eq!(
+                (*version, *floor, *known),
+                (next + 1, next, LATEST_MIGRATION)
+            ),
+            other => panic!("{other:?}"),
+        }
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("version {}", next + 1))
+                && text.contains("more than one release older")
+                && text.contains(&schema),
+            "{text}"
+        );
+        let rows: i64 = c
+            .query_one(
+                &format!("SELECT count(*) FROM {schema}.schema_migrations"),
+                &[],
+            )
+            .await
+            .expect("count")
+            .get(0);
+        assert_eq!(
+            rows,
+            i64::from(LATEST_MIGRATION) + 2,
+            "nothing was recorded"
         );
     }
 
@@ -1454,11 +1528,11 @@ mod database_tests {
         ))
         .await
         .expect("schema");
-        for (version, name, sql) in MIGRATIONS.iter().filter(|(v, _, _)| *v <= 3) {
-            c.batch_execute(sql).await.expect("older migration");
+        for m in MIGRATIONS.iter().filter(|m| m.version <= 3) {
+            c.batch_execute(m.sql).await.expect("older migration");
             c.execute(
                 "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
-                &[version, name],
+                &[&m.version, &m.name],
             )
             .await
             .expect("record");

@@ -1,0 +1,12 @@
+-- taskgate PostgreSQL schema, version 6: which gateways may serve this schema
+-- (docs/design.md §27 "Mixed versions").
+--
+-- Migrations are expand/contract, so a release and the one before it serve one schema
+-- together. From this version on, each migration records beside itself the oldest
+-- schema version a gateway must know to serve a schema that includes it: the newest
+-- version the previous release knew. A gateway that knows less (more than one release
+-- behind) refuses to start instead of serving a schema it may misread.
+--
+-- Expand-only: a nullable column. A gateway that predates it never reads it, and its
+-- own inserts into this table name their columns, so they still work.
+ALTER TABLE schema_migrations ADD COLUMN min_known integer;
