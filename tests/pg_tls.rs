@@ -13,7 +13,7 @@ mod faults_support;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::tls::TestCa;
 use common::*;
@@ -58,18 +58,7 @@ async fn start_refused(url: &str) -> String {
     cmd.arg("--config").arg(&path).current_dir(dir.path());
     cmd.env("TASKGATE_LOG", "info,taskgate=debug");
     let mut proc = Proc::spawn(cmd);
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = proc.child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "the gateway did not exit:\n{}",
-            proc.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let status = proc.wait_exit(Duration::from_secs(60)).await;
     // The stderr reader thread may still be draining the last lines.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let log = proc.log_text();

@@ -75,18 +75,7 @@ async fn sigterm_under_load_exits_zero_and_restart_resolves_every_task() {
         assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
         assert_eq!(r.json()["result"]["content"][0]["text"], "slept 1500 ms");
     }
-    let start = std::time::Instant::now();
-    let status = loop {
-        if let Some(st) = proc.child.try_wait().unwrap() {
-            break st;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "gateway did not exit:\n{}",
-            proc.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let status = proc.wait_exit(Duration::from_secs(30)).await;
     assert_eq!(status.code(), Some(0), "{}", proc.log_text());
     drop(proc);
 

@@ -411,18 +411,7 @@ async fn sigterm_of_gateway_stops_children() {
     assert!(!children.is_empty(), "no demo children found");
 
     gw.proc.sigterm();
-    let start = Instant::now();
-    let status = loop {
-        if let Ok(Some(st)) = gw.proc.child.try_wait() {
-            break st;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "gateway did not stop on SIGTERM:\n{}",
-            gw.proc.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let status = gw.proc.wait_exit(Duration::from_secs(60)).await;
     assert!(
         status.success(),
         "exit status {status:?}:\n{}",

@@ -167,6 +167,23 @@ impl Proc {
         None
     }
 
+    /// Wait for the process to exit by itself, at most `limit`; panics with its log
+    /// if it is still running then.
+    pub async fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "the process did not exit within {limit:?}:\n{}",
+                self.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     pub fn kill9(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
