@@ -104,7 +104,7 @@ pub struct Migrated {
     /// settled on, for the start-up log.
     pub tls: bool,
     /// The oldest schema version a gateway must know to serve the schema
-    /// ([`Migration::min_known`], highest of those applied).
+    /// (the highest `min_known` of the migrations applied).
     pub floor: i32,
 }
 
