@@ -15,13 +15,14 @@ use crate::protocol::UpstreamInfo;
 use crate::protocol::param_headers::ToolHeaders;
 use crate::store::{
     Corruption, IdempotencyEntry, SCHEMA_VERSION, SessionRecord, StoreError, StoredIdentity,
-    StoredToolHeaders, TaskRecord, Tombstone,
+    StoredToolHeaders, TaskRecord, TaskStatus, Tombstone,
 };
 
 /// One stored task, as another backend takes it.
 #[derive(Debug, Clone)]
 pub struct ExportedTask {
-    pub record: TaskRecord,
+    /// The record's fields the other backend keeps beside it.
+    pub columns: TaskColumns,
     /// The record's bytes: as stored, for a record of the current version.
     pub bytes: Vec<u8>,
     /// The raw idempotency index key the task claimed (`meta/idem_of`), if any.
@@ -31,6 +32,40 @@ pub struct ExportedTask {
     ///
     /// [`TaskStore::expire`]: crate::store::TaskStore::expire
     pub seen: bool,
+}
+
+/// The fields of a task record kept beside it, read without building the rest (a
+/// result can be large): the move decodes a whole record only to fail it.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct TaskColumns {
+    #[serde(default)]
+    v: Option<u32>,
+    pub task_id: String,
+    pub tenant: String,
+    pub subject: String,
+    pub upstream: String,
+    pub tool: String,
+    pub status: TaskStatus,
+    pub created_at_ms: u64,
+    pub last_updated_at_ms: u64,
+    pub expires_at_ms: u64,
+}
+
+impl From<&TaskRecord> for TaskColumns {
+    fn from(r: &TaskRecord) -> Self {
+        Self {
+            v: Some(r.v),
+            task_id: r.task_id.clone(),
+            tenant: r.tenant.clone(),
+            subject: r.subject.clone(),
+            upstream: r.upstream.clone(),
+            tool: r.tool.clone(),
+            status: r.status,
+            created_at_ms: r.created_at_ms,
+            last_updated_at_ms: r.last_updated_at_ms,
+            expires_at_ms: r.expires_at_ms,
+        }
+    }
 }
 
 /// One idempotency claim.
@@ -65,12 +100,12 @@ impl SledStore {
     pub fn export_tasks(&self) -> impl Iterator<Item = Result<ExportedTask, StoreError>> + '_ {
         self.tasks.iter().map(move |kv| {
             let (k, v) = kv.map_err(|e| self.scan_failed("tasks", e))?;
-            let (record, bytes) = match serde_json::from_slice::<TaskRecord>(&v) {
-                Ok(rec) if rec.v == SCHEMA_VERSION => (rec, v.to_vec()),
+            let (columns, bytes) = match serde_json::from_slice::<TaskColumns>(&v) {
+                Ok(c) if c.v == Some(SCHEMA_VERSION) => (c, v.to_vec()),
                 _ => {
                     let rec: TaskRecord = decode("tasks", &k, &v, upgrade_task)?;
                     let bytes = encode_task(&rec)?;
-                    (rec, bytes)
+                    (TaskColumns::from(&rec), bytes)
                 }
             };
             let idem_key = self
@@ -83,10 +118,10 @@ impl SledStore {
                 .contains_key(&k)
                 .map_err(|e| self.read_failed("get seen mark", e))?;
             let before_tracking =
-                record.status.is_terminal() && record.last_updated_at_ms < self.seen_since_ms;
+                columns.status.is_terminal() && columns.last_updated_at_ms < self.seen_since_ms;
             Ok(ExportedTask {
                 seen: marked || before_tracking,
-                record,
+                columns,
                 bytes,
                 idem_key,
             })

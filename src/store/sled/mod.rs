@@ -220,7 +220,7 @@ use crate::protocol::UpstreamInfo;
 use crate::protocol::param_headers::ToolHeaders;
 use futures_util::future::BoxFuture;
 
-pub use export::{ExportedClaim, ExportedRecord, ExportedTask};
+pub use export::{ExportedClaim, ExportedRecord, ExportedTask, TaskColumns};
 
 type Waiter = oneshot::Sender<Result<(), StoreError>>;
 

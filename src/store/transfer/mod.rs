@@ -32,8 +32,8 @@ pub use report::{InFlight, Kind, Report, Tally};
 
 use crate::config::StoreConfig;
 use crate::store::postgres::{Batch, PgImport, SessionRow, TaskRow, TombstoneRow};
-use crate::store::sled::{ExportedClaim, ExportedTask, SledStore};
-use crate::store::{SCHEMA_VERSION, StoreError, TaskRecord, now_ms};
+use crate::store::sled::{ExportedClaim, ExportedRecord, ExportedTask, SledStore, TaskColumns};
+use crate::store::{Corruption, SCHEMA_VERSION, StoreError, TaskRecord, now_ms};
 
 /// Why a move stopped.
 #[derive(Debug, thiserror::Error)]
@@ -117,8 +117,10 @@ pub async fn transfer(
         report: Report::default(),
     };
     run.secrets().await?;
-    run.identities().await?;
-    run.tool_headers().await?;
+    run.by_upstream(Kind::Identities, source.export_identities())
+        .await?;
+    run.by_upstream(Kind::ToolHeaders, source.export_tool_headers())
+        .await?;
     run.tasks().await?;
     run.tombstones().await?;
     run.claims().await?;
@@ -206,29 +208,23 @@ impl Run<'_, '_> {
         Ok(())
     }
 
-    async fn identities(&mut self) -> Result<(), TransferError> {
-        let (source, size) = (self.source, self.batch);
-        in_batches(source.export_identities(), size, async |b| {
+    /// Upstream identities or tool header maps: records kept by upstream name.
+    async fn by_upstream<R>(
+        &mut self,
+        kind: Kind,
+        items: impl Iterator<Item = Result<(String, ExportedRecord<R>), StoreError>>,
+    ) -> Result<(), TransferError> {
+        in_batches(items, self.batch, async |b| {
             let rows: Vec<(&str, &[u8])> =
                 b.iter().map(|(n, r)| (n.as_str(), &r.bytes[..])).collect();
-            let written = self.dest.identities(&rows).await;
-            self.count(Kind::Identities, rows.len(), written)
+            let written = match kind {
+                Kind::Identities => self.dest.identities(&rows).await,
+                _ => self.dest.tool_headers(&rows).await,
+            };
+            self.count(kind, rows.len(), written)
         })
         .await?;
-        self.done(Kind::Identities);
-        Ok(())
-    }
-
-    async fn tool_headers(&mut self) -> Result<(), TransferError> {
-        let (source, size) = (self.source, self.batch);
-        in_batches(source.export_tool_headers(), size, async |b| {
-            let rows: Vec<(&str, &[u8])> =
-                b.iter().map(|(n, r)| (n.as_str(), &r.bytes[..])).collect();
-            let written = self.dest.tool_headers(&rows).await;
-            self.count(Kind::ToolHeaders, rows.len(), written)
-        })
-        .await?;
-        self.done(Kind::ToolHeaders);
+        self.done(kind);
         Ok(())
     }
 
@@ -238,7 +234,7 @@ impl Run<'_, '_> {
         let mut in_flight = Vec::new();
         in_batches(source.export_tasks(), size, async |b| {
             let (live, done): (Vec<_>, Vec<_>) =
-                b.into_iter().partition(|t| !t.record.status.is_terminal());
+                b.into_iter().partition(|t| !t.columns.status.is_terminal());
             in_flight.extend(live);
             if in_flight.len() >= size {
                 self.in_flight(std::mem::take(&mut in_flight)).await?;
@@ -265,7 +261,7 @@ impl Run<'_, '_> {
         let seen: Vec<&str> = tasks
             .iter()
             .filter(|t| t.seen)
-            .map(|t| t.record.task_id.as_str())
+            .map(|t| t.columns.task_id.as_str())
             .collect();
         if !seen.is_empty() {
             let written = self.dest.seen_marks(&seen).await;
@@ -278,7 +274,7 @@ impl Run<'_, '_> {
     /// holds (an earlier run wrote it) is failed at the time its record names, so
     /// that run's bytes come out again unless it was changed since.
     async fn in_flight(&mut self, tasks: Vec<ExportedTask>) -> Result<(), TransferError> {
-        let ids: Vec<&str> = tasks.iter().map(|t| t.record.task_id.as_str()).collect();
+        let ids: Vec<&str> = tasks.iter().map(|t| t.columns.task_id.as_str()).collect();
         let held = self
             .dest
             .task_records(&ids)
@@ -290,31 +286,31 @@ impl Run<'_, '_> {
                 .and_then(|(_, bytes)| serde_json::from_slice::<TaskRecord>(bytes).ok())
                 .map(|rec| rec.last_updated_at_ms)
         };
+        let corrupt = |id: &str, e: serde_json::Error| {
+            TransferError::Source(StoreError::Corrupt(
+                Corruption::from(format!("tasks/{id}: {e}")).caused_by(e),
+            ))
+        };
         let now = now_ms();
         let mut failed = Vec::with_capacity(tasks.len());
         for t in &tasks {
-            let before = written_at(&t.record.task_id);
-            let mut rec = t.record.clone();
+            let c = &t.columns;
+            let before = written_at(&c.task_id);
+            // The bytes are of the current version (the export upgrades older ones).
+            let mut rec: TaskRecord =
+                serde_json::from_slice(&t.bytes).map_err(|e| corrupt(&c.task_id, e))?;
             (self.opts.fail_in_flight)(&mut rec, before.unwrap_or(now));
             rec.v = SCHEMA_VERSION;
-            let bytes = serde_json::to_vec(&rec).map_err(|e| {
-                TransferError::Source(StoreError::Corrupt(
-                    crate::store::Corruption::from(format!(
-                        "tasks/{}: cannot encode: {e}",
-                        rec.task_id
-                    ))
-                    .caused_by(e),
-                ))
-            })?;
+            let bytes = serde_json::to_vec(&rec).map_err(|e| corrupt(&c.task_id, e))?;
             self.report.in_flight.push(InFlight {
-                task_id: t.record.task_id.clone(),
-                tenant: t.record.tenant.clone(),
-                tool: t.record.tool.clone(),
-                since_ms: t.record.created_at_ms,
+                task_id: c.task_id.clone(),
+                tenant: c.tenant.clone(),
+                tool: c.tool.clone(),
+                since_ms: c.created_at_ms,
                 failed_before: before.is_some(),
             });
             failed.push(ExportedTask {
-                record: rec,
+                columns: TaskColumns::from(&rec),
                 bytes,
                 idem_key: t.idem_key.clone(),
                 seen: false,
@@ -393,7 +389,7 @@ impl Run<'_, '_> {
 
 /// The row of task `t`.
 fn task_row(t: &ExportedTask) -> TaskRow<'_> {
-    let r = &t.record;
+    let r = &t.columns;
     TaskRow {
         task_id: &r.task_id,
         tenant: &r.tenant,
