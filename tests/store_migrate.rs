@@ -121,15 +121,7 @@ fn write_config(dir: &Path, name: &str, pg: Option<&str>, tasks_extra: &str) -> 
 async fn stop(gw: Gateway) -> tempfile::TempDir {
     let Gateway { mut proc, dir, .. } = gw;
     proc.sigterm();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while proc.child.try_wait().unwrap().is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "gateway did not stop:\n{}",
-            proc.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    proc.wait_exit(Duration::from_secs(30)).await;
     dir
 }
 
