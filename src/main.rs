@@ -1,6 +1,7 @@
 //! The `taskgate` binary: the gateway (`serve`, the default), the front for several
-//! replicas (`edge`, feature `edge`), a dev-token minter (`token`) and the bundled demo
-//! legacy server (`demo-upstream`).
+//! replicas (`edge`, feature `edge`), a dev-token minter (`token`), the operator API's
+//! client (`admin`), the move of a sled store into PostgreSQL (`store migrate`) and the
+//! bundled demo legacy server (`demo-upstream`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -99,6 +100,11 @@ enum Command {
         #[command(subcommand)]
         what: AdminCommand,
     },
+    /// Work on a task store while no gateway runs on it (README "Upgrades and data").
+    Store {
+        #[command(subcommand)]
+        what: StoreCommand,
+    },
     /// Run the bundled demo legacy MCP server (stdio, or HTTP with --http).
     DemoUpstream {
         /// Serve legacy Streamable HTTP on this address instead of stdio.
@@ -144,6 +150,27 @@ enum AdminCommand {
     Drain,
     /// Admit new upstream calls again.
     Undrain,
+}
+
+#[derive(Subcommand)]
+enum StoreCommand {
+    /// Copy a sled store into a PostgreSQL schema (README "Moving to PostgreSQL").
+    /// Stop the gateway first; a rerun resumes and copies only what is missing.
+    Migrate {
+        /// The sled store's directory (the gateway's `[store] path`).
+        #[arg(long)]
+        from: PathBuf,
+        /// The PostgreSQL URL, with `sslmode`/`sslrootcert` as in `[store] url`.
+        /// Default: `[store] url` or `url_env` of the configuration.
+        #[arg(long)]
+        to: Option<String>,
+        /// The schema to write. Default: `[store] schema` of the configuration.
+        #[arg(long)]
+        schema: Option<String>,
+        /// Entries per batch (one statement each).
+        #[arg(long, default_value_t = 1000, hide = true)]
+        batch_size: usize,
+    },
 }
 
 #[derive(Subcommand)]
@@ -260,6 +287,159 @@ async fn admin(
         }
     }
     Ok(())
+}
+
+/// `taskgate store migrate`: the sled store at `from` into PostgreSQL, with the
+/// PostgreSQL settings of the configuration unless `to`/`schema` say otherwise
+/// (docs/design.md §27 "Moving a sled store to PostgreSQL"). Fails when a count does
+/// not match.
+async fn store_migrate(
+    source: ConfigSource,
+    from: PathBuf,
+    to: Option<String>,
+    schema: Option<String>,
+    batch: usize,
+) -> Result<()> {
+    use taskgate::store::postgres::PgImport;
+    use taskgate::store::transfer::{self, Options, StderrProgress};
+
+    let cfg = Config::from_source(&source)?;
+    let mut pg = cfg.store.clone();
+    if let Some(url) = to {
+        pg.url = Some(url);
+        pg.url_env = None;
+    }
+    if let Some(schema) = schema {
+        pg.schema = schema;
+    }
+    let settings = PgSettings::from_config(&pg)
+        .context("no PostgreSQL URL: give --to, or a --config whose [store] names one")?;
+    // The move reads every page once: a large page cache would only hold memory.
+    let sled = taskgate::config::StoreConfig {
+        path: from,
+        cache_capacity_bytes: cfg.store.cache_capacity_bytes.min(64 << 20),
+        ..cfg.store.clone()
+    };
+    let store = transfer::open_source(&sled)?;
+    let dest = PgImport::open(&settings)
+        .await
+        .with_context(|| format!("opening PostgreSQL (schema {})", settings.schema))?;
+    eprintln!(
+        "moving the sled store at {} into PostgreSQL schema {} (schema version {}, TLS {})",
+        sled.path.display(),
+        settings.schema,
+        dest.migrated.version,
+        if dest.migrated.tls { "on" } else { "off" }
+    );
+    let retention = taskgate::config::as_millis(cfg.tasks.result_retention);
+    let fail = move |rec: &mut taskgate::store::TaskRecord, at_ms: u64| {
+        taskgate::tasks::sweeper::fail_moved(rec, retention, at_ms);
+    };
+    let opts = Options {
+        batch,
+        fail_in_flight: &fail,
+    };
+    let report = transfer::transfer(&store, &dest, &opts, &mut StderrProgress::new()).await?;
+    print_migrate_report(&report);
+    if !report.matches() {
+        anyhow::bail!(
+            "the counts do not match (see the table above): the destination lacks rows \
+             of the source; run the command again"
+        );
+    }
+    Ok(())
+}
+
+/// The tasks found in flight, then each kind's counts, on stdout.
+fn print_migrate_report(report: &taskgate::store::transfer::Report) {
+    use taskgate::admin_client::table;
+    use taskgate::store::transfer::Kind;
+    use taskgate::tasks::clock::iso8601;
+
+    if !report.in_flight.is_empty() {
+        println!(
+            "{} task(s) were in flight when the sled store was closed; they are failed on \
+             PostgreSQL with a reason:",
+            report.in_flight.len()
+        );
+        let rows: Vec<Vec<String>> = report
+            .in_flight
+            .iter()
+            .map(|t| {
+                vec![
+                    t.task_id.clone(),
+                    t.tenant.clone(),
+                    t.tool.clone(),
+                    iso8601(t.since_ms),
+                    if t.failed_before {
+                        "failed by an earlier run".into()
+                    } else {
+                        "failed now".into()
+                    },
+                ]
+            })
+            .collect();
+        println!(
+            "{}\n",
+            table(&["TASK", "TENANT", "TOOL", "SINCE", "STATE"], &rows)
+        );
+    }
+    let rows: Vec<Vec<String>> = Kind::ALL
+        .iter()
+        .map(|k| {
+            let t = report.tally(*k);
+            let mut notes = Vec::new();
+            if t.kept > 0 {
+                notes.push(format!("{} kept PostgreSQL's newer row", t.kept));
+            }
+            if t.skipped > 0 {
+                notes.push(format!("{} skipped: their task is gone", t.skipped));
+            }
+            if *k == Kind::Tasks && !report.in_flight.is_empty() {
+                notes.push(format!("{} in flight, failed", report.in_flight.len()));
+            }
+            let total = k.table_rows(&report.tables);
+            if total != t.in_destination() {
+                notes.push(format!("the table holds {total} in all"));
+            }
+            if !t.matches() {
+                notes.push("MISMATCH".into());
+            }
+            vec![
+                k.name().to_string(),
+                t.source.to_string(),
+                t.in_destination().to_string(),
+                t.copied.to_string(),
+                (t.already + t.kept).to_string(),
+                notes.join("; "),
+            ]
+        })
+        .collect();
+    println!(
+        "{}",
+        table(
+            &[
+                "KIND",
+                "SLED",
+                "POSTGRESQL",
+                "COPIED",
+                "ALREADY THERE",
+                "NOTE"
+            ],
+            &rows
+        )
+    );
+    if report.routes > 0 {
+        println!(
+            "request routes: {} (not copied: no call is in flight after the move)",
+            report.routes
+        );
+    }
+    match (report.matches(), report.copied()) {
+        (false, _) => println!("counts: MISMATCH"),
+        (true, 0) => println!("counts: match; copied 0 new rows (everything was already there)"),
+        (true, n) => println!("counts: match; copied {n} rows"),
+    }
 }
 
 fn init_tracing(json: bool) {
@@ -382,6 +562,19 @@ fn run() -> Result<()> {
             json,
             what,
         )),
+        Command::Store {
+            what:
+                StoreCommand::Migrate {
+                    from,
+                    to,
+                    schema,
+                    batch_size,
+                },
+        } => {
+            init_tracing(false);
+            let source = ConfigSource::resolve(cli.config);
+            tokio_runtime()?.block_on(store_migrate(source, from, to, schema, batch_size))
+        }
         Command::DemoUpstream {
             http,
             tls_cert,

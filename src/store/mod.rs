@@ -31,6 +31,7 @@ pub(crate) mod probe;
 pub mod sled;
 #[cfg(test)]
 pub(crate) mod test_records;
+pub mod transfer;
 
 use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};

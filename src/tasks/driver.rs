@@ -398,7 +398,11 @@ impl Engine {
 /// the result stays retrievable for `result_retention_ms` (docs/design.md §11
 /// "Expiry").
 pub fn conclude(rec: &mut TaskRecord, retention_ms: u64) {
-    let now = now_ms();
+    conclude_at(rec, retention_ms, now_ms());
+}
+
+/// [`conclude`] at `now` (a settle that must come out the same when repeated).
+pub fn conclude_at(rec: &mut TaskRecord, retention_ms: u64, now: u64) {
     rec.last_updated_at_ms = now;
     rec.input_requests.clear();
     rec.expires_at_ms = rec.expires_at_ms.max(now + retention_ms);

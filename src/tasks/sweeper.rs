@@ -9,13 +9,28 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::Engine;
-use super::driver::{conclude, fail};
+use super::driver::{conclude, conclude_at, fail};
 use crate::config::as_millis;
 use crate::protocol::RpcError;
 use crate::store::{OPERATION_LIMIT, StoreError, TaskRecord, TaskStatus, now_ms};
 
 /// Why the orphan sweep failed a task.
 const ORPHANED: &str = "the call behind this task is no longer running (orphaned route)";
+
+/// Why `taskgate store migrate` failed a task (docs/design.md §27 "Moving a sled store
+/// to PostgreSQL").
+pub const MOVED: &str = "the call was in flight when the task store moved to PostgreSQL; \
+     whether it ran upstream is unknown";
+
+/// Fail `rec`, whose call was in flight when its store moved to PostgreSQL, as
+/// start-up recovery fails a task whose gateway restarted (the same error shape and
+/// bookkeeping), with the reason [`MOVED`], at `at_ms`: given the same `at_ms` the
+/// record comes out the same, so a rerun of the move can tell it wrote it.
+pub fn fail_moved(rec: &mut TaskRecord, retention_ms: u64, at_ms: u64) {
+    let err = RpcError::internal(MOVED).with_data(json!({ "upstream": rec.upstream }));
+    fail(rec, &err);
+    conclude_at(rec, retention_ms, at_ms);
+}
 
 impl Engine {
     /// Resolve request routes left by a previous process: their calls are gone, so

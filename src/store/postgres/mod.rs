@@ -29,12 +29,14 @@ use rand::RngCore;
 use tokio_postgres::error::SqlState;
 
 mod cluster;
+mod import;
 mod migrate;
 mod sessions;
 mod sql;
 mod statements;
 mod tls;
 
+pub use import::{Batch, PgImport, SessionRow, TableRows, TaskRow, TombstoneRow};
 pub use migrate::{LATEST_MIGRATION, Migrated, migrate};
 pub use sql::SqlError;
 pub use tls::{PgTls, PgTlsConnect, PgTlsStream, PgUrl, RootCert, SslMode, UrlError, parse_url};

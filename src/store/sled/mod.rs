@@ -189,6 +189,7 @@
 
 mod codec;
 mod expiry;
+mod export;
 mod flusher;
 mod live;
 mod meta;
@@ -218,6 +219,8 @@ use super::{
 use crate::protocol::UpstreamInfo;
 use crate::protocol::param_headers::ToolHeaders;
 use futures_util::future::BoxFuture;
+
+pub use export::{ExportedClaim, ExportedRecord, ExportedTask, TaskColumns};
 
 type Waiter = oneshot::Sender<Result<(), StoreError>>;
 
