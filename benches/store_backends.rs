@@ -123,6 +123,7 @@ fn main() {
             pool_size: 64,
             schema: format!("bench_{}", std::process::id()),
             lease_ms: 10_000,
+            pooler: Default::default(),
         };
         let t = Instant::now();
         let pg: Arc<dyn TaskStore> = PgStore::open(&settings).await.unwrap();

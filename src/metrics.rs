@@ -178,6 +178,10 @@ fn describe() {
         "taskgate_replica_lease_held",
         "1 while this replica holds its lease on a shared store (always 1 on sled), else 0: the replica takes no calls"
     );
+    describe_gauge!(
+        "taskgate_store_fanout_polling",
+        "on a shared store: 1 while change fan-out polls the store every tasks.poll_interval_ms because LISTEN did not deliver (a transaction-mode pooler), 0 while LISTEN delivers"
+    );
     describe_counter!(
         "taskgate_replica_lease_lost_total",
         "times this replica lost its lease on a shared store (its calls in flight were stopped; it comes back under a new epoch)"
@@ -475,6 +479,12 @@ pub fn replica_health(store_healthy: bool, lease_held: bool) {
     let one = |b: bool| if b { 1.0 } else { 0.0 };
     gauge!("taskgate_store_healthy").set(one(store_healthy));
     gauge!("taskgate_replica_lease_held").set(one(lease_held));
+}
+
+/// Whether change fan-out polls (`LISTEN` did not deliver its probe) or listens
+/// (docs/design.md §27 "Connection poolers").
+pub fn store_fanout_polling(polling: bool) {
+    gauge!("taskgate_store_fanout_polling").set(if polling { 1.0 } else { 0.0 });
 }
 
 /// This replica lost its lease: it stopped its calls in flight and registers again

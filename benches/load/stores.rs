@@ -95,6 +95,7 @@ pub(super) fn stores(
                     pool_size: 16,
                     schema: schema.clone(),
                     lease_ms: 10_000,
+                    pooler: Default::default(),
                 };
                 rt.block_on(async {
                     let store: std::sync::Arc<dyn TaskStore> =

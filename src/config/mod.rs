@@ -38,7 +38,7 @@ pub use log_format::LogFormat;
 pub use millis::as_millis;
 pub use server::ServerConfig;
 pub use source::{ConfigSource, DEFAULT_CONFIG_PATH, SHIPPED_DEFAULT};
-pub use store::{StoreBackend, StoreConfig, is_pg_schema_name};
+pub use store::{StoreBackend, StoreConfig, StorePooler, is_pg_schema_name};
 pub use tasks::{LimitsConfig, TasksConfig};
 pub use telemetry::{TelemetryConfig, TraceExport};
 pub use upstream::{

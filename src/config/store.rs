@@ -41,6 +41,24 @@ pub struct StoreConfig {
     /// postgres: how often a replica renews its lease.
     #[serde(rename = "lease_renew_ms", deserialize_with = "millis")]
     pub lease_renew: Duration,
+    /// postgres: what sits between the gateway and PostgreSQL (docs/design.md §27
+    /// "Connection poolers").
+    pub pooler: StorePooler,
+}
+
+/// `[store] pooler`: whether a connection pooler that hands out a server connection
+/// per transaction sits in front of PostgreSQL (README "Behind a connection pooler").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StorePooler {
+    /// Each connection is the gateway's for its lifetime (PostgreSQL itself, or a
+    /// pooler in session mode): session settings ride in the start-up packet.
+    #[default]
+    None,
+    /// A pooler in transaction mode (PgBouncer `pool_mode = transaction`): nothing
+    /// may outlive a transaction, so settings are `SET LOCAL` per transaction and no
+    /// prepared statement is kept.
+    Transaction,
 }
 
 /// `[store] backend`.
@@ -106,6 +124,7 @@ impl Default for StoreConfig {
             schema: "taskgate".into(),
             lease: Duration::from_millis(10_000),
             lease_renew: Duration::from_millis(2_000),
+            pooler: StorePooler::None,
         }
     }
 }

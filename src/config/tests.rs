@@ -238,6 +238,19 @@ fn store_backend_keys() {
         assert!(err.to_string().contains(named), "{keys}: {err}");
     }
     assert!(Config::parse(&pg("backend = \"mysql\"")).is_err());
+    // Behind a transaction-mode pooler (docs/design.md §27 "Connection poolers").
+    assert_eq!(c.store.pooler, StorePooler::None);
+    let c = Config::parse(&pg(
+        "backend = \"postgres\"\nurl = \"x\"\npooler = \"transaction\"",
+    ))
+    .unwrap();
+    assert_eq!(c.store.pooler, StorePooler::Transaction);
+    assert!(
+        Config::parse(&pg(
+            "backend = \"postgres\"\nurl = \"x\"\npooler = \"session\""
+        ))
+        .is_err()
+    );
 }
 
 #[test]

@@ -2,6 +2,8 @@
 //! with the acknowledgement and then relays the notifications the filter asked for,
 //! each tagged with the listen request's id as `subscriptionId`.
 
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -178,10 +180,29 @@ async fn subscribe(
     )
 }
 
+/// What a subscriber was last shown of each task: a hash of the snapshot without its
+/// adaptive `pollIntervalMs`, so a resync (which reads every subscribed task again,
+/// every poll interval when change fan-out polls; docs/design.md §27 "Connection
+/// poolers") tells only what changed.
+type Shown = HashMap<String, u64>;
+
+fn shown_hash(detailed: &Map<String, Value>) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for (k, v) in detailed {
+        if k != "pollIntervalMs" {
+            k.hash(&mut h);
+            v.to_string().hash(&mut h);
+        }
+    }
+    h.finish()
+}
+
 /// Send the current snapshot of `id`, equal to what tasks/get returns now (MCP Tasks
 /// extension, "Task Status Notifications"): the same read path (owned, unexpired,
 /// durable, poll interval adapted), so a completed result carries the upstream's
-/// current identity. `false` once the client is gone.
+/// current identity. With `only_changed`, nothing is sent when the subscriber was
+/// shown the same already. `false` once the client is gone.
+#[allow(clippy::too_many_arguments)]
 async fn send_snapshot(
     tx: &mpsc::Sender<Bytes>,
     engine: &Arc<crate::tasks::Engine>,
@@ -189,6 +210,8 @@ async fn send_snapshot(
     who: &Principal,
     id: &str,
     sub_id: &Value,
+    shown: &mut Shown,
+    only_changed: bool,
 ) -> bool {
     let Ok(rec) = engine
         .owner_snapshot(who, up.name(), &TaskRef::to(id))
@@ -198,6 +221,10 @@ async fn send_snapshot(
     };
     let si = up.identity().server_info;
     let detailed = snapshot::detailed(&rec, &si);
+    let hash = shown_hash(&detailed);
+    if shown.insert(id.to_string(), hash) == Some(hash) && only_changed {
+        return true;
+    }
     let n = tagged("notifications/tasks", Some(Value::Object(detailed)), sub_id);
     if tx.send(reply::sse_event(&n)).await.is_err() {
         return false;
@@ -223,6 +250,7 @@ async fn relay(
     keepalive: Duration,
 ) {
     {
+        let mut shown = Shown::new();
         let mut ticker = tokio::time::interval(keepalive);
         ticker.tick().await;
         loop {
@@ -242,17 +270,18 @@ async fn relay(
                     Err(broadcast::error::RecvError::Closed) => break,
                 },
                 t = task_rx.recv(), if !task_ids.is_empty() => {
-                    let wanted: Vec<&String> = match t {
-                        Ok(Change::Task(id)) => task_ids.iter().filter(|t| **t == id).collect(),
+                    let (wanted, only_changed): (Vec<&String>, bool) = match t {
+                        Ok(Change::Task(id)) => (task_ids.iter().filter(|t| **t == id).collect(), false),
                         // Changes were missed (the store's listener reconnected, or this
-                        // receiver fell behind): read every task again.
+                        // receiver fell behind), or the fan-out polls: read every task
+                        // again and tell what changed.
                         Ok(Change::Resync) | Err(broadcast::error::RecvError::Lagged(_)) => {
-                            task_ids.iter().collect()
+                            (task_ids.iter().collect(), true)
                         }
                         Err(broadcast::error::RecvError::Closed) => break,
                     };
                     for id in wanted {
-                        if !send_snapshot(tx, engine, up, who, id, sub_id).await {
+                        if !send_snapshot(tx, engine, up, who, id, sub_id, &mut shown, only_changed).await {
                             return;
                         }
                     }

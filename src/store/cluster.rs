@@ -5,6 +5,8 @@
 //! Only a backend that several processes share implements [`Cluster`] (PostgreSQL);
 //! with sled the gateway is alone and none of this exists.
 
+use std::time::Duration;
+
 use tokio::sync::mpsc;
 
 use super::{StoreError, TaskRecord, TaskStatus, Update};
@@ -147,6 +149,9 @@ pub trait Cluster: Send + Sync + 'static {
 
     /// Start listening for other replicas' changes (one dedicated connection,
     /// reconnecting on its own); events go to `events` until it closes. `own` is this
-    /// replica's id: its own changes are not reported back.
-    fn listen(&self, own: String, events: mpsc::Sender<ClusterEvent>);
+    /// replica's id: its own changes are not reported back. Where notifications
+    /// cannot be delivered (behind a transaction-mode pooler), a
+    /// [`ClusterEvent::Resync`] every `poll` stands in for them (docs/design.md §27
+    /// "Connection poolers").
+    fn listen(&self, own: String, poll: Duration, events: mpsc::Sender<ClusterEvent>);
 }

@@ -156,6 +156,13 @@ pub enum SetupError {
     /// The PostgreSQL connection pool could not be built.
     #[error("postgres pool: {0}")]
     Pool(#[source] Arc<deadpool_postgres::BuildError>),
+    /// The session settings sent in the start-up packet were refused or dropped on the
+    /// way, as a transaction-mode connection pooler does (docs/design.md §27
+    /// "Connection poolers").
+    #[error(
+        "postgres: {0}: a connection pooler in transaction mode (PgBouncer) between taskgate and PostgreSQL? Set `[store] pooler = \"transaction\"` (README \"Behind a connection pooler\")"
+    )]
+    Pooler(String),
     /// A statement's text does not fit its parameters: a bug the unit tests catch.
     #[error("postgres {0}")]
     Statement(#[source] SqlError),

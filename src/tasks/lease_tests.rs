@@ -81,7 +81,7 @@ impl Cluster for Scripted {
         Box::pin(async { Ok(()) })
     }
 
-    fn listen(&self, _own: String, _events: mpsc::Sender<ClusterEvent>) {}
+    fn listen(&self, _own: String, _poll: Duration, _events: mpsc::Sender<ClusterEvent>) {}
 }
 
 const CONFIG: &str = r#"

@@ -135,7 +135,11 @@ impl Engine {
             shutdown.clone(),
         ));
         let (ev_tx, mut events) = mpsc::channel(256);
-        cluster.listen(self.replica.id().to_string(), ev_tx);
+        cluster.listen(
+            self.replica.id().to_string(),
+            self.cfg.tasks.poll_interval,
+            ev_tx,
+        );
         let engine = self.clone();
         tokio::spawn(async move {
             loop {

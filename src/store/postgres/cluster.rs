@@ -15,6 +15,7 @@ use futures_util::StreamExt;
 use tokio::sync::mpsc;
 use tokio_postgres::AsyncMessage;
 
+use super::sql::Pooling;
 use super::statements::{
     DropDeadRelays, Holder, LockTask, Notify, OrphanedRoutes, Register, RemoveRoutes, Renew,
     ReseatRoute, SeatOf, SendRelay, TakeOverTask, TakeRelays,
@@ -32,6 +33,10 @@ const RELAY_BATCH: i64 = 256;
 const MAX_PAYLOAD: usize = 7_900;
 /// Wait before the listener reconnects after losing its connection.
 const LISTEN_RETRY: Duration = Duration::from_millis(500);
+/// How long a new `LISTEN` connection has to deliver the probe this replica publishes
+/// to itself before change fan-out falls back to polling (docs/design.md §27
+/// "Connection poolers").
+pub(super) const PROBE_WAIT: Duration = Duration::from_secs(2);
 
 /// The notification channel of a schema: replicas on other schemas of the same
 /// database never hear each other. A hash keeps it within the 63-byte identifier limit.
@@ -64,6 +69,8 @@ fn payloads(from: &str, ids: &[String]) -> Vec<String> {
 
 /// A payload id that is no task id: "a relay is waiting for this replica".
 const WAKE: &str = "!wake:";
+/// A payload id that is no task id: a replica's probe of its own `LISTEN`.
+const PROBE: &str = "!probe:";
 
 /// The sender and ids of a payload, `None` if it is not one of ours.
 fn parse_payload(p: &str) -> Option<(&str, Vec<String>)> {
@@ -113,6 +120,7 @@ impl PgStore {
         let mut out = Vec::new();
         loop {
             let tx = c.transaction().await?;
+            self.pooling.enter(&tx).await?;
             let batch = OrphanedRoutes {
                 limit: TAKEOVER_BATCH,
             };
@@ -289,8 +297,12 @@ impl PgStore {
         if guard.as_ref().is_none_or(|c| c.is_closed()) {
             let c = self.dedicated().await?;
             // Losing a notification in a crash costs a subscriber one update; not
-            // worth a flush per batch.
-            c.batch_execute("SET synchronous_commit = off").await?;
+            // worth a flush per batch. Never behind a transaction pooler: a session
+            // setting stays with the server connection, which the pooler then lends
+            // to the gateway's writes.
+            if let Pooling::Direct = self.pooling {
+                c.batch_execute("SET synchronous_commit = off").await?;
+            }
             *guard = Some(c);
         }
         let Some(c) = guard.as_ref() else {
@@ -312,10 +324,15 @@ impl PgStore {
 }
 
 /// Keep one `LISTEN` connection open while `events` is: forward other replicas'
-/// change notifications, and ask for a resync after every reconnect.
+/// change notifications, and ask for a resync after every reconnect. Each new
+/// connection first proves that it delivers: this replica publishes a probe and waits
+/// [`PROBE_WAIT`] for it to come back. If it does not (a transaction-mode pooler lends
+/// the listening server connection to whoever comes next), the fan-out polls instead
+/// ([`poll_loop`]) for as long as this store lives.
 async fn listen_loop(
     store: std::sync::Weak<PgStore>,
     own: String,
+    poll: Duration,
     events: mpsc::Sender<ClusterEvent>,
 ) {
     let mut first = true;
@@ -360,12 +377,38 @@ async fn listen_loop(
             return;
         }
         first = false;
-        while let Some(p) = msgs.recv().await {
+        let probe = format!("{PROBE}{own}:{}", rand::random::<u64>());
+        let Some(s) = store.upgrade() else { return };
+        if let Err(e) = s.publish_now(&own, std::slice::from_ref(&probe)).await {
+            // Not a verdict on LISTEN: the probe is published again on reconnect.
+            tracing::warn!(error = %e.as_display(), "publishing the LISTEN probe failed; reconnecting");
+            driver.abort();
+            tokio::time::sleep(LISTEN_RETRY).await;
+            continue;
+        }
+        drop(s);
+        let mut probe_until = Some(tokio::time::Instant::now() + PROBE_WAIT);
+        loop {
+            let next = match probe_until {
+                Some(t) => match tokio::time::timeout_at(t, msgs.recv()).await {
+                    Ok(p) => p,
+                    Err(_) => break,
+                },
+                None => msgs.recv().await,
+            };
+            let Some(p) = next else { break };
             let Some((from, ids)) = parse_payload(&p) else {
                 continue;
             };
-            let (wakes, ids): (Vec<String>, Vec<String>) =
-                ids.into_iter().partition(|i| i.starts_with(WAKE));
+            if probe_until.is_some() && ids.contains(&probe) {
+                probe_until = None;
+                crate::metrics::store_fanout_polling(false);
+                continue;
+            }
+            let (wakes, ids): (Vec<String>, Vec<String>) = ids
+                .into_iter()
+                .filter(|i| !i.starts_with(PROBE))
+                .partition(|i| i.starts_with(WAKE));
             let woken = wakes.iter().any(|w| w[WAKE.len()..] == own);
             if woken && events.send(ClusterEvent::Wake).await.is_err() {
                 driver.abort();
@@ -379,10 +422,42 @@ async fn listen_loop(
                 return;
             }
         }
+        if probe_until.is_some_and(|t| tokio::time::Instant::now() >= t) {
+            tracing::warn!(
+                wait_ms = PROBE_WAIT.as_millis() as u64,
+                poll_ms = poll.as_millis() as u64,
+                "postgres LISTEN did not deliver this replica's probe notification (a connection pooler in transaction mode, such as PgBouncer, between taskgate and PostgreSQL?): change fan-out falls back to polling; subscribers here see other replicas' task changes within poll_ms instead of at once (README \"Behind a connection pooler\")"
+            );
+            // Best effort: behind a pooler this may reach another server connection.
+            let _ = client.batch_execute("UNLISTEN *").await;
+            driver.abort();
+            drop(client);
+            return poll_loop(store, poll, events).await;
+        }
         // The connection ended: notifications may be lost until the next LISTEN.
         tracing::warn!("postgres LISTEN connection lost; reconnecting");
+        driver.abort();
         drop(client);
         tokio::time::sleep(LISTEN_RETRY).await;
+    }
+}
+
+/// Change fan-out without `LISTEN`: every `poll`, ask this replica's subscribers to
+/// read their tasks again ([`ClusterEvent::Resync`]). Relays need nothing more: the
+/// relay loop takes them on its own timer as well as on a wake-up.
+async fn poll_loop(
+    store: std::sync::Weak<PgStore>,
+    poll: Duration,
+    events: mpsc::Sender<ClusterEvent>,
+) {
+    crate::metrics::store_fanout_polling(true);
+    let mut tick = tokio::time::interval(poll.max(Duration::from_millis(1)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if store.strong_count() == 0 || events.send(ClusterEvent::Resync).await.is_err() {
+            return;
+        }
     }
 }
 
@@ -441,11 +516,16 @@ impl Cluster for PgStore {
             .boxed()
     }
 
-    fn listen(&self, own: String, events: mpsc::Sender<ClusterEvent>) {
+    fn listen(&self, own: String, poll: Duration, events: mpsc::Sender<ClusterEvent>) {
         let Some(me) = self.me.get().and_then(std::sync::Weak::upgrade) else {
             return;
         };
-        tokio::spawn(listen_loop(std::sync::Arc::downgrade(&me), own, events));
+        tokio::spawn(listen_loop(
+            std::sync::Arc::downgrade(&me),
+            own,
+            poll,
+            events,
+        ));
     }
 }
 
@@ -604,9 +684,11 @@ mod database_tests {
     async fn postgres_changes_reach_other_listeners_not_the_sender() {
         let a = open_store("notify").await;
         let (tx, mut rx) = mpsc::channel(16);
-        a.listen("b".into(), tx);
+        // A poll interval no test waits out: only LISTEN delivers here.
+        let poll = Duration::from_secs(3600);
+        a.listen("b".into(), poll, tx);
         let (own_tx, mut own_rx) = mpsc::channel(16);
-        a.listen("a".into(), own_tx);
+        a.listen("a".into(), poll, own_tx);
         // Publish until the listener is up (LISTEN runs in the background).
         let ids = vec!["tsk_n1".to_string(), "tsk_n2".to_string()];
         let got = tokio::time::timeout(Duration::from_secs(10), async {

@@ -295,7 +295,8 @@ impl PgImport {
             tracing::warn!("{w}");
         }
         let (cfg, tls) = settings.pg_config()?;
-        let sql = ImportSql::new().map_err(crate::store::SetupError::Statement)?;
+        let sql =
+            ImportSql::new(&settings.pooling(&[])).map_err(crate::store::SetupError::Statement)?;
         let (client, conn) = cfg
             .connect(tls)
             .await
@@ -503,6 +504,6 @@ fn tally(
 mod tests {
     #[test]
     fn the_import_statements_fit_their_parameters() {
-        super::ImportSql::new().expect("import statements");
+        super::ImportSql::new(&super::super::sql::Pooling::Direct).expect("import statements");
     }
 }

@@ -3,8 +3,9 @@
 //! transaction under an advisory lock, so replicas starting together neither race nor
 //! apply a migration twice.
 
-use super::sql::statements;
+use super::sql::{Pooling, statements};
 use super::{OP_TIMEOUT, PgError, PgSettings};
+use crate::config::StorePooler;
 use crate::store::{SetupError, StoreError};
 
 statements! {
@@ -122,12 +123,16 @@ impl Migrated {
 /// transaction, even if the connection dies). Uses its own connection.
 pub async fn migrate(settings: &PgSettings) -> Result<Migrated, StoreError> {
     let (cfg, tls) = settings.pg_config()?;
-    let sql = MigrationSql::new().map_err(SetupError::Statement)?;
+    let pooling = settings.pooling(&[]);
+    let sql = MigrationSql::new(&pooling).map_err(SetupError::Statement)?;
     let run = async {
-        let (mut client, conn) = cfg.connect(tls).await?;
+        let (mut client, conn) = cfg.connect(tls).await.map_err(options_refused)?;
         let conn = tokio::spawn(conn);
-        let out = match connection_is_tls(&sql, &client).await {
-            Ok(tls) => migrate_on(&sql, &mut client, &settings.schema, tls).await,
+        let out = match session_kept(settings, &client).await {
+            Ok(()) => match connection_is_tls(&sql, &client).await {
+                Ok(tls) => migrate_on(&sql, &pooling, &mut client, &settings.schema, tls).await,
+                Err(e) => Err(e),
+            },
             Err(e) => Err(e),
         };
         drop(client);
@@ -151,6 +156,46 @@ pub async fn migrate(settings: &PgSettings) -> Result<Migrated, StoreError> {
     Ok(m)
 }
 
+/// A connection refused for its start-up options: a transaction-mode pooler
+/// (PgBouncer says "unsupported startup parameter: options").
+fn options_refused(e: tokio_postgres::Error) -> PgError {
+    match e.as_db_error() {
+        Some(db) if db.message().starts_with("unsupported startup parameter") => {
+            PgError::Setup(SetupError::Pooler(format!(
+                "the server refused the connection's start-up options ({})",
+                db.message()
+            )))
+        }
+        _ => PgError::Db(e),
+    }
+}
+
+/// Before anything is written: with `pooler = "none"`, the session settings of the
+/// start-up packet must have arrived. A pooler that drops them (PgBouncer's
+/// `ignore_startup_parameters = options`) would otherwise have the migrations create
+/// tables in whatever schema the server's `search_path` names.
+async fn session_kept(
+    settings: &PgSettings,
+    client: &tokio_postgres::Client,
+) -> Result<(), PgError> {
+    if settings.pooler != StorePooler::None {
+        return Ok(());
+    }
+    let rows = client.simple_query("SHOW search_path").await?;
+    let found = rows.iter().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+        _ => None,
+    });
+    match found {
+        Some(p) if p == settings.schema => Ok(()),
+        other => Err(PgError::Setup(SetupError::Pooler(format!(
+            "the connection's start-up options did not arrive (search_path is {:?}, not {:?})",
+            other.unwrap_or_default(),
+            settings.schema
+        )))),
+    }
+}
+
 /// Whether this connection's session is encrypted, as the server sees it.
 async fn connection_is_tls(
     sql: &MigrationSql,
@@ -168,11 +213,13 @@ async fn connection_is_tls(
 
 async fn migrate_on(
     sql: &MigrationSql,
+    pooling: &Pooling,
     client: &mut tokio_postgres::Client,
     schema: &str,
     tls: bool,
 ) -> Result<Migrated, PgError> {
     let tx = client.transaction().await?;
+    pooling.enter(&tx).await?;
     let key = format!("taskgate migrations {schema}");
     sql.lock.execute(&tx, &MigrationLock { key: &key }).await?;
     // The name was checked to be a plain identifier (`is_pg_schema_name`).

@@ -38,6 +38,7 @@ mod tls;
 
 pub use import::{Batch, PgImport, SessionRow, TableRows, TaskRow, TombstoneRow};
 pub use migrate::{LATEST_MIGRATION, Migrated, migrate};
+use sql::Pooling;
 pub use sql::SqlError;
 pub use tls::{PgTls, PgTlsConnect, PgTlsStream, PgUrl, RootCert, SslMode, UrlError, parse_url};
 
@@ -55,7 +56,7 @@ use super::{
     StoreError, StoredIdentity, TaskRecord, TaskStatus, TaskStore, TenantCount, Tombstone, Update,
 };
 use crate::config::as_millis;
-use crate::config::{StoreConfig, is_pg_schema_name};
+use crate::config::{StoreConfig, StorePooler, is_pg_schema_name};
 use crate::protocol::UpstreamInfo;
 use crate::protocol::param_headers::ToolHeaders;
 use futures_util::future::BoxFuture;
@@ -84,6 +85,8 @@ pub struct PgSettings {
     pub schema: String,
     /// How long a replica's lease lasts past each renewal (`store.lease_ms`).
     pub lease_ms: u64,
+    /// What sits between the gateway and PostgreSQL (`store.pooler`).
+    pub pooler: StorePooler,
 }
 
 impl PgSettings {
@@ -96,6 +99,7 @@ impl PgSettings {
             pool_size: cfg.pool_size.max(1),
             schema: cfg.schema.clone(),
             lease_ms: as_millis(cfg.lease),
+            pooler: cfg.pooler,
         })
     }
 
@@ -104,11 +108,13 @@ impl PgSettings {
         Ok(parse_url(&self.url).map_err(url_error)?)
     }
 
-    /// The connection settings: the URL plus `search_path` (so every statement names
-    /// tables unqualified) and `synchronous_commit = on` (so a commit is flushed
-    /// before it is acknowledged, whatever the server's default), both sent in the
-    /// start-up packet: no extra round trip per connection. With them, the TLS
-    /// connector of the URL's `sslmode`.
+    /// The connection settings: the URL, and with it the TLS connector of its
+    /// `sslmode`. Every connection's session has `search_path` (so every statement
+    /// names tables unqualified) and `synchronous_commit = on` (so a commit is flushed
+    /// before it is acknowledged, whatever the server's default): directly, both are
+    /// sent in the start-up packet, no extra round trip per connection; behind a
+    /// transaction pooler, which refuses that option, they go with each transaction
+    /// ([`PgSettings::pooling`]).
     fn pg_config(&self) -> Result<(tokio_postgres::Config, PgTls), StoreError> {
         if !is_pg_schema_name(&self.schema) {
             return Err(SetupError::Schema(self.schema.clone()).into());
@@ -116,15 +122,16 @@ impl PgSettings {
         let url = self.parsed_url()?;
         let tls = url.connector().map_err(url_error)?;
         let mut c = url.config;
-        let mut options = c.get_options().unwrap_or_default().to_string();
-        if !options.is_empty() {
-            options.push(' ');
+        if self.pooler == StorePooler::None {
+            let mut options = c.get_options().unwrap_or_default().to_string();
+            for (k, v) in self.session_settings() {
+                if !options.is_empty() {
+                    options.push(' ');
+                }
+                options.push_str(&format!("-c {k}={v}"));
+            }
+            c.options(&options);
         }
-        options.push_str(&format!(
-            "-c search_path={} -c synchronous_commit=on",
-            self.schema
-        ));
-        c.options(&options);
         if c.get_application_name().is_none() {
             c.application_name("taskgate");
         }
@@ -132,6 +139,27 @@ impl PgSettings {
             c.connect_timeout(CONNECT_TIMEOUT);
         }
         Ok((c, tls))
+    }
+
+    /// The settings every session needs (see [`PgSettings::pg_config`]).
+    fn session_settings(&self) -> [(&'static str, &str); 2] {
+        [
+            ("search_path", self.schema.as_str()),
+            ("synchronous_commit", "on"),
+        ]
+    }
+
+    /// How statements reach the server with `extra` settings beyond the session's
+    /// (docs/design.md §27 "Connection poolers").
+    fn pooling(&self, extra: &[(&'static str, &str)]) -> Pooling {
+        match self.pooler {
+            StorePooler::None => Pooling::Direct,
+            StorePooler::Transaction => {
+                let mut all = self.session_settings().to_vec();
+                all.extend_from_slice(extra);
+                Pooling::transaction(&all)
+            }
+        }
     }
 }
 
@@ -163,6 +191,8 @@ enum PgError {
     Corrupt(Corruption),
     /// A fenced write found that this replica no longer holds the call.
     Fenced,
+    /// The connection is not what the settings say it is (`SetupError::Pooler`).
+    Setup(SetupError),
 }
 
 impl From<deadpool_postgres::PoolError> for PgError {
@@ -193,7 +223,7 @@ impl PgError {
                     c.starts_with("08") || c.starts_with("57") || c.starts_with("53")
                 }
             },
-            Self::Corrupt(_) | Self::Fenced => false,
+            Self::Corrupt(_) | Self::Fenced | Self::Setup(_) => false,
         }
     }
 
@@ -202,6 +232,7 @@ impl PgError {
         match self {
             Self::Corrupt(m) => StoreError::Corrupt(m),
             Self::Fenced => StoreError::Fenced,
+            Self::Setup(e) => StoreError::Setup(e),
             Self::Timeout => IoError::TimedOut {
                 op,
                 after: OP_TIMEOUT,
@@ -235,6 +266,9 @@ pub struct PgStore {
     pool: Pool,
     /// Every statement, numbered once (`statements.rs`).
     sql: Statements,
+    /// How the statements reach the server; also what a transaction of this store
+    /// applies first ([`Pooling::enter`]).
+    pooling: Pooling,
     schema: String,
     healthy: AtomicBool,
     /// For the dedicated LISTEN connection (a pooled one would drop notifications).
@@ -314,12 +348,13 @@ impl PgStore {
     pub fn connect_lazy(settings: &PgSettings) -> Result<Arc<Self>, StoreError> {
         let (pg_config, tls) = settings.pg_config()?;
         let mut pooled = pg_config.clone();
-        let mut options = pooled.get_options().unwrap_or_default().to_string();
-        options.push_str(&format!(
-            " -c statement_timeout={}",
-            STATEMENT_TIMEOUT.as_millis()
-        ));
-        pooled.options(&options);
+        let timeout = STATEMENT_TIMEOUT.as_millis().to_string();
+        let pooling = settings.pooling(&[("statement_timeout", &timeout)]);
+        if let Pooling::Direct = pooling {
+            let mut options = pooled.get_options().unwrap_or_default().to_string();
+            options.push_str(&format!(" -c statement_timeout={timeout}"));
+            pooled.options(&options);
+        }
         let mgr = Manager::from_config(
             pooled,
             tls.clone(),
@@ -337,10 +372,11 @@ impl PgStore {
             .recycle_timeout(Some(CONNECT_TIMEOUT))
             .build()
             .map_err(|e| SetupError::Pool(Arc::new(e)))?;
-        let sql = Statements::new().map_err(SetupError::Statement)?;
+        let sql = Statements::new(&pooling).map_err(SetupError::Statement)?;
         let store = Arc::new(Self {
             pool,
             sql,
+            pooling,
             schema: settings.schema.clone(),
             healthy: AtomicBool::new(true),
             pg_config,
@@ -440,6 +476,7 @@ impl PgError {
             Self::Timeout => "timeout".into(),
             Self::Corrupt(m) => m.to_string(),
             Self::Fenced => "fenced".into(),
+            Self::Setup(e) => e.to_string(),
         }
     }
 }
@@ -1322,6 +1359,7 @@ pub(crate) mod testing {
             pool_size: 8,
             schema: schema.to_string(),
             lease_ms: 10_000,
+            pooler: Default::default(),
         }
     }
 
@@ -1686,6 +1724,7 @@ mod tests {
             pool_size: 2,
             schema: "taskgate".into(),
             lease_ms: 10_000,
+            pooler: Default::default(),
         };
         let store = PgStore::connect_lazy(&s).expect("pool");
         let err = store.get("tsk_x").await.expect_err("no database");

@@ -36,6 +36,7 @@ impl PgStore {
         let record = encode("session record", &rec)?;
         let mut c = self.pool.get().await?;
         let tx = c.transaction().await?;
+        self.pooling.enter(&tx).await?;
         let key = owner_lock_key(&rec.tenant, &rec.subject);
         self.sql
             .lock_session_owner

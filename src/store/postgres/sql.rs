@@ -14,8 +14,9 @@
 //! another statement's placeholders.
 
 use std::marker::PhantomData;
+use std::sync::{Arc, OnceLock};
 
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Error, GenericClient, Row, Statement};
 
 /// One bound value.
@@ -58,18 +59,130 @@ pub enum SqlError {
     Stray { statement: &'static str, at: usize },
 }
 
+/// How statements reach the server (docs/design.md §27 "Connection poolers").
+#[derive(Debug, Clone)]
+pub(super) enum Pooling {
+    /// The connection is the gateway's for its lifetime: the session settings came in
+    /// the start-up packet, and a pooled connection prepares each statement once.
+    Direct,
+    /// Behind a transaction-mode pooler, whose next transaction may run on another
+    /// server connection: a statement outside a transaction runs in one of its own
+    /// that starts with the settings as `SET LOCAL`, and statements are unnamed
+    /// (parsed, bound and run in one message), so none outlives its transaction.
+    Transaction {
+        /// `SET LOCAL …` of every setting, for a transaction already begun.
+        settings: Arc<str>,
+        /// `BEGIN;` and the same.
+        begin: Arc<str>,
+    },
+}
+
+impl Pooling {
+    /// Transaction pooling with these `(name, value)` settings (values are the
+    /// gateway's own: numbers, `on`/`off`, a checked schema name).
+    pub(super) fn transaction(settings: &[(&str, &str)]) -> Self {
+        let settings: String = settings
+            .iter()
+            .map(|(k, v)| format!("SET LOCAL {k} TO {v}; "))
+            .collect();
+        Self::Transaction {
+            begin: format!("BEGIN; {settings}").into(),
+            settings: settings.into(),
+        }
+    }
+
+    /// Apply the settings to a transaction the caller began (nothing when direct).
+    pub(super) async fn enter<C: Session>(&self, tx: &C) -> Result<(), Error> {
+        match self {
+            Self::Direct => Ok(()),
+            Self::Transaction { settings, .. } => tx.plain().batch_execute(settings).await,
+        }
+    }
+}
+
 /// A statement checked and numbered for parameters `P` (see the module docs).
 pub(super) struct Stmt<P> {
     sql: String,
+    pooling: Pooling,
+    /// Behind a transaction pooler: the parameter types the server inferred, learnt
+    /// once, so each run is an unnamed statement with them.
+    types: OnceLock<Vec<Type>>,
     params: PhantomData<fn(&P)>,
 }
 
+/// One run of a statement, the same way direct and behind a transaction pooler:
+/// `$direct` with the connection's prepared statement, `$typed` with the unnamed one.
+macro_rules! run {
+    ($stmt:ident, $c:ident, $values:ident, $direct:ident, $typed:ident) => {
+        async move {
+            if let Pooling::Direct = $stmt.pooling {
+                let s = $c.statement(&$stmt.sql).await?;
+                return $c.plain().$direct(&s, &$values).await;
+            }
+            $stmt
+                .within($c, async {
+                    let typed = $stmt.typed($c, &$values).await?;
+                    $c.plain().$typed(&$stmt.sql, &typed).await
+                })
+                .await
+        }
+    };
+}
+
 impl<P: Params> Stmt<P> {
-    pub(super) fn new() -> Result<Self, SqlError> {
+    pub(super) fn new(pooling: &Pooling) -> Result<Self, SqlError> {
         Ok(Self {
             sql: number(P::STATEMENT, P::SQL, P::NAMES)?,
+            pooling: pooling.clone(),
+            types: OnceLock::new(),
             params: PhantomData,
         })
+    }
+
+    /// `values` with their types, for an unnamed statement. The first run learns the
+    /// types by preparing the statement, which it drops at once: its `Close` reaches
+    /// the server before the transaction ends, so no named statement is left on a
+    /// server connection the pooler lends to others. (A prepared statement that rows
+    /// still held would be closed only once they were dropped, after the commit.)
+    async fn typed<'v, C: Session>(
+        &self,
+        c: &C,
+        values: &[Value<'v>],
+    ) -> Result<Vec<(Value<'v>, Type)>, Error> {
+        let types = match self.types.get() {
+            Some(t) => t,
+            None => {
+                let learnt = c.plain().prepare(&self.sql).await?.params().to_vec();
+                self.types.get_or_init(|| learnt)
+            }
+        };
+        Ok(values.iter().copied().zip(types.iter().cloned()).collect())
+    }
+
+    /// Run `op` on `c`: as it is inside the caller's transaction, else in a
+    /// transaction of its own that opens with the settings.
+    async fn within<C: Session, T>(
+        &self,
+        c: &C,
+        op: impl Future<Output = Result<T, Error>> + Send,
+    ) -> Result<T, Error> {
+        let begin = match &self.pooling {
+            Pooling::Transaction { begin, .. } if !C::IN_TRANSACTION => begin,
+            _ => return op.await,
+        };
+        c.plain().batch_execute(begin).await?;
+        match op.await {
+            Ok(v) => {
+                c.plain().batch_execute("COMMIT").await?;
+                Ok(v)
+            }
+            Err(e) => {
+                // The statement's error is the one that says what went wrong; a
+                // connection that broke takes the transaction with it anyway.
+                let _ = c.plain().batch_execute("ROLLBACK").await;
+                Err(e)
+            }
+        }
     }
 
     /// The numbered text (`$1`…`$n`).
@@ -87,10 +200,7 @@ impl<P: Params> Stmt<P> {
         p: &'s P::With<'_>,
     ) -> impl Future<Output = Result<Vec<Row>, Error>> + Send + 's {
         let values = p.values();
-        async move {
-            let s = c.statement(&self.sql).await?;
-            c.plain().query(&s, &values).await
-        }
+        run!(self, c, values, query, query_typed)
     }
 
     pub(super) fn query_one<'s, C: Session>(
@@ -99,10 +209,7 @@ impl<P: Params> Stmt<P> {
         p: &'s P::With<'_>,
     ) -> impl Future<Output = Result<Row, Error>> + Send + 's {
         let values = p.values();
-        async move {
-            let s = c.statement(&self.sql).await?;
-            c.plain().query_one(&s, &values).await
-        }
+        run!(self, c, values, query_one, query_typed_one)
     }
 
     pub(super) fn query_opt<'s, C: Session>(
@@ -111,10 +218,7 @@ impl<P: Params> Stmt<P> {
         p: &'s P::With<'_>,
     ) -> impl Future<Output = Result<Option<Row>, Error>> + Send + 's {
         let values = p.values();
-        async move {
-            let s = c.statement(&self.sql).await?;
-            c.plain().query_opt(&s, &values).await
-        }
+        run!(self, c, values, query_opt, query_typed_opt)
     }
 
     /// Rows changed.
@@ -124,10 +228,7 @@ impl<P: Params> Stmt<P> {
         p: &'s P::With<'_>,
     ) -> impl Future<Output = Result<u64, Error>> + Send + 's {
         let values = p.values();
-        async move {
-            let s = c.statement(&self.sql).await?;
-            c.plain().execute(&s, &values).await
-        }
+        run!(self, c, values, execute, execute_typed)
     }
 }
 
@@ -136,12 +237,15 @@ impl<P: Params> Stmt<P> {
 /// text, which each [`Stmt`] holds from start-up); a dedicated one (migrations,
 /// publishing) prepares it per execution, as passing the text would.
 pub(super) trait Session: Sync {
+    /// Whether statements on it run inside a transaction the caller began.
+    const IN_TRANSACTION: bool;
     type Plain: tokio_postgres::GenericClient + Sync;
     fn plain(&self) -> &Self::Plain;
     fn statement(&self, sql: &str) -> impl Future<Output = Result<Statement, Error>> + Send;
 }
 
 impl Session for deadpool_postgres::Client {
+    const IN_TRANSACTION: bool = false;
     type Plain = tokio_postgres::Client;
     fn plain(&self) -> &tokio_postgres::Client {
         self
@@ -152,6 +256,7 @@ impl Session for deadpool_postgres::Client {
 }
 
 impl<'a> Session for deadpool_postgres::Transaction<'a> {
+    const IN_TRANSACTION: bool = true;
     type Plain = tokio_postgres::Transaction<'a>;
     fn plain(&self) -> &tokio_postgres::Transaction<'a> {
         self
@@ -162,6 +267,7 @@ impl<'a> Session for deadpool_postgres::Transaction<'a> {
 }
 
 impl Session for tokio_postgres::Client {
+    const IN_TRANSACTION: bool = false;
     type Plain = Self;
     fn plain(&self) -> &Self {
         self
@@ -172,6 +278,7 @@ impl Session for tokio_postgres::Client {
 }
 
 impl<'a> Session for tokio_postgres::Transaction<'a> {
+    const IN_TRANSACTION: bool = true;
     type Plain = Self;
     fn plain(&self) -> &Self {
         self
@@ -300,10 +407,13 @@ macro_rules! statements {
         }
 
         impl $set {
-            /// Every statement of the set, checked and numbered.
-            $vis fn new() -> Result<Self, $crate::store::postgres::sql::SqlError> {
+            /// Every statement of the set, checked and numbered, run the way
+            /// `pooling` says.
+            $vis fn new(
+                pooling: &$crate::store::postgres::sql::Pooling,
+            ) -> Result<Self, $crate::store::postgres::sql::SqlError> {
                 Ok(Self {
-                    $($field: $crate::store::postgres::sql::Stmt::new()?,)*
+                    $($field: $crate::store::postgres::sql::Stmt::new(pooling)?,)*
                 })
             }
         }
@@ -335,7 +445,7 @@ mod tests {
 
     #[test]
     fn names_become_numbers_in_field_order() {
-        let set = Examples::new().expect("statements");
+        let set = Examples::new(&Pooling::Direct).expect("statements");
         assert_eq!(
             set.fenced.sql(),
             "UPDATE t SET v = v + 1 WHERE task_id = $1 AND version = $2 \
@@ -351,6 +461,19 @@ mod tests {
         let values = p.values();
         assert_eq!(values.len(), 3);
         assert_eq!(format!("{:?}", values[1]), "7");
+    }
+
+    #[test]
+    fn behind_a_transaction_pooler_the_settings_open_each_transaction() {
+        let p = Pooling::transaction(&[("search_path", "tg"), ("statement_timeout", "8000")]);
+        let Pooling::Transaction { settings, begin } = p else {
+            panic!("not transaction pooling");
+        };
+        assert_eq!(
+            &*settings,
+            "SET LOCAL search_path TO tg; SET LOCAL statement_timeout TO 8000; "
+        );
+        assert_eq!(&*begin, &format!("BEGIN; {settings}"));
     }
 
     #[test]
@@ -397,11 +520,12 @@ mod tests {
 
     #[test]
     fn the_store_and_migration_statements_all_fit_their_parameters() {
-        let store = super::super::statements::Statements::new().expect("store statements");
+        let store =
+            super::super::statements::Statements::new(&Pooling::Direct).expect("store statements");
         // The fenced update names the route once per statement, numbered by each
         // statement's own fields.
         assert!(store.update_write.sql().contains("rr.route_id = $8"));
         assert!(store.update_read.sql().contains("rr.route_id = $2"));
-        super::super::migrate::MigrationSql::new().expect("migration statements");
+        super::super::migrate::MigrationSql::new(&Pooling::Direct).expect("migration statements");
     }
 }
