@@ -74,27 +74,18 @@ async fn any_replica_answers_with_identical_snapshots() {
 async fn cancel_on_another_replica_reaches_the_upstream() {
     let rs = Replicas::start(3, "").await;
     let (a, b) = (rs.client(0), rs.client(1));
-    let before = task_demo_stats(&a).await["cancelled"].as_u64().unwrap_or(0);
+    let before = upstream_cancels(&a).await;
     let id = task_id(&create_task(&a, "sleep", json!({"ms": 60_000})).await);
     poll_until(&b, &id, Duration::from_secs(10), |r| {
         r["status"] == "working"
     })
     .await;
 
-    let sent = Instant::now();
     let ack = ok_result(&tasks_cancel(&b, &id).await);
     assert_eq!(ack["resultType"], "complete", "{ack}");
     // The upstream call on A gets `notifications/cancelled`.
-    let mut cancelled = false;
-    while sent.elapsed() < RELAY_BOUND {
-        if task_demo_stats(&b).await["cancelled"].as_u64().unwrap_or(0) > before {
-            cancelled = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
     assert!(
-        cancelled,
+        upstream_saw_cancel(&b, before, RELAY_BOUND).await,
         "the upstream never saw the cancel:\n{}",
         rs.gws[0].proc.log_text()
     );

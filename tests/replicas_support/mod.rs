@@ -103,6 +103,16 @@ impl Replicas {
     }
 }
 
+/// The demo upstream's count of calls it saw cancelled, as `c`'s replica reports it.
+pub async fn upstream_cancels(c: &Client2026) -> u64 {
+    task_demo_stats(c).await["cancelled"].as_u64().unwrap_or(0)
+}
+
+/// Whether the upstream saw one more cancel than `before` within `limit`.
+pub async fn upstream_saw_cancel(c: &Client2026, before: u64, limit: std::time::Duration) -> bool {
+    eventually_async(limit, || async { upstream_cancels(c).await > before }).await
+}
+
 pub fn replica_of(r: &Resp) -> String {
     r.header("taskgate-replica").unwrap_or_default()
 }
