@@ -32,6 +32,13 @@ if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null
 fi
+# PgBouncer in transaction mode in front of the test cluster (tests/pooler.rs, README
+# "Behind a connection pooler"); each test starts its own on a free port.
+if [ ! -x /usr/sbin/pgbouncer ]; then
+    echo "== installing pgbouncer (tests/pooler.rs)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer >/dev/null
+fi
 FEATURES=(--features edge,external-tests)
 
 echo "== installing test peers into .peers/"
