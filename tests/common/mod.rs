@@ -905,7 +905,7 @@ impl StoreBackend {
 }
 
 /// A schema name that is the same for every gateway started in `dir`.
-fn schema_for_dir(dir: &Path) -> String {
+pub fn schema_for_dir(dir: &Path) -> String {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     dir.hash(&mut h);
