@@ -150,19 +150,11 @@ async fn seed(s: &Arc<dyn TaskStore>, t: &str) -> Seeded {
     }
 }
 
-fn admin_token() -> String {
-    token_with(json!({
-        "sub": "ops-jane",
-        "tenant": "ops",
-        "iss": ISSUER.issuer,
-        "aud": ISSUER.audience,
-        "exp": now_s() + 3600,
-        "scope": "taskgate:admin",
-    }))
-}
-
 async fn admin_get(port: u16, path: &str) -> Value {
-    let headers = vec![("authorization", format!("Bearer {}", admin_token()))];
+    let headers = vec![(
+        "authorization",
+        format!("Bearer {}", admin_token("taskgate:admin")),
+    )];
     let url = format!("http://127.0.0.1:{port}/admin{path}");
     let r = raw(&url, "GET", &headers, Bytes::new()).await.unwrap();
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
@@ -302,18 +294,15 @@ async fn a_purge_leaves_nothing_of_the_tenant(b: StoreBackend) {
 
     let port = free_port();
     let log = dir.path().join("stdin.log");
-    let script = format!(
-        "tee -a '{}' | exec '{}' demo-upstream",
-        log.display(),
-        bin().display()
-    );
     let config = format!(
         "[server]\nlisten = \"127.0.0.1:0\"\nkeepalive_ms = 1000\nmetrics_listen = \"127.0.0.1:{port}\"\n\
-         {}{}\n[[upstream]]\nname = \"demo\"\npath = \"/mcp\"\ncommand = [\"/bin/sh\", \"-c\", {}]\n\
-         max_concurrency = 8\n[upstream.tools.sleep]\npromote_after_ms = 0\n",
+         {}{}\n{}",
         b.store_section(dir.path(), ""),
         jwt_auth(),
-        toml_string(&script),
+        traced_stdio_upstream(
+            &log,
+            "max_concurrency = 8\n[upstream.tools.sleep]\npromote_after_ms = 0"
+        ),
     );
     let config_path = dir.path().join("taskgate.toml");
     write(&config_path, &config);
@@ -369,7 +358,7 @@ async fn a_purge_leaves_nothing_of_the_tenant(b: StoreBackend) {
     let out = std::process::Command::new(bin())
         .args(["admin", "--url", &format!("http://127.0.0.1:{port}")])
         .args(["purge", "--tenant", DOOMED])
-        .env("TASKGATE_ADMIN_TOKEN", admin_token())
+        .env("TASKGATE_ADMIN_TOKEN", admin_token("taskgate:admin"))
         .output()
         .unwrap();
     let printed = String::from_utf8_lossy(&out.stdout).into_owned();

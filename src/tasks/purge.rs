@@ -77,45 +77,29 @@ impl Engine {
         let outcome = self.purge_fenced(&fence, operator, &mut report).await;
         report.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         let r = &report.removed;
-        match &outcome {
-            Ok(()) => tracing::warn!(
-                target: "taskgate::audit",
-                operator,
-                tenant,
-                cancelled_tasks = report.cancelled_tasks,
-                cancelled_calls = report.cancelled_calls,
-                tasks = r.tasks,
-                routes = r.routes,
-                idempotency_claims = r.idempotency_claims,
-                tombstones = r.tombstones,
-                read_marks = r.read_marks,
-                sessions = r.sessions,
-                relays = r.relays,
-                index_entries = r.index_entries,
-                batches = report.batches,
-                duration_ms = report.duration_ms,
-                "tenant purge finished"
-            ),
-            Err(e) => tracing::error!(
-                target: "taskgate::audit",
-                operator,
-                tenant,
-                cancelled_tasks = report.cancelled_tasks,
-                cancelled_calls = report.cancelled_calls,
-                tasks = r.tasks,
-                routes = r.routes,
-                idempotency_claims = r.idempotency_claims,
-                tombstones = r.tombstones,
-                read_marks = r.read_marks,
-                sessions = r.sessions,
-                relays = r.relays,
-                index_entries = r.index_entries,
-                batches = report.batches,
-                duration_ms = report.duration_ms,
-                error = %e,
-                "tenant purge failed; run it again to finish"
-            ),
-        }
+        let (end, error) = match &outcome {
+            Ok(()) => ("finished", String::new()),
+            Err(e) => ("failed; run it again to finish", e.to_string()),
+        };
+        tracing::warn!(
+            target: "taskgate::audit",
+            operator,
+            tenant,
+            cancelled_tasks = report.cancelled_tasks,
+            cancelled_calls = report.cancelled_calls,
+            tasks = r.tasks,
+            routes = r.routes,
+            idempotency_claims = r.idempotency_claims,
+            tombstones = r.tombstones,
+            read_marks = r.read_marks,
+            sessions = r.sessions,
+            relays = r.relays,
+            index_entries = r.index_entries,
+            batches = report.batches,
+            duration_ms = report.duration_ms,
+            error,
+            "tenant purge {end}"
+        );
         drop(fence);
         match outcome {
             Ok(()) => Ok(report),

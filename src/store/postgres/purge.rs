@@ -44,6 +44,22 @@ fn names_tenant(bytes: &[u8], tenant: &str) -> bool {
         || v.pointer("/request/tenant").and_then(Value::as_str) == Some(tenant)
 }
 
+/// The ids (column 0) of at most `left` candidate rows whose record (column 1) names
+/// `tenant`.
+fn of_tenant<T>(rows: &[tokio_postgres::Row], tenant: &str, left: usize) -> Vec<T>
+where
+    T: for<'r> tokio_postgres::types::FromSql<'r>,
+{
+    rows.iter()
+        .filter(|r| {
+            r.try_get::<_, Vec<u8>>(1)
+                .is_ok_and(|b| names_tenant(&b, tenant))
+        })
+        .filter_map(|r| r.try_get(0).ok())
+        .take(left)
+        .collect()
+}
+
 impl PgStore {
     pub(super) async fn purge_tenant_now(
         &self,
@@ -130,19 +146,12 @@ impl PgStore {
 
         if left > 0 {
             let needle = needle(tenant);
-            let routes: Vec<String> = self
+            let candidates = self
                 .sql
                 .route_candidates
                 .query(&tx, &RouteCandidates { needle: &needle })
-                .await?
-                .iter()
-                .filter(|r| {
-                    r.try_get::<_, Vec<u8>>(1)
-                        .is_ok_and(|b| names_tenant(&b, tenant))
-                })
-                .filter_map(|r| r.try_get(0).ok())
-                .take(left)
-                .collect();
+                .await?;
+            let routes: Vec<String> = of_tenant(&candidates, tenant, left);
             if !routes.is_empty() {
                 let n = self
                     .sql
@@ -152,19 +161,12 @@ impl PgStore {
                 out.counts.routes += n;
                 left = left.saturating_sub(routes.len());
             }
-            let relays: Vec<i64> = self
+            let candidates = self
                 .sql
                 .relay_candidates
                 .query(&tx, &RelayCandidates { needle: &needle })
-                .await?
-                .iter()
-                .filter(|r| {
-                    r.try_get::<_, Vec<u8>>(1)
-                        .is_ok_and(|b| names_tenant(&b, tenant))
-                })
-                .filter_map(|r| r.try_get(0).ok())
-                .take(left)
-                .collect();
+                .await?;
+            let relays: Vec<i64> = of_tenant(&candidates, tenant, left);
             if !relays.is_empty() {
                 let n = self
                     .sql

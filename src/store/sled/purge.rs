@@ -71,17 +71,34 @@ impl SledStore {
         budget: &mut Budget,
         out: &mut Purged,
     ) -> Result<(), StoreError> {
-        for kv in self.routes.iter() {
-            let (k, v) = kv.map_err(|e| self.read_failed("scan routes", e))?;
-            if tenant_of("routes", &k, &v)? != tenant {
+        out.counts.routes +=
+            self.drop_matching(&self.routes, self.routes.iter(), budget, |k, v| {
+                Ok(tenant_of("routes", k, v)? == tenant)
+            })?;
+        Ok(())
+    }
+
+    /// Delete each entry of `entries` (of `tree`) that `ours` accepts, while the budget
+    /// lasts; how many were deleted.
+    fn drop_matching(
+        &self,
+        tree: &sled::Tree,
+        entries: sled::Iter,
+        budget: &mut Budget,
+        ours: impl Fn(&[u8], &[u8]) -> Result<bool, StoreError>,
+    ) -> Result<u64, StoreError> {
+        let mut removed = 0;
+        for kv in entries {
+            let (k, v) = kv.map_err(|e| self.read_failed("purge: scan", e))?;
+            if !ours(&k, &v)? {
                 continue;
             }
             if !budget.take() {
                 break;
             }
-            out.counts.routes += u64::from(self.del(&self.routes, "purge: route", &k)?);
+            removed += u64::from(self.del(tree, "purge: entry", &k)?);
         }
-        Ok(())
+        Ok(removed)
     }
 
     /// The tenant's task ids from its three indexes (at most `limit` of them), each
@@ -285,27 +302,15 @@ impl SledStore {
             return Ok(());
         }
         let prefix = idempotency::tenant_prefix(tenant);
-        for k in self.idempotency.scan_prefix(&prefix).keys() {
-            let k = k.map_err(|e| self.read_failed("scan idempotency claims", e))?;
-            if !idempotency::belongs_to(&k, &prefix) {
-                continue;
-            }
-            if !budget.take() {
-                break;
-            }
-            out.counts.idempotency_claims +=
-                u64::from(self.del(&self.idempotency, "purge: idempotency claim", &k)?);
-        }
-        for kv in self.meta.scan_prefix(META_IDEM_OF) {
-            let (k, v) = kv.map_err(|e| self.read_failed("scan meta/idem_of", e))?;
-            if !idempotency::belongs_to(&v, &prefix) {
-                continue;
-            }
-            if !budget.take() {
-                break;
-            }
-            out.counts.index_entries += u64::from(self.del(&self.meta, "purge: idem_of", &k)?);
-        }
+        let entries = self.idempotency.scan_prefix(&prefix);
+        out.counts.idempotency_claims +=
+            self.drop_matching(&self.idempotency, entries, budget, |k, _| {
+                Ok(idempotency::belongs_to(k, &prefix))
+            })?;
+        let entries = self.meta.scan_prefix(META_IDEM_OF);
+        out.counts.index_entries += self.drop_matching(&self.meta, entries, budget, |_, v| {
+            Ok(idempotency::belongs_to(v, &prefix))
+        })?;
         Ok(())
     }
 
