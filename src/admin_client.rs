@@ -24,13 +24,18 @@ pub enum AdminClientError {
     Refused { status: u16, message: String },
 }
 
-/// `method` `base` + `path` with the bearer `token`; the JSON answer of a 2xx.
+/// How long [`call`] waits for an answer.
+pub const ANSWER_WITHIN: Duration = Duration::from_secs(60);
+
+/// `method` `base` + `path` with the bearer `token`; the JSON answer of a 2xx
+/// within `within` (a purge of a large tenant takes longer than a list).
 pub async fn call(
     base: &str,
     path: &str,
     method: http::Method,
     token: Option<&str>,
     ca_file: Option<&Path>,
+    within: Duration,
 ) -> Result<Value, AdminClientError> {
     let url = format!("{}{path}", base.trim_end_matches('/'));
     let uri: http::Uri = url
@@ -50,9 +55,9 @@ pub async fn call(
         url: url.clone(),
         reason,
     };
-    let resp = tokio::time::timeout(Duration::from_secs(60), client.request(req))
+    let resp = tokio::time::timeout(within, client.request(req))
         .await
-        .map_err(|_| failed("no answer within 60 s".into()))?
+        .map_err(|_| failed(format!("no answer within {} s", within.as_secs())))?
         .map_err(|e| failed(e.to_string()))?;
     let status = resp.status().as_u16();
     let body = resp
@@ -161,6 +166,36 @@ pub fn tenants_table(tenants: &[Value]) -> String {
         _ => "CANCELLED",
     }));
     table(&header, &rows)
+}
+
+/// What a purge removed, one row per kind, and what it cancelled first.
+pub fn purge_table(report: &Value) -> String {
+    let count = |v: &Value| v.as_u64().unwrap_or(0).to_string();
+    let mut rows = vec![
+        vec![
+            "cancelled tasks".to_string(),
+            count(&report["cancelled_tasks"]),
+        ],
+        vec![
+            "cancelled calls".to_string(),
+            count(&report["cancelled_calls"]),
+        ],
+    ];
+    if let Some(removed) = report["removed"].as_object() {
+        for (kind, n) in removed {
+            rows.push(vec![kind.replace('_', " "), count(n)]);
+        }
+    }
+    rows.push(vec!["batches".to_string(), count(&report["batches"])]);
+    rows.push(vec![
+        "duration".to_string(),
+        format!("{} ms", count(&report["duration_ms"])),
+    ]);
+    format!(
+        "tenant {} purged\n{}",
+        text(&report["tenant"]),
+        table(&["WHAT", "COUNT"], &rows)
+    )
 }
 
 #[cfg(test)]

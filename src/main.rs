@@ -150,6 +150,13 @@ enum AdminCommand {
     Drain,
     /// Admit new upstream calls again.
     Undrain,
+    /// Remove every trace of a tenant: cancel its live calls, then delete its tasks,
+    /// routes, claims, tombstones, read marks, relays and sessions (audited; README
+    /// "Removing a tenant's data").
+    Purge {
+        #[arg(long)]
+        tenant: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -253,8 +260,17 @@ async fn admin(
         AdminCommand::Tenants => (Method::GET, "/admin/tenants".to_string()),
         AdminCommand::Drain => (Method::POST, "/admin/drain".to_string()),
         AdminCommand::Undrain => (Method::POST, "/admin/undrain".to_string()),
+        AdminCommand::Purge { tenant } => (
+            Method::POST,
+            format!("/admin/tenants/{}/purge", enc(tenant)),
+        ),
     };
-    let v = call(url, &path, method, token, ca_file).await?;
+    let within = match what {
+        // Bounded batches, but a tenant may hold millions of items.
+        AdminCommand::Purge { .. } => std::time::Duration::from_secs(3600),
+        _ => taskgate::admin_client::ANSWER_WITHIN,
+    };
+    let v = call(url, &path, method, token, ca_file, within).await?;
     if json {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
@@ -284,6 +300,9 @@ async fn admin(
         }
         AdminCommand::Drain | AdminCommand::Undrain => {
             println!("replica {} drained: {}", v["replica"], v["drained"]);
+        }
+        AdminCommand::Purge { .. } => {
+            println!("{}", taskgate::admin_client::purge_table(&v["purge"]));
         }
     }
     Ok(())

@@ -12,17 +12,6 @@ use serde_json::{Value, json};
 
 const TASKS: &str = "io.modelcontextprotocol/tasks";
 
-fn admin_token(scope: &str) -> String {
-    token_with(json!({
-        "sub": "ops-jane",
-        "tenant": "ops",
-        "iss": ISSUER.issuer,
-        "aud": ISSUER.audience,
-        "exp": now_s() + 3600,
-        "scope": scope,
-    }))
-}
-
 async fn admin(url: &str, method: &str, token: Option<&str>) -> (u16, Value) {
     let headers: Vec<(&str, String)> = token
         .map(|t| vec![("authorization", format!("Bearer {t}"))])

@@ -1,6 +1,7 @@
 //! The operator API (docs/design.md §24 "Operations"), under `/admin/` on the
 //! `server.metrics_listen` listener only: a tenant's tasks by status, one task, an
-//! operator's cancel, the per-tenant counts, and drain/undrain for rolling deploys.
+//! operator's cancel, the per-tenant counts, drain/undrain for rolling deploys, and
+//! the purge of a tenant's data (docs/design.md §27 "Tenant purge").
 //! Answers are JSON of task metadata only (`tasks::admin::TaskSummary`).
 //!
 //! Who may call: a bearer token the front's verifier accepts that carries the
@@ -20,6 +21,7 @@ use super::reply::{self, Body};
 use crate::auth::percent_decode_lossy;
 use crate::store::{OwnerCursor, TaskStatus};
 use crate::tasks::admin::{MAX_PAGE, TaskQuery};
+use crate::tasks::purge::PurgeError;
 
 /// The page size when the request names none.
 const DEFAULT_PAGE: usize = 50;
@@ -47,6 +49,7 @@ pub(super) async fn serve<B>(
         (Method::GET, ["tasks", id]) => show(&gw, id).await,
         (Method::POST, ["tasks", id, "cancel"]) => cancel(&gw, id, &operator).await,
         (Method::GET, ["tenants"]) => tenants(&gw).await,
+        (Method::POST, ["tenants", tenant, "purge"]) => purge(&gw, tenant, &operator).await,
         (Method::POST, ["drain"]) => drain(&gw, true, &operator),
         (Method::POST, ["undrain"]) => drain(&gw, false, &operator),
         (
@@ -54,6 +57,7 @@ pub(super) async fn serve<B>(
             ["tasks"]
             | ["tasks", _]
             | ["tenants"]
+            | ["tenants", _, "purge"]
             | ["tasks", _, "cancel"]
             | ["drain"]
             | ["undrain"],
@@ -230,6 +234,31 @@ async fn tenants(gw: &Gateway) -> Response<Body> {
         }
     }
     reply::json(StatusCode::OK, &json!({ "tenants": out }))
+}
+
+/// `POST /admin/tenants/{tenant}/purge`. The purge runs in a task of its own: a
+/// client that goes away does not stop it half-way (a second purge would finish it,
+/// but nobody would be told).
+async fn purge(gw: &Gateway, tenant: &str, operator: &str) -> Response<Body> {
+    let tenant = percent_decode_lossy(tenant);
+    if tenant.is_empty() {
+        return error(StatusCode::BAD_REQUEST, "tenant is required");
+    }
+    let engine = gw.engine.clone();
+    let operator = operator.to_string();
+    let run = tokio::spawn(async move { engine.admin_purge(&tenant, &operator).await });
+    match run.await {
+        Ok(Ok(report)) => reply::json(StatusCode::OK, &json!({ "purge": report })),
+        Ok(Err(e @ PurgeError::Running(_))) => error(StatusCode::CONFLICT, &e.to_string()),
+        Ok(Err(e @ PurgeError::Store { .. })) => reply::json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({"error": format!("{e}; run the purge again to finish it")}),
+        ),
+        Err(e) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("the purge task ended abnormally: {e}"),
+        ),
+    }
 }
 
 fn drain(gw: &Gateway, on: bool, operator: &str) -> Response<Body> {

@@ -16,8 +16,8 @@ use super::postgres::{PgStore, testing as pg};
 use super::sled::SledStore;
 use super::test_records::{route, session, task};
 use super::{
-    Created, Owned, OwnedSession, OwnerCursor, SessionCreated, TaskRecord, TaskStatus, TaskStore,
-    now_ms, probe,
+    Created, Owned, OwnedSession, OwnerCursor, PurgeCounts, RequestRoute, SessionCreated,
+    TaskRecord, TaskStatus, TaskStore, idempotency, now_ms, probe,
 };
 use crate::config::StoreConfig;
 use crate::protocol::UpstreamInfo;
@@ -1066,6 +1066,152 @@ pub(crate) async fn tenant_lists(h: Harness) {
     assert_eq!(counts.len(), 5, "{counts:?}");
 }
 
+/// The items of each tenant `tenant_purge` seeds: a working task with its route and
+/// claim, a completed task that was read, an expired task (a tombstone and its
+/// claim), a route of a call that is no task's, and a 2025-era session.
+async fn seed_tenant(s: &Arc<dyn TaskStore>, t: &str) {
+    let now = now_ms();
+    let key = |n: &str| idempotency::index_key(t, "alice", "demo", "sleep", n);
+    let owned_route = |id: &str, task_id: Option<&str>| RequestRoute {
+        tenant: t.into(),
+        ..route(id, task_id)
+    };
+    let live = task(&format!("tsk_{t}_live"), t, now + HOUR);
+    let r = owned_route(&format!("rt_{t}_live"), Some(&live.task_id));
+    assert_eq!(
+        s.create(&live, &r, Some(&key("live"))).await.unwrap(),
+        Created::New
+    );
+    let done = TaskRecord {
+        status: TaskStatus::Completed,
+        ..task(&format!("tsk_{t}_done"), t, now + HOUR)
+    };
+    let r = owned_route(&format!("rt_{t}_done"), Some(&done.task_id));
+    s.create(&done, &r, None).await.unwrap();
+    s.remove_route(&r.route_id).await.unwrap();
+    s.mark_seen(std::slice::from_ref(&done.task_id))
+        .await
+        .unwrap();
+    let old = task(&format!("tsk_{t}_old"), t, now - 10);
+    let r = owned_route(&format!("rt_{t}_old"), Some(&old.task_id));
+    s.create(&old, &r, Some(&key("old"))).await.unwrap();
+    s.remove_route(&r.route_id).await.unwrap();
+    assert!(
+        s.expire(&old.task_id, now, now + HOUR)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    s.put_route(&owned_route(&format!("rt_{t}_inline"), None))
+        .await
+        .unwrap();
+    let created = s
+        .create_session(&session(&format!("mcs_{t}"), t, "alice", now), 10)
+        .await
+        .unwrap();
+    assert_eq!(created, SessionCreated::New);
+}
+
+pub(crate) async fn tenant_purge(h: Harness) {
+    let s = h.store();
+    seed_tenant(&s, "gone").await;
+    seed_tenant(&s, "kept").await;
+    let key = |t: &str, n: &str| idempotency::index_key(t, "alice", "demo", "sleep", n);
+
+    let mut total = PurgeCounts::default();
+    let mut batches = 0;
+    let mut purged_tasks = Vec::new();
+    loop {
+        let b = s.purge_tenant("gone", 2).await.unwrap();
+        batches += 1;
+        total.add(&b.counts);
+        purged_tasks.extend(b.tasks.into_iter().map(|t| t.task_id));
+        if !b.more {
+            break;
+        }
+        assert!(batches < 20, "a purge of a handful of items ends");
+    }
+    assert!(batches > 1, "a limit of 2 takes several batches: {batches}");
+    purged_tasks.sort();
+    assert_eq!(purged_tasks, ["tsk_gone_done", "tsk_gone_live"]);
+    assert_eq!(
+        (
+            total.tasks,
+            total.tombstones,
+            total.sessions,
+            total.idempotency_claims
+        ),
+        (2, 1, 1, 2),
+        "{total:?}"
+    );
+    assert_eq!(
+        total.routes, 2,
+        "the live task's route and the inline call's: {total:?}"
+    );
+
+    // Nothing of the tenant is readable, and an id reads like one never issued.
+    for id in ["tsk_gone_live", "tsk_gone_done", "tsk_gone_old"] {
+        assert_eq!(s.get(id).await.unwrap(), None, "{id}");
+        assert_eq!(s.tombstone(id).await.unwrap(), None, "{id}");
+        let owned = s.lookup_owned(id, "gone", "alice").await.unwrap();
+        assert_eq!(owned, Owned::Unknown, "{id}");
+    }
+    for n in ["live", "old"] {
+        assert_eq!(s.idempotency_get(&key("gone", n)).await.unwrap(), None);
+    }
+    assert!(
+        s.list_owned("gone", "alice", "demo", None, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    for status in TaskStatus::ALL {
+        assert!(
+            s.list_tenant("gone", status, None, 10)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+    }
+    let counts = s.tenant_counts().await.unwrap();
+    assert!(counts.iter().all(|c| c.tenant != "gone"), "{counts:?}");
+    assert_eq!(s.live_tasks("gone").await.unwrap(), 0);
+    let routes = s.routes().await.unwrap();
+    assert!(routes.iter().all(|r| r.tenant != "gone"), "{routes:?}");
+    let session = s.session_owned("mcs_gone", "gone", "alice").await.unwrap();
+    assert_eq!(session, OwnedSession::Unknown);
+
+    // The other tenant keeps everything.
+    assert!(s.get("tsk_kept_live").await.unwrap().is_some());
+    assert!(s.get("tsk_kept_done").await.unwrap().is_some());
+    let old = s
+        .lookup_owned("tsk_kept_old", "kept", "alice")
+        .await
+        .unwrap();
+    assert_eq!(old, Owned::Expired);
+    for n in ["live", "old"] {
+        assert!(s.idempotency_get(&key("kept", n)).await.unwrap().is_some());
+    }
+    assert_eq!(s.live_tasks("kept").await.unwrap(), 1);
+    assert_eq!(routes.iter().filter(|r| r.tenant == "kept").count(), 2);
+    let kept = s.session_owned("mcs_kept", "kept", "alice").await.unwrap();
+    assert!(matches!(kept, OwnedSession::Record(_)));
+
+    // Again: nothing left to remove; and the tenant's keys are free for new work.
+    let again = s.purge_tenant("gone", 100).await.unwrap();
+    assert_eq!((again.counts.total(), again.more), (0, false), "{again:?}");
+    let fresh = task("tsk_gone_new", "gone", now_ms() + HOUR);
+    let r = s
+        .create(
+            &fresh,
+            &route("rt_new", Some("tsk_gone_new")),
+            Some(&key("gone", "live")),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r, Created::New);
+}
+
 /// Every case of the contract, as tests of one backend: `contract_suite!(name,
 /// factory)` with `factory: fn() -> Harness`.
 macro_rules! contract_suite {
@@ -1116,6 +1262,10 @@ macro_rules! contract_suite {
             #[tokio::test]
             async fn tenant_lists() {
                 super::tenant_lists($factory()).await
+            }
+            #[tokio::test]
+            async fn tenant_purge() {
+                super::tenant_purge($factory()).await
             }
             #[tokio::test]
             async fn upstream_tool_headers() {

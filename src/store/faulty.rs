@@ -9,7 +9,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::{
-    Created, Expired, IdempotencyEntry, Owned, OwnedSession, OwnerCursor, RequestRoute,
+    Created, Expired, IdempotencyEntry, Owned, OwnedSession, OwnerCursor, Purged, RequestRoute,
     SessionCreated, SessionRecord, SessionUpdate, StoreError, TaskRecord, TaskStatus, TaskStore,
     TenantCount, Tombstone, Update,
 };
@@ -372,5 +372,13 @@ impl TaskStore for FaultyStore {
 
     fn count_sessions(&self) -> BoxFuture<'_, Result<u64, StoreError>> {
         pass!(self, "count_sessions", self.inner.count_sessions())
+    }
+
+    fn purge_tenant<'a>(
+        &'a self,
+        tenant: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Purged, StoreError>> {
+        pass!(self, "purge_tenant", self.inner.purge_tenant(tenant, limit))
     }
 }

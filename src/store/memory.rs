@@ -10,10 +10,13 @@ use std::sync::Arc;
 use parking_lot::{Mutex, MutexGuard};
 use rand::RngCore;
 
+use super::idempotency;
+use super::purge::Budget;
 use super::{
-    Corruption, Created, Expired, IdempotencyEntry, Owned, OwnedSession, OwnerCursor, RequestRoute,
-    SCHEMA_VERSION, SessionCreated, SessionRecord, SessionUpdate, StoreError, StoredIdentity,
-    StoredToolHeaders, TaskRecord, TaskStatus, TaskStore, TenantCount, Tombstone, Update,
+    Corruption, Created, Expired, IdempotencyEntry, Owned, OwnedSession, OwnerCursor, Purged,
+    PurgedTask, RequestRoute, SCHEMA_VERSION, SessionCreated, SessionRecord, SessionUpdate,
+    StoreError, StoredIdentity, StoredToolHeaders, TaskRecord, TaskStatus, TaskStore, TenantCount,
+    Tombstone, Update,
 };
 use crate::protocol::UpstreamInfo;
 use crate::protocol::param_headers::ToolHeaders;
@@ -397,6 +400,129 @@ impl MemoryStore {
 }
 
 /// A future that is ready at once with `v` (every operation here is in memory).
+impl MemoryStore {
+    /// Routes, then tasks with everything of theirs, then tombstones, claims and
+    /// sessions, each while the batch's budget lasts.
+    fn purge_now(&self, tenant: &str, limit: usize) -> Purged {
+        let mut s = self.state();
+        let mut out = Purged::default();
+        let mut budget = Budget::new(limit);
+        let routes: Vec<String> = s
+            .routes
+            .values()
+            .filter(|r| r.tenant == tenant)
+            .map(|r| r.route_id.clone())
+            .collect();
+        for id in routes {
+            if !budget.take() {
+                break;
+            }
+            s.routes.remove(&id);
+            out.counts.routes += 1;
+        }
+        let tasks: Vec<String> = s
+            .tasks
+            .values()
+            .filter(|r| r.tenant == tenant)
+            .map(|r| r.task_id.clone())
+            .collect();
+        for id in tasks {
+            if !budget.take() {
+                break;
+            }
+            let Some(rec) = s.tasks.remove(&id) else {
+                continue;
+            };
+            let c = &mut out.counts;
+            c.tasks += 1;
+            c.index_entries += u64::from(s.expiry.remove(&(rec.expires_at_ms, id.clone())));
+            c.index_entries += u64::from(s.owners.remove(&owner_key(&rec)));
+            if let Some(k) = s.idem_of.remove(&id) {
+                c.index_entries += 1;
+                if s.idempotency.get(&k).is_some_and(|e| e.task_id == id) {
+                    s.idempotency.remove(&k);
+                    c.idempotency_claims += 1;
+                }
+            }
+            c.read_marks += u64::from(s.seen.remove(&id));
+            if !rec.status.is_terminal() {
+                s.live_sub(tenant);
+            }
+            out.tasks.push(PurgedTask {
+                task_id: id,
+                status: rec.status,
+                created_at_ms: rec.created_at_ms,
+            });
+        }
+        let tombs: Vec<Tombstone> = s
+            .tombstones
+            .values()
+            .filter(|t| t.tenant == tenant)
+            .cloned()
+            .collect();
+        for t in tombs {
+            if !budget.take() {
+                break;
+            }
+            if let Some(k) = &t.idempotency_index_key
+                && s.idempotency.get(k).is_some_and(|e| e.task_id == t.task_id)
+            {
+                s.idempotency.remove(k);
+                out.counts.idempotency_claims += 1;
+            }
+            if !s.tasks.contains_key(&t.task_id) {
+                out.counts.read_marks += u64::from(s.seen.remove(&t.task_id));
+            }
+            s.tombstones.remove(&t.task_id);
+            out.counts.tombstones += 1;
+        }
+        let prefix = idempotency::tenant_prefix(tenant);
+        let claims: Vec<Vec<u8>> = s
+            .idempotency
+            .keys()
+            .filter(|k| idempotency::belongs_to(k, &prefix))
+            .cloned()
+            .collect();
+        for k in claims {
+            if !budget.take() {
+                break;
+            }
+            s.idempotency.remove(&k);
+            out.counts.idempotency_claims += 1;
+        }
+        let owners: Vec<(String, String)> = s
+            .session_owners
+            .keys()
+            .filter(|(t, _)| t == tenant)
+            .cloned()
+            .collect();
+        for owner in owners {
+            let ids: Vec<String> = s
+                .session_owners
+                .get(&owner)
+                .map(|ids| ids.iter().cloned().collect())
+                .unwrap_or_default();
+            for id in ids {
+                if !budget.take() {
+                    break;
+                }
+                if s.sessions.remove(&id).is_some() {
+                    out.counts.sessions += 1;
+                    out.sessions.push(id.clone());
+                }
+                if let Some(held) = s.session_owners.get_mut(&owner) {
+                    held.remove(&id);
+                    if held.is_empty() {
+                        s.session_owners.remove(&owner);
+                    }
+                }
+            }
+        }
+        out.more = budget.exhausted;
+        out
+    }
+}
+
 fn corrupt_identity(name: &str, e: serde_json::Error) -> StoreError {
     StoreError::Corrupt(Corruption::from(format!("upstream_identity/{name}: {e}")).caused_by(e))
 }
@@ -694,5 +820,13 @@ impl TaskStore for MemoryStore {
 
     fn count_sessions(&self) -> BoxFuture<'_, Result<u64, StoreError>> {
         ready(Ok(self.state().sessions.len() as u64))
+    }
+
+    fn purge_tenant<'a>(
+        &'a self,
+        tenant: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Purged, StoreError>> {
+        ready(Ok(self.purge_now(tenant, limit)))
     }
 }

@@ -25,9 +25,11 @@ mod contract;
 mod error;
 #[cfg(test)]
 pub(crate) mod faulty;
+pub mod idempotency;
 pub mod memory;
 pub mod postgres;
 pub(crate) mod probe;
+mod purge;
 pub mod sled;
 #[cfg(test)]
 pub(crate) mod test_records;
@@ -38,6 +40,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 pub use error::{Corruption, IoError, SetupError, StoreError};
+pub use purge::{PurgeCounts, Purged, PurgedTask};
 
 use crate::protocol::UpstreamInfo;
 use crate::protocol::param_headers::ToolHeaders;
@@ -607,6 +610,22 @@ pub trait TaskStore: Send + Sync + 'static {
 
     /// How many sessions the store holds (seeds `taskgate_legacy_sessions_open`).
     fn count_sessions(&self) -> BoxFuture<'_, Result<u64, StoreError>>;
+
+    /// Remove up to about `limit` stored items of `tenant` (docs/design.md §27 "Tenant
+    /// purge"): task records with every index entry, read mark, request route, relay
+    /// and idempotency claim of theirs, tombstones with their claims, claims whose task
+    /// is gone, and 2025-era sessions. Other tenants' items are never touched. `more`
+    /// says a limit stopped the batch: the caller flushes and calls again until it is
+    /// `false`, so no one call holds the store for long. Afterwards no read of this
+    /// trait tells that anything of `tenant` existed: a purged task id reads like an id
+    /// never issued (no tombstone is left) and its live-task count is 0. Safe to run
+    /// again after a crash: whatever a cut-short batch left is found by the next.
+    /// Not durable until [`flush`](Self::flush) resolves.
+    fn purge_tenant<'a>(
+        &'a self,
+        tenant: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Purged, StoreError>>;
 }
 
 /// Milliseconds since the Unix epoch.

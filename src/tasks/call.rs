@@ -63,28 +63,11 @@ impl Drop for Armed {
     }
 }
 
-/// Idempotency index key: `(tenant, subject, upstream, tool, key)` (docs/design.md §9
-/// "Idempotency"), the parts joined by NUL with each NUL inside a part written as NUL
-/// 0xFF. A UTF-8 part never holds 0xFF, so one key names one tuple (tenant "a\0b" with
-/// subject "c" is not tenant "a" with subject "b\0c"), and parts without NUL give the
-/// keys they always gave.
+/// Idempotency index key of `(tenant, subject, upstream, tool, key)` (docs/design.md
+/// §9 "Idempotency"), built by the store's rule so a tenant purge finds every claim of
+/// the tenant (`store::idempotency`).
 pub(super) fn idempotency_index(p: &Principal, upstream: &str, tool: &str, key: &str) -> Vec<u8> {
-    let mut out = Vec::new();
-    for (i, part) in [p.tenant.as_str(), p.subject.as_str(), upstream, tool, key]
-        .iter()
-        .enumerate()
-    {
-        if i > 0 {
-            out.push(0);
-        }
-        for &b in part.as_bytes() {
-            out.push(b);
-            if b == 0 {
-                out.push(0xff);
-            }
-        }
-    }
-    out
+    crate::store::idempotency::index_key(&p.tenant, &p.subject, upstream, tool, key)
 }
 
 fn start_call(
@@ -127,6 +110,21 @@ pub(super) fn arguments_fingerprint(p: &ToolCallParams) -> String {
         Some(args) => fingerprint(args),
         None => fingerprint(&json!({})),
     }
+}
+
+/// A call of a tenant whose purge is running: nothing was sent.
+fn purging_refusal() -> Reply {
+    Reply::Failed(Failure::retry_later(RpcError::internal(
+        "the tenant's data is being purged; nothing was sent upstream",
+    )))
+}
+
+/// A call a purge of its tenant cancelled: it may have reached the upstream, which got
+/// `notifications/cancelled`.
+fn purge_cancelled() -> Reply {
+    Reply::Failed(Failure::outcome(RpcError::internal(
+        "the call was cancelled: an operator is purging the tenant's data",
+    )))
 }
 
 pub(super) fn store_failure(e: impl std::fmt::Display) -> Reply {
@@ -257,8 +255,20 @@ impl Engine {
             .map(|t| Reply::Failed(Failure::throttled(t)))
     }
 
-    /// Serve a `tools/call` from a client that declared the tasks extension.
+    /// Serve a `tools/call` from a client that declared the tasks extension. A purge
+    /// of the caller's tenant refuses it, or cancels it while it runs, so it never
+    /// writes a task the purge would miss (docs/design.md §27 "Tenant purge").
     pub async fn tools_call(self: &Arc<Self>, c: ToolCall) -> Reply {
+        let Some(in_flight) = self.tenant_calls.enter(&c.principal.tenant) else {
+            return purging_refusal();
+        };
+        tokio::select! {
+            r = self.tools_call_admitted(c) => r,
+            () = in_flight.cancelled() => purge_cancelled(),
+        }
+    }
+
+    async fn tools_call_admitted(self: &Arc<Self>, c: ToolCall) -> Reply {
         let tool = c.tool.clone();
         let fp = arguments_fingerprint(&c.req.params);
         let idem = c.req.idempotency_key.clone().or_else(|| {
@@ -312,9 +322,15 @@ impl Engine {
     /// against the deadline starts again now (MCP Tasks extension, "Task Creation":
     /// MRTR first, then the task).
     pub async fn resume(self: &Arc<Self>, c: ToolCall, pending: Pending) -> Reply {
+        let Some(in_flight) = self.tenant_calls.enter(&c.principal.tenant) else {
+            return purging_refusal();
+        };
         let tool = c.tool.clone();
         let fp = arguments_fingerprint(&c.req.params);
-        self.race(c, tool, fp, pending).await
+        tokio::select! {
+            r = self.race(c, tool, fp, pending) => r,
+            () = in_flight.cancelled() => purge_cancelled(),
+        }
     }
 
     /// `promote_after_ms = 0` and keyed calls: the task exists before the call starts.

@@ -43,6 +43,7 @@ pub mod methods;
 pub mod mrtr;
 pub mod outcome;
 pub mod promote;
+pub mod purge;
 pub mod replica;
 mod replica_state;
 mod repo;
@@ -50,6 +51,7 @@ pub mod seen;
 pub mod sessions;
 pub mod snapshot;
 pub mod sweeper;
+mod tenant_calls;
 pub mod upstream_task;
 
 use std::collections::HashMap;
@@ -88,6 +90,9 @@ pub struct Engine {
     /// The upstreams, once started: a takeover re-attaches to upstream tasks through
     /// them (`upstream_task.rs`).
     upstreams: std::sync::OnceLock<Arc<crate::upstream::UpstreamSet>>,
+    /// Each tenant's calls and creations in flight here, and the purge fence
+    /// (`tenant_calls.rs`, `purge.rs`).
+    tenant_calls: tenant_calls::TenantCalls,
 }
 
 impl Engine {
@@ -101,6 +106,7 @@ impl Engine {
             calls: live::LiveCalls::default(),
             upstreams: std::sync::OnceLock::new(),
             admin_drained: std::sync::atomic::AtomicBool::new(false),
+            tenant_calls: tenant_calls::TenantCalls::default(),
         })
     }
 
@@ -254,25 +260,43 @@ impl Engine {
         spec: CallSpec,
         events: tokio::sync::mpsc::Sender<CallEvent>,
     ) -> Result<CallOutcome, UpstreamError> {
-        let report = |pos: Option<usize>| {
-            let q = pos.map_or(QueuePosition::Admitted, QueuePosition::Waiting);
-            let _ = events.try_send(CallEvent::Queue(q));
-        };
-        let admitted = self
-            .limits
-            .admit(
-                upstream.name(),
-                upstream.cfg.max_concurrency,
-                principal,
-                report,
-            )
-            .await;
-        let Ok(_permit) = admitted else {
-            return Err(UpstreamError::QueueFull {
+        // A purge of the tenant refuses the call before it is sent, and cancels it
+        // (dropping it cancels it upstream) while it runs (docs/design.md §27
+        // "Tenant purge").
+        let Some(in_flight) = self.tenant_calls.enter(&principal.tenant) else {
+            return Err(UpstreamError::Unavailable {
                 upstream: upstream.name().to_string(),
+                reason: "the tenant's data is being purged".into(),
             });
         };
-        upstream.call(principal, spec, events).await
+        let call = async {
+            let report = |pos: Option<usize>| {
+                let q = pos.map_or(QueuePosition::Admitted, QueuePosition::Waiting);
+                let _ = events.try_send(CallEvent::Queue(q));
+            };
+            let admitted = self
+                .limits
+                .admit(
+                    upstream.name(),
+                    upstream.cfg.max_concurrency,
+                    principal,
+                    report,
+                )
+                .await;
+            let Ok(_permit) = admitted else {
+                return Err(UpstreamError::QueueFull {
+                    upstream: upstream.name().to_string(),
+                });
+            };
+            upstream.call(principal, spec, events).await
+        };
+        tokio::select! {
+            r = call => r,
+            () = in_flight.cancelled() => Err(UpstreamError::Broken {
+                upstream: upstream.name().to_string(),
+                reason: "cancelled by an operator purging the tenant's data".into(),
+            }),
+        }
     }
 
     /// Start an inline call for `req` in its own task (admission included); the

@@ -153,6 +153,26 @@ impl TaskRepo {
         Ok(r)
     }
 
+    /// One batch of a tenant purge (`TaskStore::purge_tenant`): the observers see each
+    /// removed task go, as at expiry, and nothing here remembers it.
+    pub(super) async fn purge_tenant(
+        &self,
+        tenant: &str,
+        limit: usize,
+    ) -> Result<crate::store::Purged, StoreError> {
+        let batch = self.store.purge_tenant(tenant, limit).await?;
+        for t in &batch.tasks {
+            self.unflushed.lock().remove(&t.task_id);
+            self.notify(Transition {
+                task_id: &t.task_id,
+                from: Some(t.status),
+                to: None,
+                created_at_ms: t.created_at_ms,
+            });
+        }
+        Ok(batch)
+    }
+
     /// A durable flush, timed for `taskgate_store_flush_duration_seconds`.
     pub(super) async fn flush(&self) -> Result<(), StoreError> {
         let t = std::time::Instant::now();

@@ -380,6 +380,13 @@ impl SessionRepo {
         Ok(closed)
     }
 
+    /// Sessions a tenant purge removed from the store: closed as a DELETE closes one.
+    pub(super) fn purged(&self, ids: &[String]) {
+        for id in ids {
+            self.closed(id, Ending::Deleted);
+        }
+    }
+
     /// Session `id` was closed here: count it and end this replica's streams of it.
     fn closed(&self, id: &str, why: Ending) {
         crate::metrics::legacy_session(why.as_str());

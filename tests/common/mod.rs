@@ -699,6 +699,34 @@ pub fn demo_http_upstream(port: u16, extra: &str) -> String {
     )
 }
 
+/// The demo upstream over stdio as `sh -c 'tee -a LOG | exec taskgate demo-upstream'`:
+/// every line the gateway writes to its children's stdin is appended to `log` (all
+/// children share it), so a test sees what was sent upstream (`traced_messages`).
+pub fn traced_stdio_upstream(log: &Path, upstream_extra: &str) -> String {
+    let script = format!(
+        "tee -a '{}' | exec '{}' demo-upstream",
+        log.display(),
+        bin().display()
+    );
+    format!(
+        "[[upstream]]\nname = \"demo\"\npath = \"/mcp\"\ncommand = [\"/bin/sh\", \"-c\", {}]\n{upstream_extra}\n",
+        toml_string(&script)
+    )
+}
+
+/// A token of the operator `ops-jane` (tenant `ops`) with `scope`: the `[admin] scope`
+/// (default `taskgate:admin`) opens the operator API.
+pub fn admin_token(scope: &str) -> String {
+    token_with(json!({
+        "sub": "ops-jane",
+        "tenant": "ops",
+        "iss": ISSUER.issuer,
+        "aud": ISSUER.audience,
+        "exp": now_s() + 3600,
+        "scope": scope,
+    }))
+}
+
 /// A gateway fronting the demo upstream over one transport. `demo` holds the HTTP
 /// demo server (if any) so it lives as long as the test.
 pub struct DemoSetup {
@@ -731,15 +759,7 @@ impl DemoSetup {
         }
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("stdin.log");
-        let script = format!(
-            "tee -a '{}' | exec '{}' demo-upstream",
-            log.display(),
-            bin().display()
-        );
-        let upstream = format!(
-            "[[upstream]]\nname = \"demo\"\npath = \"/mcp\"\ncommand = [\"/bin/sh\", \"-c\", {}]\n{upstream_extra}\n",
-            toml_string(&script)
-        );
+        let upstream = traced_stdio_upstream(&log, upstream_extra);
         let gw = Gateway::start_with_server(
             server_extra,
             &format!("{}{sections}\n{upstream}", jwt_auth()),
@@ -905,7 +925,7 @@ impl StoreBackend {
 }
 
 /// A schema name that is the same for every gateway started in `dir`.
-fn schema_for_dir(dir: &Path) -> String {
+pub fn schema_for_dir(dir: &Path) -> String {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     dir.hash(&mut h);

@@ -31,6 +31,7 @@ use tokio_postgres::error::SqlState;
 mod cluster;
 mod import;
 mod migrate;
+mod purge;
 mod sessions;
 mod sql;
 mod statements;
@@ -52,7 +53,7 @@ use statements::{
 use super::cluster::Seat;
 use super::{
     Corruption, Created, Expired, IdempotencyEntry, IoError, Owned, OwnedSession, OwnerCursor,
-    RequestRoute, SCHEMA_VERSION, SessionCreated, SessionRecord, SessionUpdate, SetupError,
+    Purged, RequestRoute, SCHEMA_VERSION, SessionCreated, SessionRecord, SessionUpdate, SetupError,
     StoreError, StoredIdentity, TaskRecord, TaskStatus, TaskStore, TenantCount, Tombstone, Update,
 };
 use crate::config::as_millis;
@@ -1311,6 +1312,17 @@ impl TaskStore for PgStore {
             "count_sessions",
             async move { self.count_sessions_now().await },
         )
+        .boxed()
+    }
+
+    fn purge_tenant<'a>(
+        &'a self,
+        tenant: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Purged, StoreError>> {
+        self.run("purge_tenant", async move {
+            self.purge_tenant_now(tenant, limit).await
+        })
         .boxed()
     }
 }

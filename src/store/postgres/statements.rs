@@ -337,6 +337,76 @@ SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM i)";
     count_sessions: CountSessions {}
         = "SELECT count(*) FROM legacy_sessions";
 
+    // A tenant purge (`purge.rs`, docs/design.md §27 "Tenant purge").
+
+    /// Up to `limit` of the tenant's tasks, with their request routes, relays, claims
+    /// and read marks (the cascade would take the marks too; deleting them here
+    /// counts them).
+    purge_tasks: PurgeTasks<'a> { tenant: &'a str, limit: i64 } = "
+WITH t AS (
+    SELECT task_id, idem_key FROM task_routes WHERE tenant = $tenant
+    ORDER BY task_id LIMIT $limit FOR UPDATE
+), r AS (
+    DELETE FROM request_routes WHERE task_id IN (SELECT task_id FROM t) RETURNING 1
+), p AS (
+    DELETE FROM pending_relays WHERE task_id IN (SELECT task_id FROM t) RETURNING 1
+), i AS (
+    DELETE FROM idempotency USING t
+    WHERE idempotency.key = t.idem_key AND idempotency.task_id = t.task_id
+    RETURNING 1
+), s AS (
+    DELETE FROM seen_marks WHERE task_id IN (SELECT task_id FROM t) RETURNING 1
+), d AS (
+    DELETE FROM task_routes WHERE task_id IN (SELECT task_id FROM t)
+    RETURNING task_id, status, created_at_ms
+)
+SELECT d.task_id, d.status, d.created_at_ms, (SELECT count(*) FROM r),
+    (SELECT count(*) FROM p), (SELECT count(*) FROM i), (SELECT count(*) FROM s)
+FROM d";
+
+    /// Up to `limit` of the tenant's tombstones, with their claims and relays (no
+    /// index by tenant: a scan, as the sweep's own is bounded by the tombstones' ttl).
+    purge_tombstones: PurgeTombstones<'a> { tenant: &'a str, limit: i64 } = "
+WITH t AS (
+    SELECT task_id, idem_key FROM tombstones WHERE tenant = $tenant
+    ORDER BY task_id LIMIT $limit FOR UPDATE
+), i AS (
+    DELETE FROM idempotency USING t
+    WHERE idempotency.key = t.idem_key AND idempotency.task_id = t.task_id
+    RETURNING 1
+), p AS (
+    DELETE FROM pending_relays WHERE task_id IN (SELECT task_id FROM t) RETURNING 1
+), d AS (
+    DELETE FROM tombstones WHERE task_id IN (SELECT task_id FROM t) RETURNING 1
+)
+SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM i), (SELECT count(*) FROM p)";
+
+    /// Claims under the tenant's key prefix `[low, high)` whose byte after the prefix
+    /// is not 0xFF (`store::idempotency`): a range of the primary key.
+    purge_claims: PurgeClaims<'a> { low: &'a [u8], high: &'a [u8], prefix_len: i32, limit: i64 }
+        = "DELETE FROM idempotency WHERE key IN (
+               SELECT key FROM idempotency WHERE key >= $low AND key < $high
+                 AND CASE WHEN length(key) > $prefix_len
+                          THEN get_byte(key, $prefix_len) <> 255 ELSE true END
+               ORDER BY key LIMIT $limit)";
+
+    /// Routes and relays whose bytes hold `needle` (`"tenant":` and the tenant as
+    /// JSON); each is decoded before it is deleted, so a coincidence keeps its row.
+    route_candidates: RouteCandidates<'a> { needle: &'a [u8] }
+        = "SELECT route_id, record FROM request_routes WHERE position($needle IN record) > 0";
+
+    relay_candidates: RelayCandidates<'a> { needle: &'a [u8] }
+        = "SELECT relay_id, payload FROM pending_relays WHERE position($needle IN payload) > 0";
+
+    delete_relays: DeleteRelays<'a> { relay_ids: &'a [i64] }
+        = "DELETE FROM pending_relays WHERE relay_id = ANY($relay_ids)";
+
+    purge_sessions: PurgeSessions<'a> { tenant: &'a str, limit: i64 }
+        = "DELETE FROM legacy_sessions WHERE session_id IN (
+               SELECT session_id FROM legacy_sessions WHERE tenant = $tenant
+               ORDER BY session_id LIMIT $limit)
+           RETURNING session_id";
+
     // Seats, takeover and relays (`cluster.rs`).
 
     register: Register<'a> { replica_id: &'a str, lease_secs: f64 }

@@ -28,6 +28,16 @@ impl SledStore {
         Ok(())
     }
 
+    /// Remove the live-index entry `key` of `tenant` (a purge, which found the key by
+    /// the tenant's prefix); the count follows as in [`Self::unmark_live`].
+    pub(super) fn unmark_live_key(&self, tenant: &str, key: &[u8]) -> Result<bool, StoreError> {
+        let removed = self.del(&self.live, "purge: live entry", key)?;
+        if removed {
+            self.count_live(tenant, -1);
+        }
+        Ok(removed)
+    }
+
     /// Signed, so the order in which racing increments and decrements land does not
     /// matter: the sum is exact.
     pub(super) fn count_live(&self, tenant: &str, delta: i64) {

@@ -195,6 +195,7 @@ mod live;
 mod meta;
 mod open;
 mod owner;
+mod purge;
 mod schema;
 mod sessions;
 mod tasks;
@@ -212,9 +213,9 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
-    Created, Expired, IdempotencyEntry, IoError, Owned, OwnedSession, OwnerCursor, RequestRoute,
-    SessionCreated, SessionRecord, SessionUpdate, StoreError, TaskRecord, TaskStatus, TaskStore,
-    TenantCount, Tombstone, Update,
+    Created, Expired, IdempotencyEntry, IoError, Owned, OwnedSession, OwnerCursor, Purged,
+    RequestRoute, SessionCreated, SessionRecord, SessionUpdate, StoreError, TaskRecord, TaskStatus,
+    TaskStore, TenantCount, Tombstone, Update,
 };
 use crate::protocol::UpstreamInfo;
 use crate::protocol::param_headers::ToolHeaders;
@@ -553,5 +554,13 @@ impl TaskStore for SledStore {
 
     fn count_sessions(&self) -> BoxFuture<'_, Result<u64, StoreError>> {
         Box::pin(async move { SledStore::count_sessions(self) })
+    }
+
+    fn purge_tenant<'a>(
+        &'a self,
+        tenant: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Purged, StoreError>> {
+        Box::pin(async move { SledStore::purge_tenant(self, tenant, limit) })
     }
 }

@@ -99,6 +99,23 @@ fn length_prefixed(parts: &[&str], extra: usize) -> Vec<u8> {
     k
 }
 
+/// What every `live`, `owner`, `tenant_status` and `session_owner` key of `tenant`
+/// starts with: the tenant with its 4-byte big-endian length (the length keeps a
+/// longer tenant name from sharing it).
+pub(super) fn tenant_part(tenant: &str) -> Vec<u8> {
+    length_prefixed(&[tenant], 48)
+}
+
+/// The task id that ends a `live` key, and the id that ends an `owner` or
+/// `tenant_status` key (after `parts` length-prefixed parts and the 8-byte time).
+pub(super) fn indexed_task_id(k: &[u8], parts: usize) -> Option<&str> {
+    match parts {
+        1 => split_live_key(k).map(|(_, id)| id),
+        2 => split_tenant_status_key(k).map(|(_, _, _, id)| id),
+        _ => split_owner_key(k).map(|(_, id)| id),
+    }
+}
+
 /// Key of an `owner` entry: tenant, subject and upstream each with its 4-byte
 /// big-endian length, then the 8-byte big-endian `created_at_ms`, then the task id. So
 /// one principal's tasks on one upstream share [`owner_prefix`] and sort in
