@@ -46,6 +46,7 @@ async fn open_store(b: StoreBackend, dir: &Path) -> Arc<dyn TaskStore> {
                 pool_size: 2,
                 schema: schema_for_dir(dir),
                 lease_ms: 10_000,
+                pooler: Default::default(),
             };
             taskgate::store::postgres::PgStore::open(&settings)
                 .await
