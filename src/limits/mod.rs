@@ -210,12 +210,23 @@ impl Limits {
     /// starts. `live` is the tenant's current count of non-terminal tasks.
     pub fn check_quota(&self, live: u64) -> Result<(), Throttled> {
         if live >= self.max_live_per_tenant {
-            return Err(Throttled {
-                reason: Reason::TenantQuota,
-                retry_after: Duration::from_millis(self.base_ms.max(1000)),
-            });
+            return Err(self.over_quota());
         }
         Ok(())
+    }
+
+    /// The quota [`check_quota`](Self::check_quota) holds `live` against, for a store
+    /// that counts it with the creation (`TaskStore::create_within_quota`).
+    pub fn max_live_per_tenant(&self) -> u64 {
+        self.max_live_per_tenant
+    }
+
+    /// The refusal of a call over the tenant's quota.
+    pub fn over_quota(&self) -> Throttled {
+        Throttled {
+            reason: Reason::TenantQuota,
+            retry_after: Duration::from_millis(self.base_ms.max(1000)),
+        }
     }
 
     fn gate(&self, upstream: &str, max_concurrency: usize) -> Arc<Gate> {

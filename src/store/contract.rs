@@ -16,8 +16,8 @@ use super::postgres::{PgStore, testing as pg};
 use super::sled::SledStore;
 use super::test_records::{route, session, task};
 use super::{
-    Created, Owned, OwnedSession, OwnerCursor, PurgeCounts, RequestRoute, SessionCreated,
-    TaskRecord, TaskStatus, TaskStore, idempotency, now_ms, probe,
+    Created, Owned, OwnedSession, OwnerCursor, PurgeCounts, QuotaCreated, RequestRoute,
+    SessionCreated, TaskRecord, TaskStatus, TaskStore, idempotency, now_ms, probe,
 };
 use crate::config::StoreConfig;
 use crate::protocol::UpstreamInfo;
@@ -190,6 +190,75 @@ pub(crate) async fn idempotency_claims(h: Harness) {
     assert_eq!(s.get("tsk_i2").await.unwrap(), None);
     assert_eq!(s.routes().await.unwrap().len(), 1);
     assert_eq!(s.live_tasks("acme").await.unwrap(), 1);
+}
+
+/// A creation under a quota counts the tenant's live tasks with the write: refused at
+/// the quota (nothing written, the key left free), a taken key still answered with
+/// its task, and other tenants and terminal tasks not counted.
+pub(crate) async fn creations_within_a_quota(h: Harness) {
+    let s = h.store();
+    let quota = |id: &str, key: Option<&[u8]>| {
+        let s = s.clone();
+        let t = task(id, "acme", now_ms() + HOUR);
+        let r = route(&format!("rt_{id}"), Some(id));
+        let key = key.map(<[u8]>::to_vec);
+        async move {
+            s.create_within_quota(&t, &r, key.as_deref(), 2)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(
+        quota("tsk_q1", None).await,
+        QuotaCreated::Done(Created::New)
+    );
+    let key = b"acme\0alice\0demo\0sleep\0q".to_vec();
+    assert_eq!(
+        quota("tsk_q2", Some(&key)).await,
+        QuotaCreated::Done(Created::New)
+    );
+    assert_eq!(
+        quota("tsk_q3", None).await,
+        QuotaCreated::OverQuota { live: 2 }
+    );
+    let fresh = b"acme\0alice\0demo\0sleep\0fresh".to_vec();
+    assert_eq!(
+        quota("tsk_q4", Some(&fresh)).await,
+        QuotaCreated::OverQuota { live: 2 }
+    );
+    assert_eq!(
+        s.idempotency_get(&fresh).await.unwrap(),
+        None,
+        "key left free"
+    );
+    match quota("tsk_q5", Some(&key)).await {
+        QuotaCreated::Done(Created::Existing(e)) => assert_eq!(e.task_id, "tsk_q2"),
+        other => panic!("a taken key over the quota: {other:?}"),
+    }
+    for id in ["tsk_q3", "tsk_q4", "tsk_q5"] {
+        assert_eq!(s.get(id).await.unwrap(), None, "{id} was refused");
+    }
+    assert_eq!(s.routes().await.unwrap().len(), 2);
+    // Another tenant has its own count.
+    let other = task("tsk_o1", "other", now_ms() + HOUR);
+    let r = s
+        .create_within_quota(&other, &route("rt_o1", Some("tsk_o1")), None, 2)
+        .await
+        .unwrap();
+    assert_eq!(r, QuotaCreated::Done(Created::New));
+    // A task that ended no longer counts.
+    s.update("tsk_q1", &mut |rec| {
+        rec.status = TaskStatus::Completed;
+        true
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        quota("tsk_q6", None).await,
+        QuotaCreated::Done(Created::New)
+    );
+    // Without a quota's pressure the plain creation is unchanged.
+    assert_eq!(s.live_tasks("acme").await.unwrap(), 2);
 }
 
 pub(crate) async fn concurrent_duplicates_have_one_winner(h: Harness) {
@@ -1230,6 +1299,10 @@ macro_rules! contract_suite {
             #[tokio::test]
             async fn idempotency_claims() {
                 super::idempotency_claims($factory()).await
+            }
+            #[tokio::test]
+            async fn creations_within_a_quota() {
+                super::creations_within_a_quota($factory()).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn concurrent_duplicates_have_one_winner() {

@@ -330,6 +330,16 @@ pub enum Created {
     Existing(IdempotencyEntry),
 }
 
+/// Result of [`TaskStore::create_within_quota`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum QuotaCreated {
+    /// As [`TaskStore::create`] answered.
+    Done(Created),
+    /// The tenant already had `live` non-terminal tasks, at or over the quota: nothing
+    /// was written (an idempotency key that names a task wins over this: `Done`).
+    OverQuota { live: u64 },
+}
+
 /// What a task id is to one principal ([`TaskStore::lookup_owned`]).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Owned {
@@ -386,6 +396,35 @@ pub trait TaskStore: Send + Sync + 'static {
         route: &'a RequestRoute,
         idempotency_key: Option<&'a [u8]>,
     ) -> BoxFuture<'a, Result<Created, StoreError>>;
+
+    /// [`create`](Self::create) only while the task's tenant has fewer than `max_live`
+    /// non-terminal tasks ([`live_tasks`](Self::live_tasks)); a key that already names a
+    /// task answers `Done(Existing)` whatever the count. The count is as exact as
+    /// `live_tasks` then `create` (two concurrent creations may both pass). A backend
+    /// behind a network overrides this with one round trip (docs/design.md §1
+    /// "Promotion": the quota is counted before anything is sent upstream).
+    fn create_within_quota<'a>(
+        &'a self,
+        task: &'a TaskRecord,
+        route: &'a RequestRoute,
+        idempotency_key: Option<&'a [u8]>,
+        max_live: u64,
+    ) -> BoxFuture<'a, Result<QuotaCreated, StoreError>> {
+        Box::pin(async move {
+            if let Some(key) = idempotency_key
+                && let Some(e) = self.idempotency_get(key).await?
+            {
+                return Ok(QuotaCreated::Done(Created::Existing(e)));
+            }
+            let live = self.live_tasks(&task.tenant).await?;
+            if live >= max_live {
+                return Ok(QuotaCreated::OverQuota { live });
+            }
+            self.create(task, route, idempotency_key)
+                .await
+                .map(QuotaCreated::Done)
+        })
+    }
 
     /// Resolves once every write that completed before this call is durable (one
     /// group-commit flush shared by concurrent callers; plus fsync in strict mode).

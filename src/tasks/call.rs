@@ -22,7 +22,9 @@ use crate::auth::Principal;
 use crate::config::OnInput;
 use crate::protocol::params::{TaskRef, ToolCallParams};
 use crate::protocol::{Request, RpcError};
-use crate::store::{Created, RequestRoute, SCHEMA_VERSION, TaskRecord, TaskStatus, now_ms};
+use crate::store::{
+    Created, QuotaCreated, RequestRoute, SCHEMA_VERSION, TaskRecord, TaskStatus, now_ms,
+};
 use crate::upstream::{Upstream, UpstreamError};
 
 /// The race's one timer: `promote_after_ms` passed.
@@ -287,32 +289,36 @@ impl Engine {
                 Ok(None) => {}
                 Err(e) => return store_failure(e),
             }
-            if let Some(r) = self.over_quota(&c).await {
-                return r;
-            }
             if c.upstream
                 .upstream_task_support(&c.principal, &tool)
                 .await
                 .is_some()
             {
+                if let Some(r) = self.over_quota(&c).await {
+                    return r;
+                }
                 return self.keyed_upstream_task_call(c, fp, idem, index).await;
             }
+            // The quota is counted by the creation itself (one round trip).
             let rec = self.new_record(&c, &tool, fp.clone(), idem.clone());
             return self.create_then_call(c, rec, Some(index), fp).await;
-        }
-        if let Some(r) = self.over_quota(&c).await {
-            return r;
         }
         if c.upstream
             .upstream_task_support(&c.principal, &tool)
             .await
             .is_some()
         {
+            if let Some(r) = self.over_quota(&c).await {
+                return r;
+            }
             return self.upstream_task_call(c, fp).await;
         }
         if c.promotion.promote_after.is_zero() {
             let rec = self.new_record(&c, &tool, fp.clone(), None);
             return self.create_then_call(c, rec, None, fp).await;
+        }
+        if let Some(r) = self.over_quota(&c).await {
+            return r;
         }
         let call = start_call(self, &c.upstream, &c.principal, &c.req, &c.promotion);
         self.race(c, tool, fp, call).await
@@ -333,7 +339,9 @@ impl Engine {
         }
     }
 
-    /// `promote_after_ms = 0` and keyed calls: the task exists before the call starts.
+    /// `promote_after_ms = 0` and keyed calls: the task exists before the call starts,
+    /// written only while the tenant is under its live-task quota (counted by the same
+    /// store operation: docs/design.md §8 "Flow control").
     async fn create_then_call(
         self: &Arc<Self>,
         c: ToolCall,
@@ -352,9 +360,19 @@ impl Engine {
         }
         let route = self.new_route(&c, &rec.task_id);
         let _creating = self.calls.creating(&rec.task_id);
-        match self.tasks.create(&rec, &route, index.as_deref()).await {
-            Ok(Created::New) => {}
-            Ok(Created::Existing(entry)) => return self.existing(&c, entry, &fp).await,
+        let max_live = self.limits.max_live_per_tenant();
+        match self
+            .tasks
+            .create_within_quota(&rec, &route, index.as_deref(), max_live)
+            .await
+        {
+            Ok(QuotaCreated::Done(Created::New)) => {}
+            Ok(QuotaCreated::Done(Created::Existing(entry))) => {
+                return self.existing(&c, entry, &fp).await;
+            }
+            Ok(QuotaCreated::OverQuota { .. }) => {
+                return Reply::Failed(Failure::throttled(self.limits.over_quota()));
+            }
             Err(e) => return store_failure(e),
         }
         if let Err(e) = self.flush().await {

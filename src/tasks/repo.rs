@@ -13,8 +13,8 @@ use super::seen::SeenMarks;
 use crate::protocol::UpstreamInfo;
 use crate::protocol::param_headers::ToolHeaders;
 use crate::store::{
-    Created, Expired, IdempotencyEntry, Owned, OwnerCursor, RequestRoute, StoreError, TaskRecord,
-    TaskStatus, TaskStore, TenantCount,
+    Created, Expired, IdempotencyEntry, Owned, OwnerCursor, QuotaCreated, RequestRoute, StoreError,
+    TaskRecord, TaskStatus, TaskStore, TenantCount,
 };
 
 /// A task changed status: `from: None` when it was created, `to: None` when expiry
@@ -90,14 +90,37 @@ impl TaskRepo {
     ) -> Result<Created, StoreError> {
         let r = self.store.create(rec, route, index).await;
         if matches!(r, Ok(Created::New)) {
-            self.notify(Transition {
-                task_id: &rec.task_id,
-                from: None,
-                to: Some(rec.status),
-                created_at_ms: rec.created_at_ms,
-            });
+            self.created(rec);
         }
         r
+    }
+
+    /// [`TaskRepo::create`] under the tenant's live-task quota, counted by the store
+    /// with the write (`TaskStore::create_within_quota`).
+    pub(super) async fn create_within_quota(
+        &self,
+        rec: &TaskRecord,
+        route: &RequestRoute,
+        index: Option<&[u8]>,
+        max_live: u64,
+    ) -> Result<QuotaCreated, StoreError> {
+        let r = self
+            .store
+            .create_within_quota(rec, route, index, max_live)
+            .await;
+        if matches!(r, Ok(QuotaCreated::Done(Created::New))) {
+            self.created(rec);
+        }
+        r
+    }
+
+    fn created(&self, rec: &TaskRecord) {
+        self.notify(Transition {
+            task_id: &rec.task_id,
+            from: None,
+            to: Some(rec.status),
+            created_at_ms: rec.created_at_ms,
+        });
     }
 
     /// Apply `f` to the record of `task_id`; from the in-flight call of route `fence`

@@ -53,8 +53,9 @@ use statements::{
 use super::cluster::Seat;
 use super::{
     Corruption, Created, Expired, IdempotencyEntry, IoError, Owned, OwnedSession, OwnerCursor,
-    Purged, RequestRoute, SCHEMA_VERSION, SessionCreated, SessionRecord, SessionUpdate, SetupError,
-    StoreError, StoredIdentity, TaskRecord, TaskStatus, TaskStore, TenantCount, Tombstone, Update,
+    Purged, QuotaCreated, RequestRoute, SCHEMA_VERSION, SessionCreated, SessionRecord,
+    SessionUpdate, SetupError, StoreError, StoredIdentity, TaskRecord, TaskStatus, TaskStore,
+    TenantCount, Tombstone, Update,
 };
 use crate::config::as_millis;
 use crate::config::{StoreConfig, StorePooler, is_pg_schema_name};
@@ -520,23 +521,27 @@ fn parse_status(s: &str) -> Result<TaskStatus, PgError> {
 }
 
 impl PgStore {
+    /// A creation, under the tenant's quota when `max_live` is given: one statement,
+    /// so one round trip before the handle goes out.
     async fn create_now(
         &self,
         task: &TaskRecord,
         route: &RequestRoute,
         key: Option<&[u8]>,
-    ) -> Result<Created, PgError> {
+        max_live: Option<u64>,
+    ) -> Result<QuotaCreated, PgError> {
         let mut rec = task.clone();
         rec.v = SCHEMA_VERSION;
         let record = encode("task record", &rec)?;
         let route_record = encode("request route", route)?;
         let (replica, epoch) = self.seat_columns();
+        let max_live = max_live.map(ms);
         let c = self.pool.get().await?;
         let r = match key {
             None => self
                 .sql
                 .create_plain
-                .execute(
+                .query_one(
                     &c,
                     &CreatePlain {
                         task_id: &rec.task_id,
@@ -553,10 +558,20 @@ impl PgStore {
                         epoch,
                         task_upstream: &rec.upstream,
                         created_at_ms: ms(rec.created_at_ms),
+                        max_live,
                     },
                 )
                 .await
-                .map(|_| Created::New),
+                .and_then(|row| {
+                    let created: i64 = row.try_get(0)?;
+                    let live: Option<i64> = row.try_get(1)?;
+                    Ok(match live {
+                        Some(n) if created == 0 => QuotaCreated::OverQuota {
+                            live: n.max(0) as u64,
+                        },
+                        _ => QuotaCreated::Done(Created::New),
+                    })
+                }),
             Some(k) => {
                 let row = self
                     .sql
@@ -580,6 +595,7 @@ impl PgStore {
                             epoch,
                             task_upstream: &rec.upstream,
                             created_at_ms: ms(rec.created_at_ms),
+                            max_live,
                         },
                     )
                     .await;
@@ -588,23 +604,31 @@ impl PgStore {
                     Ok(row) => {
                         let created: i64 = row.try_get(0)?;
                         if created > 0 {
-                            return Ok(Created::New);
+                            return Ok(QuotaCreated::Done(Created::New));
                         }
                         let task_id: Option<String> = row.try_get(1)?;
                         let fp: Option<String> = row.try_get(2)?;
-                        match (task_id, fp) {
-                            (Some(task_id), Some(args_fingerprint)) => {
-                                return Ok(Created::Existing(IdempotencyEntry {
-                                    task_id,
-                                    args_fingerprint,
-                                }));
+                        let live: Option<i64> = row.try_get(3)?;
+                        match (task_id, fp, live) {
+                            (Some(task_id), Some(args_fingerprint), _) => {
+                                return Ok(QuotaCreated::Done(Created::Existing(
+                                    IdempotencyEntry {
+                                        task_id,
+                                        args_fingerprint,
+                                    },
+                                )));
+                            }
+                            (_, _, Some(n)) if max_live.is_some_and(|m| n >= m) => {
+                                return Ok(QuotaCreated::OverQuota {
+                                    live: n.max(0) as u64,
+                                });
                             }
                             // The claim that beat this one committed after this
                             // statement's snapshot was taken: read it now.
                             _ => {
                                 drop(c);
                                 return match self.idempotency_now(k).await? {
-                                    Some(e) => Ok(Created::Existing(e)),
+                                    Some(e) => Ok(QuotaCreated::Done(Created::Existing(e))),
                                     None => Err(PgError::Corrupt(
                                         "idempotency: key was claimed but no entry was found"
                                             .into(),
@@ -871,7 +895,27 @@ impl TaskStore for PgStore {
         idempotency_key: Option<&'a [u8]>,
     ) -> BoxFuture<'a, Result<Created, StoreError>> {
         self.run("create", async move {
-            self.create_now(task, route, idempotency_key).await
+            match self.create_now(task, route, idempotency_key, None).await? {
+                QuotaCreated::Done(c) => Ok(c),
+                // Unreachable without a quota; named rather than assumed.
+                QuotaCreated::OverQuota { live } => Err(PgError::Corrupt(
+                    format!("create: refused over a quota it was not given ({live} live)").into(),
+                )),
+            }
+        })
+        .boxed()
+    }
+
+    fn create_within_quota<'a>(
+        &'a self,
+        task: &'a TaskRecord,
+        route: &'a RequestRoute,
+        idempotency_key: Option<&'a [u8]>,
+        max_live: u64,
+    ) -> BoxFuture<'a, Result<QuotaCreated, StoreError>> {
+        self.run("create", async move {
+            self.create_now(task, route, idempotency_key, Some(max_live))
+                .await
         })
         .boxed()
     }

@@ -16,6 +16,29 @@ macro_rules! fence {
     };
 }
 
+/// The tenant's live tasks, as `live_tasks` counts them: a CTE of the creations that
+/// take a quota (`max_live`), each declaring `tenant` and `max_live`.
+macro_rules! live_cte {
+    () => {
+        "live AS (SELECT count(*) AS n FROM task_routes
+            WHERE tenant = $tenant AND status IN ('working', 'input_required'))"
+    };
+}
+
+/// A creation's condition: no quota, or the tenant under it.
+macro_rules! within_quota {
+    () => {
+        "($max_live::bigint IS NULL OR (SELECT n FROM live) < $max_live)"
+    };
+}
+
+/// The count the quota was checked against (NULL without one), as column `live`.
+macro_rules! live_count {
+    () => {
+        "CASE WHEN $max_live::bigint IS NULL THEN NULL ELSE (SELECT n FROM live) END AS live"
+    };
+}
+
 statements! {
     /// The store's statements, numbered once when the store is built.
     pub(super) struct Statements;
@@ -24,6 +47,9 @@ statements! {
 
     /// A creation with an idempotency key, in one statement: claim the key, insert the
     /// task, insert its request route; or, if the key is taken, the entry holding it.
+    /// With `max_live`, only while the tenant has fewer live tasks (the count is run
+    /// only then: `OR` and `CASE` stop at a NULL `max_live`, and `live` is a CTE
+    /// evaluated on its first read).
     create_keyed: CreateKeyed<'a> {
         key: &'a [u8],
         task_id: &'a str,
@@ -41,10 +67,11 @@ statements! {
         epoch: Option<i64>,
         task_upstream: &'a str,
         created_at_ms: i64,
-    } = "
-WITH claim AS (
+        max_live: Option<i64>,
+    } = concat!("
+WITH ", live_cte!(), ", claim AS (
     INSERT INTO idempotency (key, task_id, args_fingerprint)
-    VALUES ($key, $task_id, $args_fingerprint)
+    SELECT $key, $task_id, $args_fingerprint WHERE ", within_quota!(), "
     ON CONFLICT (key) DO NOTHING
     RETURNING task_id
 ), task AS (
@@ -58,10 +85,11 @@ WITH claim AS (
     SELECT $route_id, $route_task_id, $upstream, $replica_id, $epoch, 1, $route_record FROM task
     RETURNING route_id
 )
-SELECT (SELECT count(*) FROM route) AS created, i.task_id, i.args_fingerprint
-FROM (SELECT 1) AS one LEFT JOIN idempotency AS i ON i.key = $key";
+SELECT (SELECT count(*) FROM route) AS created, i.task_id, i.args_fingerprint, ", live_count!(), "
+FROM (SELECT 1) AS one LEFT JOIN idempotency AS i ON i.key = $key");
 
-    /// A creation without an idempotency key: the task and its request route.
+    /// A creation without an idempotency key: the task and its request route; with
+    /// `max_live`, only while the tenant has fewer live tasks (as `create_keyed`).
     create_plain: CreatePlain<'a> {
         task_id: &'a str,
         tenant: &'a str,
@@ -77,16 +105,20 @@ FROM (SELECT 1) AS one LEFT JOIN idempotency AS i ON i.key = $key";
         epoch: Option<i64>,
         task_upstream: &'a str,
         created_at_ms: i64,
-    } = "
-WITH task AS (
+        max_live: Option<i64>,
+    } = concat!("
+WITH ", live_cte!(), ", task AS (
     INSERT INTO task_routes (task_id, tenant, subject, status, expires_at_ms, idem_key, version, record,
         upstream, created_at_ms)
-    VALUES ($task_id, $tenant, $subject, $status, $expires_at_ms, NULL, 1, $record,
-        $task_upstream, $created_at_ms)
+    SELECT $task_id, $tenant, $subject, $status, $expires_at_ms, NULL, 1, $record,
+        $task_upstream, $created_at_ms WHERE ", within_quota!(), "
     RETURNING task_id
+), route AS (
+    INSERT INTO request_routes (route_id, task_id, upstream, replica_id, epoch, version, record)
+    SELECT $route_id, $route_task_id, $upstream, $replica_id, $epoch, 1, $route_record FROM task
+    RETURNING route_id
 )
-INSERT INTO request_routes (route_id, task_id, upstream, replica_id, epoch, version, record)
-SELECT $route_id, $route_task_id, $upstream, $replica_id, $epoch, 1, $route_record FROM task";
+SELECT (SELECT count(*) FROM route) AS created, ", live_count!());
 
     get_task: GetTask<'a> { task_id: &'a str }
         = "SELECT record FROM task_routes WHERE task_id = $task_id";
