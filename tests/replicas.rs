@@ -531,3 +531,59 @@ async fn a_takeover_reattaches_to_an_upstream_task() {
         rs.gws[1].proc.log_text()
     );
 }
+
+/// A terminal snapshot another replica has answered from memory (docs/design.md §7
+/// "Terminal snapshots") is gone there once a purge on one replica removed its task:
+/// the purge reports each removed task through the fan-out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_on_one_replica_clears_the_snapshots_another_holds() {
+    let schema = unique_schema();
+    let demo = DemoHttp::start().await;
+    let port = free_port();
+    let with_admin = move |text: String| {
+        text.replacen(
+            "[server]\n",
+            &format!("[server]\nmetrics_listen = \"127.0.0.1:{port}\"\n"),
+            1,
+        )
+    };
+    let r0 = Replicas::start_one(&schema, demo.port, 0, "", &with_admin).await;
+    let r1 = Replicas::start_one(&schema, demo.port, 1, "", &|t| t).await;
+    let rs = Replicas {
+        demo,
+        gws: vec![r0, r1],
+    };
+    let (a, b) = (rs.client(0), rs.client(1));
+    let id = task_id(&ok_result(&a.call_tool("sleep", json!({"ms": 300})).await));
+    poll_until(&b, &id, Duration::from_secs(30), |r| {
+        r["status"] == "completed"
+    })
+    .await;
+    // Read again on B: served from its snapshot now.
+    for _ in 0..3 {
+        assert_eq!(ok_result(&tasks_get(&b, &id).await)["status"], "completed");
+    }
+
+    let out = std::process::Command::new(bin())
+        .args(["admin", "--url", &format!("http://127.0.0.1:{port}")])
+        .args(["purge", "--tenant", "acme"])
+        .env("TASKGATE_ADMIN_TOKEN", admin_token("taskgate:admin"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+
+    // B answers as for an id never issued, within the fan-out's delay.
+    let never = tasks_get(&b, &taskgate::tasks::ids::new_task_id())
+        .await
+        .json();
+    assert_eq!(never["error"]["message"], "task not found", "{never}");
+    let gone = eventually_async(RELAY_BOUND, || async {
+        tasks_get(&b, &id).await.json()["error"]["message"] == "task not found"
+    })
+    .await;
+    assert!(
+        gone,
+        "B still answers the purged task: {}",
+        tasks_get(&b, &id).await.json()
+    );
+}

@@ -20,6 +20,7 @@
 //! - `seen.rs`: read marks, for counting outcomes nobody collected.
 //! - `replica.rs`: being one of several replicas (leases, takeover, relays, fan-out);
 //!   `replica_state.rs` the `Replica` part it works with.
+//! - `terminal_cache.rs`: terminal snapshots read before, answered without the store.
 //! - `fingerprint.rs`: order-free fingerprints of JSON values.
 //! - `snapshot.rs`: the wire shapes; `dialect.rs` the same records in the 2025-11-25
 //!   task dialect.
@@ -52,6 +53,7 @@ pub mod sessions;
 pub mod snapshot;
 pub mod sweeper;
 mod tenant_calls;
+mod terminal_cache;
 pub mod upstream_task;
 
 use std::collections::HashMap;

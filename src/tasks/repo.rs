@@ -10,11 +10,12 @@ use parking_lot::{Mutex, RwLock};
 use tokio::sync::broadcast;
 
 use super::seen::SeenMarks;
+use super::terminal_cache::TerminalCache;
 use crate::protocol::UpstreamInfo;
 use crate::protocol::param_headers::ToolHeaders;
 use crate::store::{
     Created, Expired, IdempotencyEntry, Owned, OwnerCursor, QuotaCreated, RequestRoute, StoreError,
-    TaskRecord, TaskStatus, TaskStore, TenantCount,
+    TaskRecord, TaskStatus, TaskStore, TenantCount, now_ms,
 };
 
 /// A task changed status: `from: None` when it was created, `to: None` when expiry
@@ -55,6 +56,9 @@ pub(super) struct TaskRepo {
     seen: Arc<SeenMarks>,
     /// Task ids whose record changed (for `subscriptions/listen`).
     changes: broadcast::Sender<Change>,
+    /// Terminal snapshots read before, for their owners' next reads
+    /// (`terminal_cache.rs`); kept current by [`TaskRepo::changed_here`].
+    terminal: TerminalCache,
 }
 
 impl TaskRepo {
@@ -66,6 +70,7 @@ impl TaskRepo {
             unflushed: Mutex::new(HashMap::new()),
             seen: Arc::default(),
             changes,
+            terminal: TerminalCache::default(),
         }
     }
 
@@ -248,14 +253,24 @@ impl TaskRepo {
     // Reads.
 
     /// `task_id` if `(tenant, subject)` owns it: one lookup, whoever asks
-    /// (docs/design.md §7 "Ownership").
+    /// (docs/design.md §7 "Ownership"). A terminal snapshot its owner read before is
+    /// answered from memory; anyone else's read of it, like a read of an id never
+    /// issued, goes to the store (`terminal_cache.rs`).
     pub(super) async fn lookup_owned(
         &self,
         task_id: &str,
         tenant: &str,
         subject: &str,
     ) -> Result<Owned, StoreError> {
-        self.store.lookup_owned(task_id, tenant, subject).await
+        if let Some(rec) = self.terminal.get(task_id, tenant, subject, now_ms()) {
+            return Ok(Owned::Record(Box::new(rec)));
+        }
+        let ticket = self.terminal.ticket(task_id);
+        let found = self.store.lookup_owned(task_id, tenant, subject).await?;
+        if let Owned::Record(rec) = &found {
+            self.terminal.keep(ticket, rec);
+        }
+        Ok(found)
     }
 
     /// A page of the tasks `(tenant, subject)` holds on `upstream`
@@ -402,10 +417,12 @@ impl TaskRepo {
     }
 
     pub(super) fn changed_here(&self, task_id: &str) {
+        self.terminal.forget(task_id);
         let _ = self.changes.send(Change::Task(task_id.to_string()));
     }
 
     pub(super) fn resync_here(&self) {
+        self.terminal.clear();
         let _ = self.changes.send(Change::Resync);
     }
 }
