@@ -5,30 +5,47 @@
 //! cancelled, so none writes a record after the purge removed its tenant's.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
+/// Entered twice per task-creating `tools_call` (the creation and its upstream call),
+/// so an entry costs one lock and two reference counts: no allocation while the
+/// tenant has work in flight, and the token is shared, not cloned (a token's clone
+/// takes a lock of its own).
 #[derive(Default)]
 pub(super) struct TenantCalls {
-    tenants: Mutex<HashMap<String, Tenant>>,
+    tenants: Mutex<HashMap<Arc<str>, Tenant>>,
 }
 
-#[derive(Default)]
 struct Tenant {
+    /// The map's key, shared with the guards.
+    name: Arc<str>,
     /// [`InFlight`] guards alive.
     active: usize,
     /// A purge holds the [`Fence`].
     purging: bool,
     /// Cancelled by the purge; a fresh one once the fence is gone.
-    cancel: CancellationToken,
+    cancel: Arc<CancellationToken>,
+}
+
+impl Tenant {
+    fn named(name: Arc<str>) -> Self {
+        Self {
+            name,
+            active: 0,
+            purging: false,
+            cancel: Arc::default(),
+        }
+    }
 }
 
 /// One call or creation of a tenant in flight; dropped when it is done.
 pub(super) struct InFlight<'a> {
     calls: &'a TenantCalls,
-    tenant: String,
-    cancel: CancellationToken,
+    tenant: Arc<str>,
+    cancel: Arc<CancellationToken>,
 }
 
 impl InFlight<'_> {
@@ -41,10 +58,10 @@ impl InFlight<'_> {
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         let mut tenants = self.calls.tenants.lock();
-        if let Some(t) = tenants.get_mut(&self.tenant) {
+        if let Some(t) = tenants.get_mut(&*self.tenant) {
             t.active = t.active.saturating_sub(1);
             if t.active == 0 && !t.purging {
-                tenants.remove(&self.tenant);
+                tenants.remove(&*self.tenant);
             }
         }
     }
@@ -60,7 +77,7 @@ impl Fence<'_> {
     /// Cancel every call and creation of the tenant in flight here; how many there were.
     pub(super) fn cancel(&self) -> usize {
         let tenants = self.calls.tenants.lock();
-        match tenants.get(&self.tenant) {
+        match tenants.get(&*self.tenant) {
             Some(t) => {
                 t.cancel.cancel();
                 t.active
@@ -74,7 +91,7 @@ impl Fence<'_> {
         self.calls
             .tenants
             .lock()
-            .get(&self.tenant)
+            .get(&*self.tenant)
             .map_or(0, |t| t.active)
     }
 }
@@ -82,11 +99,11 @@ impl Fence<'_> {
 impl Drop for Fence<'_> {
     fn drop(&mut self) {
         let mut tenants = self.calls.tenants.lock();
-        if let Some(t) = tenants.get_mut(&self.tenant) {
+        if let Some(t) = tenants.get_mut(&*self.tenant) {
             t.purging = false;
-            t.cancel = CancellationToken::new();
+            t.cancel = Arc::default();
             if t.active == 0 {
-                tenants.remove(&self.tenant);
+                tenants.remove(&*self.tenant);
             }
         }
     }
@@ -96,14 +113,22 @@ impl TenantCalls {
     /// Start a call or creation of `tenant`; `None` while a purge of it runs.
     pub(super) fn enter(&self, tenant: &str) -> Option<InFlight<'_>> {
         let mut tenants = self.tenants.lock();
-        let t = tenants.entry(tenant.to_string()).or_default();
+        let t = match tenants.get_mut(tenant) {
+            Some(t) => t,
+            None => {
+                let name: Arc<str> = Arc::from(tenant);
+                tenants
+                    .entry(name.clone())
+                    .or_insert_with(|| Tenant::named(name))
+            }
+        };
         if t.purging {
             return None;
         }
         t.active += 1;
         Some(InFlight {
             calls: self,
-            tenant: tenant.to_string(),
+            tenant: t.name.clone(),
             cancel: t.cancel.clone(),
         })
     }
@@ -111,7 +136,10 @@ impl TenantCalls {
     /// Raise the purge fence around `tenant`; `None` when another purge of it holds it.
     pub(super) fn fence(&self, tenant: &str) -> Option<Fence<'_>> {
         let mut tenants = self.tenants.lock();
-        let t = tenants.entry(tenant.to_string()).or_default();
+        let name: Arc<str> = Arc::from(tenant);
+        let t = tenants
+            .entry(name.clone())
+            .or_insert_with(|| Tenant::named(name));
         if t.purging {
             return None;
         }
