@@ -19,6 +19,7 @@ use taskgate::store::sled::SledStore;
 #[path = "support/fixtures.rs"]
 mod fixtures;
 #[path = "support/pg_stats.rs"]
+#[allow(dead_code)] // the statement counts are the load harness's
 mod pg_stats;
 use pg_stats::wal_syncs;
 

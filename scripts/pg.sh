@@ -127,9 +127,11 @@ pg_start() {
     for attempt in 1 2 3 4 5; do
         port=$(pg__free_port)
         # max_connections: every test opens its own pool (default 16 connections).
+        # pg_stat_statements: the benchmarks count statements per task (benches/RESULTS.md).
         if pg__as_owner "$PG_BIN/pg_ctl" -D "$PG_TEST_DIR/data" -w -t 30 \
             -l "$PG_TEST_DIR/server.log" \
             -o "-c listen_addresses=127.0.0.1 -p $port -k $PG_TEST_DIR -c max_connections=400 \
+                -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all \
                 -c ssl=on -c ssl_cert_file=$PG_TEST_DIR/server.pem \
                 -c ssl_key_file=$PG_TEST_DIR/server-key.pem" \
             start >/dev/null; then

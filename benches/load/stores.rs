@@ -19,7 +19,7 @@ use taskgate::store::postgres::{PgSettings, PgStore};
 use super::harness::{
     Check, check_completed, check_task_created, cpu_us_per, median_run, run_load,
 };
-use super::pg_stats::wal_syncs;
+use super::pg_stats::{reset_statements, statements, wal_syncs};
 use super::processes::{Gateway, gateway_config, start_gateway_with};
 use super::report::{Report, err_note, ms};
 use super::requests::{gw_req, seed, seed_store, token};
@@ -73,6 +73,8 @@ pub(super) fn stores(
             schema: format!("bench_load_{}", std::process::id()),
         });
     }
+    // The PostgreSQL gateway, kept for the statement count below.
+    let mut lives = Vec::new();
     for b in &backends {
         let dir = work.join(format!("stores-{}", b.name()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -151,11 +153,85 @@ pub(super) fn stores(
             rep.note(&format!(
                 "PostgreSQL flushed its WAL {syncs} times (`pg_stat_wal.wal_sync`) during its rows."
             ));
+            lives.push((url.clone(), gw));
+            continue;
         }
         drop(gw);
     }
     rep.note(&format!(
         "{TASKS} completed tasks over {PRINCIPALS} principals seeded through the store API before the tasks/get rows; JWT HS256 on every request. Each row is the median of 3 runs. PostgreSQL is the throwaway cluster of scripts/pg.sh on the same cores (fsync on)."
+    ));
+    for (url, gw) in lives {
+        statements_per_task(rt, rep, c, &gw, &url);
+    }
+}
+
+/// Tasks whose whole life the statement count covers.
+const LIVES: usize = 200;
+
+/// The whole life of a promoted task on PostgreSQL, counted by `pg_stat_statements`:
+/// [`LIVES`] tasks created (`sleep {ms:50}`, `promote_after_ms = 0`, 8 at a time),
+/// run to completion, and read once each by their owner after they ended; then the
+/// read marks written. Statements run about once per task are the task's; the rest
+/// (leases, relay polls, sweeps) are the replica's background over the same seconds.
+fn statements_per_task(
+    rt: &tokio::runtime::Runtime,
+    rep: &mut Report,
+    c: &HttpClient,
+    gw: &Gateway,
+    url: &str,
+) {
+    use super::replicas::{create, status};
+    let addr = gw.addr;
+    let t0 = std::time::Instant::now();
+    let (ids, completed) = rt.block_on(async {
+        reset_statements(url).await;
+        let mut ids = Vec::new();
+        for _ in 0..LIVES / 8 {
+            let batch: Vec<_> = (0..8).map(|_| create(c, addr, 50)).collect();
+            ids.extend(futures_util::future::join_all(batch).await);
+        }
+        // Every call ends 50 ms after it starts; read each once it has.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let mut completed = 0;
+        for id in &ids {
+            if status(c, addr, id).await == "completed" {
+                completed += 1;
+            }
+        }
+        // The read marks are written in the background within a second.
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        (ids, completed)
+    });
+    let secs = t0.elapsed().as_secs_f64();
+    let counted = rt.block_on(statements(url));
+    rep.section(
+        "The life of a promoted task on PostgreSQL (pg_stat_statements)",
+        &["statement", "top level", "calls", "per task"],
+    );
+    let n = ids.iter().filter(|i| !i.is_empty()).count().max(1);
+    let mut per_task = 0.0;
+    for (calls, text, top) in &counted {
+        let per = *calls as f64 / n as f64;
+        if per >= 0.5 && *top {
+            per_task += per;
+        }
+        let mut short: String = text.chars().take(90).collect();
+        if text.len() > short.len() {
+            short.push('…');
+        }
+        rep.row(&[
+            format!("`{}`", short.replace('|', "\\|")),
+            if *top { "yes" } else { "no (inside another)" }.into(),
+            calls.to_string(),
+            format!("{per:.2}"),
+        ]);
+    }
+    rep.note(&format!(
+        "{n} tasks created ({} ids returned), {completed} read completed by their owner; \
+         {per_task:.1} top-level statements (round trips) per task among those run at least once per two tasks; \
+         the others are the background over the {secs:.1} s the count covered.",
+        ids.len()
     ));
 }
 
