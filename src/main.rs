@@ -31,9 +31,14 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// jemalloc's options, read once at start-up (a C string). Two arenas, not eight (four
 /// per core): the runtime has two workers, and with 1M stored tasks under random
-/// `tasks/get` RSS was 521 MB against 612 MB with the default (benches/RESULTS.md).
+/// `tasks/get` RSS was 521 MB against 612 MB with the default. Freed pages go back to
+/// the system after 200 ms rather than 10 s, from jemalloc's background thread: with
+/// 1M stored tasks RSS after the load is 279 MB with sled's default cache, and
+/// start-up stays at 0.8 s (0 ms returned 289 MB but took 2.3 s to start, as sled's
+/// recovery frees as it goes; benches/RESULTS.md "Issue 32").
 #[unsafe(export_name = "_rjem_malloc_conf")]
-static JEMALLOC_OPTIONS: &u8 = &b"narenas:2\0"[0];
+static JEMALLOC_OPTIONS: &u8 =
+    &b"narenas:2,background_thread:true,dirty_decay_ms:200,muzzy_decay_ms:200\0"[0];
 
 #[derive(Parser)]
 #[command(

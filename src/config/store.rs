@@ -114,7 +114,9 @@ impl Default for StoreConfig {
             backend: StoreBackend::Sled,
             path: PathBuf::from("data"),
             strict_fsync: false,
-            cache_capacity_bytes: 268_435_456,
+            // 16 MiB (256 MiB before): with 1M stored tasks the larger cache held RSS
+            // near 600 MB while reads gained little (benches/RESULTS.md "Issue 32").
+            cache_capacity_bytes: 16_777_216,
             sweep_interval: Duration::from_millis(5_000),
             tombstone_ttl: Duration::from_millis(86_400_000),
             runtime_dir: None,

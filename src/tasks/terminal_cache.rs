@@ -23,7 +23,7 @@ use crate::store::TaskRecord;
 
 /// What the cache may hold, by the estimate of [`approx_size`]. At ~1 KiB per small
 /// record this is some 30,000 snapshots; a record over 1/64 of it is never kept.
-pub(super) const BUDGET_BYTES: usize = 32 << 20;
+pub(super) const BUDGET_BYTES: usize = 16 << 20;
 
 /// Eviction counters: an id's slot is `hash(id) % SLOTS`.
 const SLOTS: usize = 64;
