@@ -219,7 +219,7 @@ fn main() {
         stores::stores(&rt, &o, &mut rep, &c, up, work.path());
     }
     if want("replicas") {
-        replicas::replicas(&rt, &o, &mut rep, &c, up, work.path());
+        replicas::replicas(&rt, &o, &mut rep, &c, &demo, up, work.path());
     }
     if want("edge") {
         edge::edge(&rt, &o, &mut rep, &c, up, work.path());

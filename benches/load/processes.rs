@@ -97,6 +97,35 @@ pub(super) fn cpu_secs_of(pid: &str) -> f64 {
     user + sys
 }
 
+/// CPU seconds of the PostgreSQL cluster `scripts/pg.sh` started
+/// (`TASKGATE_TEST_PG_DIR`): the postmaster, its live children (backends, WAL writer,
+/// checkpointer …) and the children it already reaped; `None` without the cluster.
+pub(super) fn pg_cpu_secs() -> Option<f64> {
+    let dir = std::env::var("TASKGATE_TEST_PG_DIR").ok()?;
+    let pid_file = std::fs::read_to_string(format!("{dir}/data/postmaster.pid")).ok()?;
+    let postmaster = pid_file.lines().next()?.trim().to_string();
+    let fields = |pid: &str| -> Vec<String> {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let rest = s.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+        rest.split_whitespace().map(str::to_string).collect()
+    };
+    let num = |f: &[String], i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // After ')': ppid 1, utime 11, stime 12, cutime 13, cstime 14 (clock ticks).
+    let own = fields(&postmaster);
+    let mut ticks = num(&own, 11) + num(&own, 12) + num(&own, 13) + num(&own, 14);
+    for e in std::fs::read_dir("/proc").ok()?.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let f = fields(&name);
+        if f.get(1).map(String::as_str) == Some(postmaster.as_str()) {
+            ticks += num(&f, 11) + num(&f, 12);
+        }
+    }
+    Some(ticks / 100.0)
+}
+
 /// User and kernel CPU seconds of a process, apart.
 pub(super) fn user_sys_secs_of(pid: &str) -> [f64; 2] {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();

@@ -18,8 +18,11 @@ use std::time::{Duration, Instant};
 use http::HeaderValue;
 use http_body_util::BodyExt;
 
-use super::harness::{check_task_created, median_run, run_load};
-use super::processes::{Gateway, gateway_config, start_gateway_with};
+use super::harness::{RUNS, check_task_created, run_load};
+use super::pg_stats::{reset_statements, statements, tasks_in};
+use super::processes::{
+    Gateway, Proc, cpu_secs_of, gateway_config, pg_cpu_secs, start_gateway_with,
+};
 use super::report::{Report, err_note, ms};
 use super::requests::{gw_req, token};
 use super::{HttpClient, META_TASKS, MakeReq, Opts, pg_url};
@@ -156,9 +159,11 @@ pub(super) fn replicas(
     o: &Opts,
     rep: &mut Report,
     c: &HttpClient,
+    demo: &Proc,
     up: SocketAddr,
     work: &Path,
 ) {
+    let mut creation_costs = Vec::new();
     rep.section(
         "Several replicas on one PostgreSQL schema (same run)",
         &[
@@ -176,55 +181,45 @@ pub(super) fn replicas(
     };
     let pid = std::process::id();
 
-    // Durable creations, spread round-robin over n replicas.
-    let mut rate_1 = f64::NAN;
-    for n in 1..=3 {
-        let schema = format!("bench_rep{n}_{pid}");
-        let gws = start_replicas(work, up, &url, &schema, n);
-        let addrs: Vec<SocketAddr> = gws.iter().map(|g| g.addr).collect();
-        let b = bearer();
-        let mk: MakeReq = std::sync::Arc::new(move |i| {
-            let body = format!(
-                r#"{{"jsonrpc":"2.0","id":{i},"method":"tools/call","params":{{"name":"sleep","arguments":{{"ms":100}},{META_TASKS}}}}}"#
-            );
-            gw_req(
-                addrs[i as usize % addrs.len()],
-                &b,
-                "tools/call",
-                "sleep",
-                body,
-            )
-        });
-        let (s, cpu) = median_run(|| {
-            let cpu0: f64 = gws.iter().map(|g| g.proc.cpu_secs()).sum();
-            let s = rt.block_on(run_load(
-                c,
-                CONC,
-                o.warmup,
-                o.duration,
-                mk.clone(),
-                check_task_created,
-            ));
-            let cpu1: f64 = gws.iter().map(|g| g.proc.cpu_secs()).sum();
-            let done = (s.ok as f64).max(1.0);
-            std::thread::sleep(Duration::from_millis(300));
-            (s, (cpu1 - cpu0) * 1e6 / done)
-        });
-        if n == 1 {
-            rate_1 = s.rps();
+    // Durable creations, spread round-robin over n replicas: the counts per task at
+    // 1, 2 and 3 replicas, in interleaved runs (1, 2, 3, 1, 2, 3, …), each on a fresh
+    // schema with its replicas started for it, so its statements are its own.
+    let mut by_n: Vec<Vec<CreationRun>> = vec![Vec::new(); 3];
+    for round in 0..RUNS {
+        for n in 1..=3 {
+            let schema = format!("bench_rep{n}_{round}_{pid}");
+            by_n[n - 1].push(creation_run(rt, o, c, demo, up, work, &url, &schema, n));
         }
-        let eff = s.rps() / (n as f64 * rate_1);
+    }
+    let mut one = None;
+    for (i, mut runs) in by_n.into_iter().enumerate() {
+        let n = i + 1;
+        runs.sort_by(|a, b| a.stats.rps().total_cmp(&b.stats.rps()));
+        let med = |f: &dyn Fn(&CreationRun) -> f64| {
+            let mut v: Vec<f64> = runs.iter().map(f).collect();
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let m = CreationMedians {
+            statements: med(&|r| r.statements),
+            gateway: med(&|r| r.gateway_us),
+            pg: med(&|r| r.pg_us),
+            upstream: med(&|r| r.upstream_us),
+            client: med(&|r| r.client_us),
+        };
+        let s = &runs[runs.len() / 2].stats;
+        let base = *one.get_or_insert((s.rps(), m.statements, m.gateway));
         rep.row(&[
             format!("durable creations/s, c={CONC}"),
             n.to_string(),
-            format!("{:.0} ({:.0} % per replica)", s.rps(), eff * 100.0),
+            format!("{:.0} ({:.2}× one replica)", s.rps(), s.rps() / base.0),
             ms(s.p50()),
             ms(s.p99()),
-            format!("{cpu:.0}"),
-            format!("{}{}", s.errors + s.refused, err_note(&s)),
+            format!("{:.0} ({:.2}×)", m.gateway, m.gateway / base.2),
+            format!("{}{}", s.errors + s.refused, err_note(s)),
         ]);
+        creation_costs.push((n, m, base.1));
     }
-
     // Cancel latency: to the holder, and to the other replica (a relay).
     let schema = format!("bench_cancel_{pid}");
     let gws = start_replicas(work, up, &url, &schema, 2);
@@ -298,6 +293,121 @@ pub(super) fn replicas(
         "0".into(),
     ]);
     rep.note(&format!(
-        "Replica rows: lease_ms = {LEASE_MS}, lease_renew_ms = {RENEW_MS}, sweep_interval_ms = {SWEEP_MS} (the takeover bound is their sum plus the poll step); creations are `tools/call sleep {{ms:100}}` with promote_after_ms = 0 at c = {CONC}, each row the median of 3 runs; CPU is summed over the replicas. Client, replicas, the HTTP demo upstream and PostgreSQL share 2 cores."
+        "Replica rows: lease_ms = {LEASE_MS}, lease_renew_ms = {RENEW_MS}, sweep_interval_ms = {SWEEP_MS} (the takeover bound is their sum plus the poll step); creations are `tools/call sleep {{ms:100}}` with promote_after_ms = 0 at c = {CONC}, spread round-robin; the 1-, 2- and 3-replica runs interleaved (1, 2, 3, 1, 2, 3, …), each on a fresh schema with its replicas started for it; each row the median run by creations/s, CPU the median per task (warm-up included: all tasks the schema holds afterwards) summed over the replicas. Client, replicas, the HTTP demo upstream and PostgreSQL share 2 cores."
     ));
+    rep.section(
+        "What a task costs each process at 1, 2 and 3 replicas (same runs, medians)",
+        &[
+            "replicas",
+            "PostgreSQL statements per task (top level)",
+            "vs one replica",
+            "replicas' CPU µs/task",
+            "PostgreSQL CPU µs/task",
+            "upstream CPU µs/task",
+            "client CPU µs/task",
+        ],
+    );
+    for (n, m, one_statements) in creation_costs {
+        rep.row(&[
+            n.to_string(),
+            format!("{:.2}", m.statements),
+            format!("{:.2}×", m.statements / one_statements),
+            format!("{:.0}", m.gateway),
+            format!("{:.0}", m.pg),
+            format!("{:.0}", m.upstream),
+            format!("{:.0}", m.client),
+        ]);
+    }
+    rep.note(
+        "Statements: every top-level statement of the database during the run and its drain \
+         (pg_stat_statements, reset per run), leases, relay polls and fan-out included, over \
+         the tasks created. PostgreSQL CPU: the postmaster, its backends and the children it \
+         reaped. The capacity model in benches/RESULTS.md is built from this table.",
+    );
+}
+
+/// One interleaved creation run's figures, per task.
+#[derive(Clone)]
+struct CreationRun {
+    stats: super::harness::Stats,
+    statements: f64,
+    gateway_us: f64,
+    pg_us: f64,
+    upstream_us: f64,
+    client_us: f64,
+}
+
+struct CreationMedians {
+    statements: f64,
+    gateway: f64,
+    pg: f64,
+    upstream: f64,
+    client: f64,
+}
+
+/// Start `n` replicas on `schema`, create tasks round-robin over them at c = [`CONC`],
+/// let the background calls end, and count what each process spent per task.
+#[allow(clippy::too_many_arguments)]
+fn creation_run(
+    rt: &tokio::runtime::Runtime,
+    o: &Opts,
+    c: &HttpClient,
+    demo: &Proc,
+    up: SocketAddr,
+    work: &Path,
+    url: &str,
+    schema: &str,
+    n: usize,
+) -> CreationRun {
+    let gws = start_replicas(work, up, url, schema, n);
+    let addrs: Vec<SocketAddr> = gws.iter().map(|g| g.addr).collect();
+    let b = bearer();
+    let mk: MakeReq = std::sync::Arc::new(move |i| {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":{i},"method":"tools/call","params":{{"name":"sleep","arguments":{{"ms":100}},{META_TASKS}}}}}"#
+        );
+        gw_req(
+            addrs[i as usize % addrs.len()],
+            &b,
+            "tools/call",
+            "sleep",
+            body,
+        )
+    });
+    rt.block_on(reset_statements(url));
+    let gw0: f64 = gws.iter().map(|g| g.proc.cpu_secs()).sum();
+    let (pg0, up0, me0) = (
+        pg_cpu_secs().unwrap_or(0.0),
+        demo.cpu_secs(),
+        cpu_secs_of("self"),
+    );
+    let stats = rt.block_on(run_load(
+        c,
+        CONC,
+        o.warmup,
+        o.duration,
+        mk,
+        check_task_created,
+    ));
+    // The background calls (100 ms) end, and their terminal writes with them.
+    std::thread::sleep(Duration::from_millis(600));
+    let gw1: f64 = gws.iter().map(|g| g.proc.cpu_secs()).sum();
+    let (pg1, up1, me1) = (
+        pg_cpu_secs().unwrap_or(0.0),
+        demo.cpu_secs(),
+        cpu_secs_of("self"),
+    );
+    let counted = rt.block_on(statements(url));
+    let tasks = rt.block_on(tasks_in(url, schema)).max(1) as f64;
+    drop(gws);
+    let top: i64 = counted.iter().filter(|s| s.2).map(|s| s.0).sum();
+    let per = |secs: f64| secs * 1e6 / tasks;
+    CreationRun {
+        stats,
+        statements: top as f64 / tasks,
+        gateway_us: per(gw1 - gw0),
+        pg_us: per(pg1 - pg0),
+        upstream_us: per(up1 - up0),
+        client_us: per(me1 - me0),
+    }
 }

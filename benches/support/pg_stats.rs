@@ -44,3 +44,13 @@ pub(crate) async fn statements(url: &str) -> Vec<(i64, String, bool)> {
         .map(|r| (r.get(0), r.get(1), r.get(2)))
         .collect()
 }
+
+/// How many tasks schema `schema` holds.
+pub(crate) async fn tasks_in(url: &str, schema: &str) -> i64 {
+    let client = taskgate::store::postgres::connect_url(url).await.unwrap();
+    client
+        .query_one(&format!("SELECT count(*) FROM {schema}.task_routes"), &[])
+        .await
+        .unwrap()
+        .get(0)
+}

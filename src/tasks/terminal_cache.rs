@@ -22,7 +22,8 @@ use serde_json::Value;
 use crate::store::TaskRecord;
 
 /// What the cache may hold, by the estimate of [`approx_size`]. At ~1 KiB per small
-/// record this is some 30,000 snapshots; a record over 1/64 of it is never kept.
+/// record this is some 16,000 snapshots (the benchmarks' 10k-task set fits); a record
+/// over 1/64 of it is never kept. Small beside RSS: benches/RESULTS.md "Issue 32".
 pub(super) const BUDGET_BYTES: usize = 16 << 20;
 
 /// Eviction counters: an id's slot is `hash(id) % SLOTS`.
