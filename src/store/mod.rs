@@ -457,6 +457,20 @@ pub trait TaskStore: Send + Sync + 'static {
         self.update(task_id, f)
     }
 
+    /// [`update_fenced`](Self::update_fenced) for a call's last write: a backend may
+    /// remove request route `route_id` together with a write that leaves the record
+    /// terminal, atomically, and answer `true`; the caller then has no route left to
+    /// remove. The default writes and leaves the route (`false`): on sled the caller
+    /// removes it after the flush that makes the outcome durable.
+    fn update_fenced_releasing<'a>(
+        &'a self,
+        task_id: &'a str,
+        route_id: &'a str,
+        f: Update<'a>,
+    ) -> BoxFuture<'a, Result<(Option<TaskRecord>, bool), StoreError>> {
+        Box::pin(async move { Ok((self.update_fenced(task_id, route_id, f).await?, false)) })
+    }
+
     fn put_route<'a>(&'a self, route: &'a RequestRoute) -> BoxFuture<'a, Result<(), StoreError>>;
     fn remove_route<'a>(&'a self, route_id: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
     /// The request routes a previous process of this gateway left in flight (at

@@ -112,9 +112,21 @@ pub fn progress_message(p: &Map<String, Value>) -> String {
     s
 }
 
+/// What [`Engine::settle`] did with a call's outcome and its request route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Settled {
+    /// Not recorded here: the route stays for whoever resolves the task.
+    Kept,
+    /// Recorded (or the task was terminal already); the route is still to remove.
+    Recorded,
+    /// Recorded, and the store removed the route with the write (one statement on
+    /// PostgreSQL: `TaskStore::update_fenced_releasing`).
+    RouteGone,
+}
+
 impl Engine {
     /// Apply a terminal outcome of the call of `route_id` unless the task is already
-    /// terminal. `false` when the outcome may not be recorded and the route must stay:
+    /// terminal. [`Settled::Kept`] when the outcome may not be recorded and the route must stay:
     /// the write was fenced (this replica no longer holds the call; whoever does, or
     /// the takeover, resolves the task), or the store failed in a way it does not retry.
     ///
@@ -127,7 +139,7 @@ impl Engine {
         task_id: &str,
         route_id: &str,
         apply: impl Fn(&mut TaskRecord) + Send + Sync,
-    ) -> bool {
+    ) -> Settled {
         let retention = crate::config::as_millis(self.cfg.tasks.result_retention);
         self.tasks.terminal_writing(task_id);
         let mut backoff = SETTLE_RETRY_FIRST;
@@ -136,7 +148,7 @@ impl Engine {
         let updated = loop {
             let r = self
                 .tasks
-                .update(task_id, Some(route_id), &mut |rec| {
+                .update_releasing(task_id, route_id, &mut |rec| {
                     if rec.status.is_terminal() {
                         return false;
                     }
@@ -155,8 +167,8 @@ impl Engine {
                 other => break other,
             }
         };
-        match updated {
-            Ok(_) => {
+        let released = match updated {
+            Ok((_, released)) => {
                 let span = match &settled {
                     Some((trace, status)) => {
                         crate::telemetry::settle_span(task_id, status, trace.as_deref())
@@ -170,19 +182,20 @@ impl Engine {
                         tracing::error!(task = task_id, error = %e, "flushing a terminal state failed");
                     }
                 }
+                released
             }
             Err(StoreError::Fenced) => {
                 tracing::warn!(
                     task = task_id,
                     "call outcome discarded: this replica no longer holds the call"
                 );
-                return false;
+                return Settled::Kept;
             }
             // Stopping, or the lease went meanwhile: the route stays for the next
             // start or the takeover.
             Err(StoreError::Io(e)) => {
                 tracing::error!(task = task_id, error = %e, "recording a terminal state failed");
-                return false;
+                return Settled::Kept;
             }
             // Anything else (a corrupt record, a closed store) is not known to have
             // written the outcome: keep the route, so recovery or the orphan sweep
@@ -191,11 +204,15 @@ impl Engine {
             Err(e) => {
                 crate::metrics::fail_closed("route_kept");
                 tracing::error!(task = task_id, error = %e, "recording a terminal state failed; its route is kept for recovery");
-                return false;
+                return Settled::Kept;
             }
-        }
+        };
         self.changed(task_id);
-        true
+        if released {
+            Settled::RouteGone
+        } else {
+            Settled::Recorded
+        }
     }
 
     fn outcome_applier(&self, upstream: &str, r: JoinedCall) -> Option<Applier> {
@@ -257,7 +274,7 @@ impl Engine {
         if awaiting_input {
             timers.set(DriverTimer::Input, Instant::now() + input_timeout);
         }
-        let mut held = true;
+        let mut settled = Settled::Recorded;
         let epoch = self.epoch();
         // The latest progress or queue position not yet written.
         let mut progress: Option<String> = None;
@@ -270,7 +287,7 @@ impl Engine {
                         return;
                     }
                     if let Some(apply) = self.outcome_applier(&upstream, r) {
-                        held = self.settle(&task_id, &route_id, apply).await;
+                        settled = self.settle(&task_id, &route_id, apply).await;
                     }
                     break;
                 }
@@ -309,7 +326,7 @@ impl Engine {
                     match inputs::screen(&caps, Method::ToolsCall, &upstream, batch) {
                         InputVerdict::Missing(err) => {
                             call.abort();
-                            held = self
+                            settled = self
                                 .settle(&task_id, &route_id, move |rec| fail(rec, &err))
                                 .await;
                             break;
@@ -331,7 +348,7 @@ impl Engine {
                             "input was not provided within input_timeout_ms ({} ms)",
                             input_timeout.as_millis()
                         ));
-                        held = self
+                        settled = self
                             .settle(&task_id, &route_id, move |rec| fail(rec, &err))
                             .await;
                         break;
@@ -341,11 +358,13 @@ impl Engine {
         }
         // A call this replica no longer holds (fenced, or stopped with the lease) keeps
         // its route: the takeover resolves the task from it.
-        if !held || !self.lease_held() || self.epoch() != epoch {
+        if settled == Settled::Kept || !self.lease_held() || self.epoch() != epoch {
             self.calls.forget(&task_id);
             return;
         }
-        if let Err(e) = self.tasks.remove_route(&route_id).await {
+        if settled == Settled::Recorded
+            && let Err(e) = self.tasks.remove_route(&route_id).await
+        {
             tracing::warn!(task = %task_id, error = %e, "removing a request route failed");
         }
         self.calls.forget(&task_id);

@@ -136,6 +136,28 @@ impl TaskRepo {
         fence: Option<&str>,
         f: Edit<'_>,
     ) -> Result<Option<TaskRecord>, StoreError> {
+        Ok(self.write(task_id, fence, f, false).await?.0)
+    }
+
+    /// [`TaskRepo::update`] for the last write of the call of route `fence`: the store
+    /// may remove the route with a terminal write (`TaskStore::update_fenced_releasing`);
+    /// `true` when it did.
+    pub(super) async fn update_releasing(
+        &self,
+        task_id: &str,
+        fence: &str,
+        f: Edit<'_>,
+    ) -> Result<(Option<TaskRecord>, bool), StoreError> {
+        self.write(task_id, Some(fence), f, true).await
+    }
+
+    async fn write(
+        &self,
+        task_id: &str,
+        fence: Option<&str>,
+        f: Edit<'_>,
+        release: bool,
+    ) -> Result<(Option<TaskRecord>, bool), StoreError> {
         let mut before = None;
         let mut step = |rec: &mut TaskRecord| {
             let status = rec.status;
@@ -143,9 +165,17 @@ impl TaskRepo {
             before = changed.then_some(status);
             changed
         };
-        let r = match fence {
-            Some(route) => self.store.update_fenced(task_id, route, &mut step).await?,
-            None => self.store.update(task_id, &mut step).await?,
+        let (r, released) = match fence {
+            Some(route) if release => {
+                self.store
+                    .update_fenced_releasing(task_id, route, &mut step)
+                    .await?
+            }
+            Some(route) => (
+                self.store.update_fenced(task_id, route, &mut step).await?,
+                false,
+            ),
+            None => (self.store.update(task_id, &mut step).await?, false),
         };
         if let (Some(b), Some(after)) = (before, r.as_ref())
             && b != after.status
@@ -157,7 +187,7 @@ impl TaskRepo {
                 created_at_ms: after.created_at_ms,
             });
         }
-        Ok(r)
+        Ok((r, released))
     }
 
     pub(super) async fn expire(

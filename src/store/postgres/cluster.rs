@@ -576,6 +576,73 @@ mod database_tests {
         true
     }
 
+    /// Every request route of the schema, by id.
+    async fn route_ids(s: &PgStore) -> Vec<String> {
+        let c = s.pool.get().await.expect("conn");
+        c.query("SELECT route_id FROM request_routes ORDER BY route_id", &[])
+            .await
+            .expect("routes")
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    }
+
+    /// A call's terminal write takes its request route with it, in one statement,
+    /// only under the fence and only when terminal; a fenced one removes nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_a_terminal_write_releases_its_route() {
+        let a = open_store("release").await;
+        let seat = a.register("a").await.expect("register");
+        for id in ["r", "o"] {
+            let t = task(&format!("tsk_{id}"), "acme", now_ms() + HOUR);
+            a.create(
+                &t,
+                &route(&format!("rt_{id}"), Some(&format!("tsk_{id}"))),
+                None,
+            )
+            .await
+            .expect("create");
+        }
+        let (rec, released) = a
+            .update_fenced_releasing("tsk_r", "rt_r", &mut |r| {
+                r.status_message = Some("half way".into());
+                true
+            })
+            .await
+            .expect("progress");
+        assert_eq!(rec.map(|r| r.status), Some(TaskStatus::Working));
+        assert!(!released, "not terminal: the route stays");
+        assert_eq!(route_ids(&a).await, ["rt_o", "rt_r"]);
+        let (rec, released) = a
+            .update_fenced_releasing("tsk_r", "rt_r", &mut |r| {
+                r.status = TaskStatus::Completed;
+                true
+            })
+            .await
+            .expect("terminal");
+        assert_eq!(rec.map(|r| r.status), Some(TaskStatus::Completed));
+        assert!(released);
+        assert_eq!(route_ids(&a).await, ["rt_o"]);
+        // No write: nothing released.
+        let (_, released) = a
+            .update_fenced_releasing("tsk_o", "rt_o", &mut |_| false)
+            .await
+            .expect("no write");
+        assert!(!released);
+        // Fenced: neither the record nor the route changes.
+        expire_lease(&a, &seat).await;
+        let late = a
+            .update_fenced_releasing("tsk_o", "rt_o", &mut |r| {
+                r.status = TaskStatus::Completed;
+                true
+            })
+            .await;
+        assert!(matches!(late, Err(StoreError::Fenced)), "{late:?}");
+        assert_eq!(route_ids(&a).await, ["rt_o"]);
+        let o = a.get("tsk_o").await.expect("get").expect("there");
+        assert_eq!(o.status, TaskStatus::Working);
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn postgres_lease_fences_writes_and_takeover_fails_once() {
         let a = open_store("lease").await;

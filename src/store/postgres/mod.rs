@@ -47,7 +47,7 @@ use statements::{
     CountByStatus, CreateKeyed, CreatePlain, ExpiredTasks, GetIdempotency, GetSecret, GetTask,
     GetTombstone, GetUpstreamIdentity, HeldRoutes, ListOwned, ListTenant, LiveTasks, LookupOwned,
     MarkSeen, PutRoute, PutSecret, PutUpstreamIdentity, RecoverableRoutes, RemoveRoute, Statements,
-    SweepTombstones, TenantCounts, UpdateRead, UpdateWrite,
+    SweepTombstones, TenantCounts, UpdateRead, UpdateWrite, UpdateWriteRelease,
 };
 
 use super::cluster::Seat;
@@ -670,12 +670,16 @@ impl PgStore {
         }
     }
 
+    /// A compare-and-swap update; with `release` (a fenced call's last write), a write
+    /// that leaves the record terminal removes the route in the same statement. Returns
+    /// the record after the call and whether the route went.
     async fn update_now(
         &self,
         task_id: &str,
         route_id: Option<&str>,
         f: &mut (dyn FnMut(&mut TaskRecord) -> bool + Send),
-    ) -> Result<Option<TaskRecord>, PgError> {
+        release: bool,
+    ) -> Result<(Option<TaskRecord>, bool), PgError> {
         let c = self.pool.get().await?;
         loop {
             // The fence (`route_id`; none for an unfenced write): the route still names
@@ -683,7 +687,7 @@ impl PgStore {
             // re-checked by the write itself, so a takeover between the two still wins.
             let read = UpdateRead { task_id, route_id };
             let Some(row) = self.sql.update_read.query_opt(&c, &read).await? else {
-                return Ok(None);
+                return Ok((None, false));
             };
             let version: i64 = row.try_get(0)?;
             let bytes: Vec<u8> = row.try_get(1)?;
@@ -694,27 +698,54 @@ impl PgStore {
             let old: TaskRecord = decode(&format!("task_routes/{task_id}"), &bytes)?;
             let mut rec = old.clone();
             if !f(&mut rec) {
-                return Ok(Some(old));
+                return Ok((Some(old), false));
             }
             rec.task_id = task_id.to_string();
             rec.v = SCHEMA_VERSION;
             let record = encode("task record", &rec)?;
-            let write = UpdateWrite {
-                task_id,
-                version,
-                tenant: &rec.tenant,
-                subject: &rec.subject,
-                status: rec.status.as_str(),
-                expires_at_ms: ms(rec.expires_at_ms),
-                record: &record,
-                route_id,
-                upstream: &rec.upstream,
-                created_at_ms: ms(rec.created_at_ms),
-            };
-            if self.sql.update_write.execute(&c, &write).await? == 1 {
-                return Ok(Some(rec));
+            let (tenant, subject, upstream) = (&rec.tenant, &rec.subject, &rec.upstream);
+            let (status, expires_at_ms) = (rec.status.as_str(), ms(rec.expires_at_ms));
+            let created_at_ms = ms(rec.created_at_ms);
+            match route_id {
+                Some(route_id) if release && rec.status.is_terminal() => {
+                    let write = UpdateWriteRelease {
+                        task_id,
+                        version,
+                        tenant,
+                        subject,
+                        status,
+                        expires_at_ms,
+                        record: &record,
+                        route_id,
+                        upstream,
+                        created_at_ms,
+                    };
+                    let row = self.sql.update_write_release.query_one(&c, &write).await?;
+                    let (written, removed): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
+                    if written == 1 {
+                        return Ok((Some(rec), removed == 1));
+                    }
+                }
+                _ => {
+                    let write = UpdateWrite {
+                        task_id,
+                        version,
+                        tenant,
+                        subject,
+                        status,
+                        expires_at_ms,
+                        record: &record,
+                        route_id,
+                        upstream,
+                        created_at_ms,
+                    };
+                    if self.sql.update_write.execute(&c, &write).await? == 1 {
+                        return Ok((Some(rec), false));
+                    }
+                }
             }
-            // Another writer won the round (or the task expired): read again.
+            // Another writer won the round, the task expired, or the fence fell
+            // between read and write: read again (a fallen fence fails there).
         }
     }
 
@@ -938,10 +969,9 @@ impl TaskStore for PgStore {
         task_id: &'a str,
         f: Update<'a>,
     ) -> BoxFuture<'a, Result<Option<TaskRecord>, StoreError>> {
-        self.run(
-            "update",
-            async move { self.update_now(task_id, None, f).await },
-        )
+        self.run("update", async move {
+            Ok(self.update_now(task_id, None, f, false).await?.0)
+        })
         .boxed()
     }
 
@@ -952,7 +982,19 @@ impl TaskStore for PgStore {
         f: Update<'a>,
     ) -> BoxFuture<'a, Result<Option<TaskRecord>, StoreError>> {
         self.run("update", async move {
-            self.update_now(task_id, Some(route_id), f).await
+            Ok(self.update_now(task_id, Some(route_id), f, false).await?.0)
+        })
+        .boxed()
+    }
+
+    fn update_fenced_releasing<'a>(
+        &'a self,
+        task_id: &'a str,
+        route_id: &'a str,
+        f: Update<'a>,
+    ) -> BoxFuture<'a, Result<(Option<TaskRecord>, bool), StoreError>> {
+        self.run("update", async move {
+            self.update_now(task_id, Some(route_id), f, true).await
         })
         .boxed()
     }
