@@ -47,7 +47,7 @@ use statements::{
     CountByStatus, CreateKeyed, CreatePlain, ExpiredTasks, GetIdempotency, GetSecret, GetTask,
     GetTombstone, GetUpstreamIdentity, HeldRoutes, ListOwned, ListTenant, LiveTasks, LookupOwned,
     MarkSeen, PutRoute, PutSecret, PutUpstreamIdentity, RecoverableRoutes, RemoveRoute, Statements,
-    SweepTombstones, TenantCounts, UpdateRead, UpdateWrite, UpdateWriteRelease,
+    SweepTombstones, TenantCounts, UpdateRead, UpdateWrite,
 };
 
 use super::cluster::Seat;
@@ -703,46 +703,23 @@ impl PgStore {
             rec.task_id = task_id.to_string();
             rec.v = SCHEMA_VERSION;
             let record = encode("task record", &rec)?;
-            let (tenant, subject, upstream) = (&rec.tenant, &rec.subject, &rec.upstream);
-            let (status, expires_at_ms) = (rec.status.as_str(), ms(rec.expires_at_ms));
-            let created_at_ms = ms(rec.created_at_ms);
-            match route_id {
-                Some(route_id) if release && rec.status.is_terminal() => {
-                    let write = UpdateWriteRelease {
-                        task_id,
-                        version,
-                        tenant,
-                        subject,
-                        status,
-                        expires_at_ms,
-                        record: &record,
-                        route_id,
-                        upstream,
-                        created_at_ms,
-                    };
-                    let row = self.sql.update_write_release.query_one(&c, &write).await?;
-                    let (written, removed): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
-                    if written == 1 {
-                        return Ok((Some(rec), removed == 1));
-                    }
-                }
-                _ => {
-                    let write = UpdateWrite {
-                        task_id,
-                        version,
-                        tenant,
-                        subject,
-                        status,
-                        expires_at_ms,
-                        record: &record,
-                        route_id,
-                        upstream,
-                        created_at_ms,
-                    };
-                    if self.sql.update_write.execute(&c, &write).await? == 1 {
-                        return Ok((Some(rec), false));
-                    }
-                }
+            let write = UpdateWrite {
+                task_id,
+                version,
+                tenant: &rec.tenant,
+                subject: &rec.subject,
+                status: rec.status.as_str(),
+                expires_at_ms: ms(rec.expires_at_ms),
+                record: &record,
+                route_id,
+                upstream: &rec.upstream,
+                created_at_ms: ms(rec.created_at_ms),
+                release: release && route_id.is_some() && rec.status.is_terminal(),
+            };
+            let row = self.sql.update_write.query_one(&c, &write).await?;
+            let (written, removed): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
+            if written == 1 {
+                return Ok((Some(rec), removed == 1));
             }
             // Another writer won the round, the task expired, or the fence fell
             // between read and write: read again (a fallen fence fails there).

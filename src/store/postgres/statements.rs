@@ -16,17 +16,6 @@ macro_rules! fence {
     };
 }
 
-/// A compare-and-swap write of a task's record and the columns beside it, at version
-/// `$version`: `update_write` and `update_write_release`, each adding its fence.
-macro_rules! set_record {
-    () => {
-        "UPDATE task_routes SET tenant = $tenant, subject = $subject, status = $status,
-             expires_at_ms = $expires_at_ms, record = $record, upstream = $upstream,
-             created_at_ms = $created_at_ms, version = version + 1
-         WHERE task_id = $task_id AND version = $version"
-    };
-}
-
 /// The tenant's live tasks, as `live_tasks` counts them: a CTE of the creations that
 /// take a quota (`max_live`), each declaring `tenant` and `max_live`.
 macro_rules! live_cte {
@@ -143,7 +132,10 @@ SELECT (SELECT count(*) FROM route) AS created, ", live_count!());
         );
 
     /// The write of a compare-and-swap update: only at the version read, and only while
-    /// the fence still holds, so a takeover between read and write still wins.
+    /// the fence still holds, so a takeover between read and write still wins. With
+    /// `release` (a call's terminal write), the request route goes in the same statement
+    /// when the write went through: one commit, so the route goes exactly when the
+    /// outcome is durable. Returns `(written, route removed)`.
     update_write: UpdateWrite<'a> {
         task_id: &'a str,
         version: i64,
@@ -155,30 +147,18 @@ SELECT (SELECT count(*) FROM route) AS created, ", live_count!());
         route_id: Option<&'a str>,
         upstream: &'a str,
         created_at_ms: i64,
+        release: bool,
     } = concat!(
-        set_record!(), "
-         AND ($route_id::text IS NULL OR ", fence!(), ")"
-    );
-
-    /// A call's terminal write as `update_write` under the fence, and its request
-    /// route's removal with it when it wrote: one statement and one commit, so the
-    /// route goes exactly when the outcome is durable. Returns `(written, removed)`.
-    update_write_release: UpdateWriteRelease<'a> {
-        task_id: &'a str,
-        version: i64,
-        tenant: &'a str,
-        subject: &'a str,
-        status: &'a str,
-        expires_at_ms: i64,
-        record: &'a [u8],
-        route_id: &'a str,
-        upstream: &'a str,
-        created_at_ms: i64,
-    } = concat!(
-        "WITH w AS (", set_record!(), " AND ", fence!(), "
+        "WITH w AS (
+    UPDATE task_routes SET tenant = $tenant, subject = $subject, status = $status,
+        expires_at_ms = $expires_at_ms, record = $record, upstream = $upstream,
+        created_at_ms = $created_at_ms, version = version + 1
+    WHERE task_id = $task_id AND version = $version
+      AND ($route_id::text IS NULL OR ", fence!(), ")
     RETURNING 1
 ), d AS (
-    DELETE FROM request_routes WHERE route_id = $route_id AND EXISTS (SELECT 1 FROM w)
+    DELETE FROM request_routes
+    WHERE $release AND route_id = $route_id AND EXISTS (SELECT 1 FROM w)
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM w), (SELECT count(*) FROM d)"
