@@ -19,6 +19,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Request};
 use http_body_util::{BodyExt, Full};
 
+use super::bare_pingora::{UPSTREAM_HEADER, start_bare_pingora};
 use super::fixtures::free_port;
 use super::harness::{Check, check_echo, check_result, median_run, run_load};
 use super::processes::{Gateway, Proc, taskgate_bin};
@@ -28,8 +29,24 @@ use super::requests::{echo_body_2026, gw_req};
 use super::{HttpClient, META_TASKS, MakeReq, Opts, pg_url};
 
 /// Completed tasks the `tasks/get` points poll (spread over the ring by their ids).
-const TASKS: usize = 64;
+const TASKS: usize = 128;
 const SSE_ROUNDS: usize = 15;
+
+/// Where a load point sends its requests.
+#[derive(Clone, Copy)]
+enum Via {
+    /// Straight to the replica.
+    Direct,
+    /// Through the bare pingora proxy in front of that replica.
+    Bare,
+    /// Through `taskgate edge`.
+    Edge,
+}
+
+/// Sends a request meant for replica `holder` on its way (address, and the bare
+/// proxy's header).
+type Readdress =
+    std::sync::Arc<dyn Fn(usize, Request<Full<Bytes>>) -> Request<Full<Bytes>> + Send + Sync>;
 
 /// The edge process and the address it listens on.
 struct Edge {
@@ -211,8 +228,8 @@ pub(super) fn edge(
             "req/s",
             "p50",
             "p99",
-            "p50 added by the edge",
-            "edge CPU µs/req",
+            "p50 added by the hop",
+            "proxy CPU µs/req",
             "replicas CPU µs/req",
             "errors",
         ],
@@ -263,66 +280,105 @@ pub(super) fn edge(
         .collect();
 
     let b: HeaderValue = bearer();
-    let get = |through_edge: bool| -> MakeReq {
-        let (b, placed, addrs, edge) = (b.clone(), placed.clone(), addrs.clone(), edge.addr);
+    // pingora's floor: a bare pingora proxy in front of the replicas
+    // (`bare_pingora.rs`); its rows name the replica the direct row sends each request
+    // to.
+    let bare = match start_bare_pingora(&work.join("bare"), &addrs) {
+        Ok(b) => Some(b),
+        Err(why) => {
+            rep.note(&format!(
+                "Bare pingora rows not run: {}",
+                why.replace('\n', " ")
+            ));
+            None
+        }
+    };
+    // `to(holder)`: where a request for the replica `holder` goes on this path, and the
+    // header naming it to the bare proxy.
+    let to = |via: Via| -> Readdress {
+        let (addrs, edge) = (addrs.clone(), edge.addr);
+        let bare = bare.as_ref().map(|(_, a)| *a);
+        std::sync::Arc::new(move |holder, mut req| {
+            let addr = match (via, bare) {
+                (Via::Direct, _) | (Via::Bare, None) => addrs[holder],
+                (Via::Bare, Some(bare)) => {
+                    req.headers_mut()
+                        .insert(UPSTREAM_HEADER, HeaderValue::from(holder));
+                    bare
+                }
+                (Via::Edge, _) => edge,
+            };
+            let uri = format!("http://{addr}{}", req.uri().path());
+            *req.uri_mut() = uri.parse().unwrap();
+            req
+        })
+    };
+    let get = |path: Via| -> MakeReq {
+        let (b, placed, to, addrs0) = (b.clone(), placed.clone(), to(path), addrs[0]);
         std::sync::Arc::new(move |i| {
             let (id, holder) = &placed[i as usize % placed.len()];
-            let to = if through_edge { edge } else { addrs[*holder] };
-            gw_req(to, &b, "tasks/get", id, get_body(i, id))
+            to(
+                *holder,
+                gw_req(addrs0, &b, "tasks/get", id, get_body(i, id)),
+            )
         })
     };
-    let inline = |through_edge: bool| -> MakeReq {
-        let (b, addrs, edge) = (b.clone(), addrs.clone(), edge.addr);
+    let inline = |path: Via| -> MakeReq {
+        let (b, to, n, addrs0) = (b.clone(), to(path), addrs.len(), addrs[0]);
         std::sync::Arc::new(move |i| {
-            let to = if through_edge {
-                edge
-            } else {
-                addrs[i as usize % addrs.len()]
-            };
-            gw_req(to, &b, "tools/call", "echo", echo_body_2026(i))
+            let holder = i as usize % n;
+            to(
+                holder,
+                gw_req(addrs0, &b, "tools/call", "echo", echo_body_2026(i)),
+            )
         })
     };
-    // One load point: its median run, with the edge's and the replicas' CPU per
-    // request.
-    let point = |conc: usize, mk: MakeReq, check: Check| {
+    // One load point: its median run, with the proxy's (the edge's, or the bare
+    // proxy's) and the replicas' CPU per request.
+    let point = |conc: usize, mk: MakeReq, check: Check, proxies: &[&Proc]| {
         median_run(|| {
-            let edge0 = edge.proc.cpu_secs();
+            let proxy0: f64 = proxies.iter().map(|p| p.cpu_secs()).sum();
             let reps0: f64 = gws.iter().map(|g| g.proc.cpu_secs()).sum();
             let s = rt.block_on(run_load(c, conc, o.warmup, o.duration, mk.clone(), check));
             let n = (s.ok + s.errors + s.refused).max(1) as f64;
-            let edge_us = (edge.proc.cpu_secs() - edge0) * 1e6 / n;
+            let proxy: f64 = proxies.iter().map(|p| p.cpu_secs()).sum();
             let reps: f64 = gws.iter().map(|g| g.proc.cpu_secs()).sum();
-            (s, (edge_us, (reps - reps0) * 1e6 / n))
+            (s, ((proxy - proxy0) * 1e6 / n, (reps - reps0) * 1e6 / n))
         })
     };
     let points = [
         (
             "tasks/get (completed task)",
-            get(false),
-            get(true),
+            &get as &dyn Fn(Via) -> MakeReq,
             check_result as Check,
         ),
-        (
-            "inline tools/call echo",
-            inline(false),
-            inline(true),
-            check_echo,
-        ),
+        ("inline tools/call echo", &inline, check_echo),
     ];
-    for (what, direct_req, edge_req, check) in points {
+    for (what, make, check) in points {
         for conc in [1, 16] {
-            let (direct, (_, d_reps)) = point(conc, direct_req.clone(), check);
-            let (via, (e_cpu, e_reps)) = point(conc, edge_req.clone(), check);
-            for (path, s, added, edge_cpu, reps) in [
-                ("direct", &direct, "–".to_string(), "–".to_string(), d_reps),
-                (
-                    "edge",
-                    &via,
-                    ms(via.p50() - direct.p50()),
-                    format!("{e_cpu:.0}"),
-                    e_reps,
-                ),
-            ] {
+            let (direct, (_, d_reps)) = point(conc, make(Via::Direct), check, &[]);
+            let bare_row = bare
+                .as_ref()
+                .map(|(p, _)| point(conc, make(Via::Bare), check, &[p]));
+            let (via, (e_cpu, e_reps)) = point(conc, make(Via::Edge), check, &[&edge.proc]);
+            let mut rows = vec![("direct", &direct, "–".to_string(), "–".to_string(), d_reps)];
+            if let Some((bare, (b_cpu, b_reps))) = &bare_row {
+                rows.push((
+                    "bare pingora",
+                    bare,
+                    ms(bare.p50() - direct.p50()),
+                    format!("{b_cpu:.0}"),
+                    *b_reps,
+                ));
+            }
+            rows.push((
+                "edge",
+                &via,
+                ms(via.p50() - direct.p50()),
+                format!("{e_cpu:.0}"),
+                e_reps,
+            ));
+            for (path, s, added, edge_cpu, reps) in rows {
                 rep.row(&[
                     format!("{what}, c={conc}"),
                     path.into(),
@@ -353,6 +409,6 @@ pub(super) fn edge(
         Err(why) => rep.note(&format!("SSE row failed: {why}")),
     }
     rep.note(&format!(
-        "Edge rows: three replicas on one PostgreSQL schema, `health_interval_ms = 1000`; each load row is the median of 3 runs. `tasks/get` polls {TASKS} completed tasks in turn, each sent to the replica the edge routes it to (spread over r0/r1/r2: {spread:?}), so direct and edge rows do the same work; inline calls round-robin over the replicas directly and through the edge. CPU is per request: the edge process alone, and summed over the replicas. Client, edge, replicas, the HTTP demo upstream and PostgreSQL share 2 cores."
+        "Edge rows: three replicas on one PostgreSQL schema, `health_interval_ms = 1000`; each load row is the median of 3 runs. `tasks/get` polls {TASKS} completed tasks in turn, each sent to the replica the edge routes it to (spread over r0/r1/r2: {spread:?}), so direct, bare pingora and edge rows do the same work; inline calls round-robin over the replicas directly, through the bare proxies and through the edge. Bare pingora: one pingora proxy that forwards each request to the replica a header names and does nothing else (`benches/load/bare_pingora.rs`), pingora's own floor. CPU is per request: the proxy process, and summed over the replicas. Client, edge, replicas, the HTTP demo upstream and PostgreSQL share 2 cores."
     ));
 }

@@ -12,6 +12,7 @@
 //! Every load point is bounded in time (`--duration-ms`, default 3000, after a 500 ms
 //! warm-up) and in count (`MAX_REQUESTS`), and all traffic goes to 127.0.0.1.
 
+mod bare_pingora;
 mod edge;
 #[path = "../support/fixtures.rs"]
 mod fixtures;
@@ -24,6 +25,7 @@ mod processes;
 mod replicas;
 mod report;
 mod requests;
+mod scale_pg;
 mod scenarios;
 mod sessions;
 mod stdio_pool;
@@ -143,6 +145,13 @@ fn main() {
         hello_server();
         return;
     }
+    let args: Vec<String> = std::env::args().collect();
+    if let [_, flag, listen, upstream, dir, ..] = args.as_slice()
+        && flag == "--bare-pingora"
+    {
+        bare_pingora::bare_pingora_server(listen, upstream, dir);
+        return;
+    }
     if !std::env::args().any(|a| a == "--bench") {
         // `cargo test --all-targets` runs harness-less benches without `--bench`: the
         // load harness starts servers and takes minutes, so it only runs under
@@ -208,6 +217,7 @@ fn main() {
     }
     if want("scale") {
         scale(&rt, &o, &mut rep, &c, up, work.path(), baseline_get_p99);
+        scale_pg::scale_postgres(&rt, &o, &mut rep, &c, up, work.path());
     }
     if want("native") {
         native::native_reference(&rt, &o, &mut rep, &c);

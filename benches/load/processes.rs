@@ -226,6 +226,15 @@ promote_after_ms = 0
     )
 }
 
+/// `config` with its store moved to `schema` of the PostgreSQL at `url`.
+pub(super) fn postgres_store(config: &str, url: &str, schema: &str) -> String {
+    config.replacen(
+        "[store]\n",
+        &format!("[store]\nbackend = \"postgres\"\nurl = \"{url}\"\nschema = \"{schema}\"\n"),
+        1,
+    )
+}
+
 pub(super) fn start_gateway(dir: &Path, upstream: SocketAddr) -> Gateway {
     start_gateway_with(dir, &gateway_config(&dir.join("data"), upstream))
 }

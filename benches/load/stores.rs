@@ -20,7 +20,7 @@ use super::harness::{
     Check, check_completed, check_task_created, cpu_us_per, median_run, run_load,
 };
 use super::pg_stats::{reset_statements, statements, wal_syncs};
-use super::processes::{Gateway, gateway_config, start_gateway_with};
+use super::processes::{Gateway, gateway_config, postgres_store, start_gateway_with};
 use super::report::{Report, err_note, ms};
 use super::requests::{gw_req, seed, seed_store, token};
 use super::scenarios::get_maker;
@@ -85,13 +85,7 @@ pub(super) fn stores(
                 None
             }
             Backend::Postgres { url, schema } => {
-                config = config.replacen(
-                    "[store]\n",
-                    &format!(
-                        "[store]\nbackend = \"postgres\"\nurl = \"{url}\"\nschema = \"{schema}\"\n"
-                    ),
-                    1,
-                );
+                config = postgres_store(&config, url, schema);
                 let settings = PgSettings {
                     url: url.clone(),
                     pool_size: 16,
