@@ -3,17 +3,20 @@
 //! §7 "Ownership"): every method resolves the record under the caller's `(tenant,
 //! subject)`; anything else is byte-identical to "not found".
 
+use std::sync::Arc;
+
 use serde_json::{Map, Value};
 
 use super::driver::conclude;
 use super::failure::Failure;
+use super::repo::Lookup;
 use super::{Engine, ids, snapshot};
 use crate::auth::Principal;
 use crate::config::as_millis;
 use crate::protocol::RpcError;
 use crate::protocol::params::{Field, TaskRef, TaskUpdate};
 use crate::protocol::results::add_server_info;
-use crate::store::{Owned, StoreError, TaskRecord, TaskStatus, now_ms};
+use crate::store::{StoreError, TaskRecord, TaskStatus, now_ms};
 
 /// The store did not answer a `tasks/*` method: 503 + `Retry-After`, since every one
 /// may be retried (a read changes nothing; a cancel or an answer already applied is
@@ -51,7 +54,7 @@ impl Engine {
         principal: &Principal,
         upstream: &str,
         task: &TaskRef,
-    ) -> Result<TaskRecord, Failure> {
+    ) -> Result<Arc<TaskRecord>, Failure> {
         let Some(task_id) = task.task_id.valid() else {
             return Err(refused(RpcError::invalid_params(
                 "params.taskId must be a string",
@@ -68,7 +71,7 @@ impl Engine {
             .await
             .map_err(unavailable)?;
         match found {
-            Owned::Record(rec) if rec.upstream == upstream => {
+            Lookup::Record(rec) if rec.upstream == upstream => {
                 // Never expire early, and never serve past the ttl even if the
                 // sweeper has not run yet (docs/design.md §11 "Expiry").
                 if rec.expires_at_ms <= now_ms() {
@@ -77,11 +80,11 @@ impl Engine {
                     // One trace view shows the task end to end: each of its requests
                     // links to the span that created it (docs/design.md §24).
                     crate::telemetry::link_creation(rec.trace.as_deref());
-                    Ok(*rec)
+                    Ok(rec)
                 }
             }
-            Owned::Expired => Err(refused(expired())),
-            Owned::Record(_) | Owned::Unknown => Err(refused(not_found())),
+            Lookup::Expired => Err(refused(expired())),
+            Lookup::Record(_) | Lookup::Unknown => Err(refused(not_found())),
         }
     }
 
@@ -107,13 +110,16 @@ impl Engine {
         principal: &Principal,
         upstream: &str,
         task: &TaskRef,
-    ) -> Result<TaskRecord, Failure> {
+    ) -> Result<Arc<TaskRecord>, Failure> {
         let mut rec = self.resolve(principal, upstream, task).await?;
         // A terminal state is shown only once it is durable.
         self.tasks.durable(&rec).await.map_err(unavailable)?;
         // Adaptive pollIntervalMs, remembered as advertised (docs/design.md §8 "Flow
-        // control").
-        self.limits.adapt(principal, &mut rec);
+        // control"). Only a live task's interval adapts, and a live record is never a
+        // shared snapshot, so this copies nothing.
+        if !rec.status.is_terminal() {
+            self.limits.adapt(principal, Arc::make_mut(&mut rec));
+        }
         Ok(rec)
     }
 

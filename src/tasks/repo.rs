@@ -40,6 +40,16 @@ pub enum Change {
     Resync,
 }
 
+/// What a task id is to one principal ([`TaskRepo::lookup_owned`]): the store's
+/// [`Owned`], with the record shared so that a terminal snapshot served from memory is
+/// not copied.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Lookup {
+    Record(Arc<TaskRecord>),
+    Expired,
+    Unknown,
+}
+
 /// A write of a task record: `true` when it changed the record.
 pub(super) type Edit<'a> = &'a mut (dyn FnMut(&mut TaskRecord) -> bool + Send);
 
@@ -291,16 +301,22 @@ impl TaskRepo {
         task_id: &str,
         tenant: &str,
         subject: &str,
-    ) -> Result<Owned, StoreError> {
+    ) -> Result<Lookup, StoreError> {
         if let Some(rec) = self.terminal.get(task_id, tenant, subject, now_ms()) {
-            return Ok(Owned::Record(Box::new(rec)));
+            return Ok(Lookup::Record(rec));
         }
         let ticket = self.terminal.ticket(task_id);
-        let found = self.store.lookup_owned(task_id, tenant, subject).await?;
-        if let Owned::Record(rec) = &found {
-            self.terminal.keep(ticket, rec);
-        }
-        Ok(found)
+        Ok(
+            match self.store.lookup_owned(task_id, tenant, subject).await? {
+                Owned::Record(rec) => {
+                    let rec = Arc::new(*rec);
+                    self.terminal.keep(ticket, &rec);
+                    Lookup::Record(rec)
+                }
+                Owned::Expired => Lookup::Expired,
+                Owned::Unknown => Lookup::Unknown,
+            },
+        )
     }
 
     /// A page of the tasks `(tenant, subject)` holds on `upstream`

@@ -88,13 +88,15 @@ impl TerminalCache {
         tenant: &str,
         subject: &str,
         now_ms: u64,
-    ) -> Option<TaskRecord> {
+    ) -> Option<Arc<TaskRecord>> {
         let rec = {
             let inner = self.inner.lock();
             inner.entries.get(task_id).map(|e| e.rec.clone())?
         };
+        // Shared, not copied: a snapshot never changes, and a reader that adapts a
+        // record gets its own copy (`Arc::make_mut`).
         (rec.tenant == tenant && rec.subject == subject && rec.expires_at_ms > now_ms)
-            .then(|| (*rec).clone())
+            .then_some(rec)
     }
 
     /// Call before the store read whose record may be kept.
@@ -108,7 +110,7 @@ impl TerminalCache {
 
     /// Keep `rec` if it is terminal, small enough, and nothing of its slot was evicted
     /// since `ticket` was taken.
-    pub(super) fn keep(&self, ticket: Ticket, rec: &TaskRecord) {
+    pub(super) fn keep(&self, ticket: Ticket, rec: &Arc<TaskRecord>) {
         if !rec.status.is_terminal() {
             return;
         }
@@ -144,7 +146,7 @@ impl TerminalCache {
         inner.entries.insert(
             rec.task_id.clone(),
             Entry {
-                rec: Arc::new(rec.clone()),
+                rec: rec.clone(),
                 size,
                 generation,
             },
@@ -225,12 +227,12 @@ mod tests {
     use crate::store::TaskStatus;
     use crate::store::test_records::task;
 
-    fn done(id: &str, tenant: &str, expires_at_ms: u64) -> TaskRecord {
-        TaskRecord {
+    fn done(id: &str, tenant: &str, expires_at_ms: u64) -> Arc<TaskRecord> {
+        Arc::new(TaskRecord {
             status: TaskStatus::Completed,
             result: Some(serde_json::json!({"content": [{"type": "text", "text": "ok"}]})),
             ..task(id, tenant, expires_at_ms)
-        }
+        })
     }
 
     #[test]
@@ -238,7 +240,12 @@ mod tests {
         let c = TerminalCache::default();
         let rec = done("tsk_a", "acme", 1_000);
         c.keep(c.ticket("tsk_a"), &rec);
-        assert_eq!(c.get("tsk_a", "acme", "alice", 999), Some(rec.clone()));
+        let hit = c.get("tsk_a", "acme", "alice", 999);
+        assert_eq!(hit.as_deref(), Some(&*rec));
+        assert!(
+            hit.is_some_and(|h| Arc::ptr_eq(&h, &rec)),
+            "a hit shares the snapshot, it does not copy it"
+        );
         assert_eq!(c.get("tsk_a", "acme", "bob", 999), None, "another subject");
         assert_eq!(
             c.get("tsk_a", "other", "alice", 999),
@@ -252,7 +259,7 @@ mod tests {
     #[test]
     fn keeps_only_terminal_snapshots() {
         let c = TerminalCache::default();
-        let working = task("tsk_w", "acme", u64::MAX);
+        let working = Arc::new(task("tsk_w", "acme", u64::MAX));
         c.keep(c.ticket("tsk_w"), &working);
         assert_eq!(c.get("tsk_w", "acme", "alice", 0), None);
     }

@@ -223,7 +223,7 @@ impl TaskSession<'_> {
 
     /// The task for `params.taskId`, shown to its owner (ownership, expiry, a durable
     /// terminal state: `Engine::owner_snapshot`).
-    async fn snapshot(&self, task: &TaskRef) -> Result<TaskRecord, Failure> {
+    async fn snapshot(&self, task: &TaskRef) -> Result<Arc<TaskRecord>, Failure> {
         self.gw
             .engine
             .owner_snapshot(self.principal, self.name(), task)
@@ -380,7 +380,7 @@ enum Woken {
 type SessionEnded = std::pin::Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>;
 
 impl Held {
-    async fn run(self, first: TaskRecord, tx: mpsc::Sender<Bytes>, mut ended: SessionEnded) {
+    async fn run(self, first: Arc<TaskRecord>, tx: mpsc::Sender<Bytes>, mut ended: SessionEnded) {
         // Subscribed before the second read, so no change between them is missed.
         let mut changes = self.engine.subscribe_changes();
         let (answers_tx, mut answers) = mpsc::channel::<(String, InputAnswer)>(16);
