@@ -643,6 +643,64 @@ mod database_tests {
         assert_eq!(o.status, TaskStatus::Working);
     }
 
+    /// A replica writes a task it created without reading it first
+    /// (`last_written.rs`); a write another replica made in between is never lost, and
+    /// the fence still holds.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_a_write_from_memory_never_loses_another_replicas() {
+        let a = open_store("last_written").await;
+        let b = PgStore::open(&settings(a.schema())).await.expect("open b");
+        let seat = a.register("a").await.expect("register a");
+        b.register("b").await.expect("register b");
+        for id in ["h", "f"] {
+            let t = task(&format!("tsk_{id}"), "acme", now_ms() + HOUR);
+            a.create(
+                &t,
+                &route(&format!("rt_{id}"), Some(&format!("tsk_{id}"))),
+                None,
+            )
+            .await
+            .expect("create");
+        }
+        let append = |who: &'static str| {
+            move |r: &mut TaskRecord| {
+                let before = r.status_message.take().unwrap_or_default();
+                r.status_message = Some(format!("{before}+{who}"));
+                true
+            }
+        };
+        // b writes after a's creation; a's next write must build on b's.
+        b.update("tsk_h", &mut append("b")).await.expect("b");
+        let rec = a.update("tsk_h", &mut append("a")).await.expect("a");
+        assert_eq!(rec.and_then(|r| r.status_message).as_deref(), Some("working+b+a"));
+        // a wrote last: its next write goes straight to the version it left.
+        let rec = a
+            .update_fenced("tsk_h", "rt_h", &mut |r| {
+                r.status = TaskStatus::Completed;
+                true
+            })
+            .await
+            .expect("terminal");
+        assert_eq!(rec.map(|r| r.status), Some(TaskStatus::Completed));
+        let h = a.get("tsk_h").await.expect("get").expect("there");
+        assert_eq!(
+            (h.status, h.status_message.as_deref()),
+            (TaskStatus::Completed, Some("working+b+a"))
+        );
+        // Created here and never read: the fence still refuses a seat whose lease
+        // lapsed.
+        expire_lease(&a, &seat).await;
+        let late = a
+            .update_fenced("tsk_f", "rt_f", &mut |r| {
+                r.status = TaskStatus::Completed;
+                true
+            })
+            .await;
+        assert!(matches!(late, Err(StoreError::Fenced)), "{late:?}");
+        let f = b.get("tsk_f").await.expect("get").expect("there");
+        assert_eq!(f.status, TaskStatus::Working);
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn postgres_lease_fences_writes_and_takeover_fails_once() {
         let a = open_store("lease").await;

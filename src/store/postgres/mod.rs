@@ -7,7 +7,8 @@
 //! - A create is one statement (data-modifying CTEs: claim the idempotency key, insert
 //!   the task, insert its request route), so one round trip, all or nothing.
 //! - Updates are compare-and-swap on the row's `version` column: read, apply, write
-//!   where the version is unchanged, retry otherwise.
+//!   where the version is unchanged, retry otherwise. The read is skipped when this
+//!   store wrote the task last and that write is still current (`last_written.rs`).
 //! - Records are stored as the bytes of their JSON (`bytea`), never `jsonb`.
 //! - Reads go to the connection's server, which must be the primary (the URL names it).
 //! - The schema comes from the versioned files under `migrations/postgres/`, applied at
@@ -30,6 +31,7 @@ use tokio_postgres::error::SqlState;
 
 mod cluster;
 mod import;
+mod last_written;
 mod migrate;
 mod purge;
 mod sessions;
@@ -286,6 +288,9 @@ pub struct PgStore {
     publisher: tokio::sync::Mutex<Option<tokio_postgres::Client>>,
     /// This store itself, for the listener task it starts.
     me: std::sync::OnceLock<Weak<PgStore>>,
+    /// The version of each live task this store wrote last, so its next write can skip
+    /// the read (`last_written.rs`).
+    last_written: last_written::LastWritten,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -387,6 +392,7 @@ impl PgStore {
             seat: parking_lot::RwLock::new(None),
             publisher: tokio::sync::Mutex::new(None),
             me: std::sync::OnceLock::new(),
+            last_written: Default::default(),
         });
         let _ = store.me.set(Arc::downgrade(&store));
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
@@ -604,6 +610,7 @@ impl PgStore {
                     Ok(row) => {
                         let created: i64 = row.try_get(0)?;
                         if created > 0 {
+                            self.last_written.remember(1, rec);
                             return Ok(QuotaCreated::Done(Created::New));
                         }
                         let task_id: Option<String> = row.try_get(1)?;
@@ -641,7 +648,13 @@ impl PgStore {
             }
         };
         match r {
-            Ok(v) => Ok(v),
+            Ok(v) => {
+                if matches!(v, QuotaCreated::Done(Created::New)) {
+                    // A row is created at version 1.
+                    self.last_written.remember(1, rec);
+                }
+                Ok(v)
+            }
             Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => {
                 let what = format!(
                     "task_routes/{}: a task or route with this id already exists ({})",
@@ -681,6 +694,17 @@ impl PgStore {
         release: bool,
     ) -> Result<(Option<TaskRecord>, bool), PgError> {
         let c = self.pool.get().await?;
+        // This store's own last write, if it is still current: write at its version
+        // without reading. Anything else (another writer since, the fence fell, the
+        // edit declines a record that may be stale) goes on to the read below.
+        if let Some((version, mut rec)) = self.last_written.take(task_id)
+            && f(&mut rec)
+            && let Some(done) = self
+                .write_at(&c, task_id, version, rec, route_id, release)
+                .await?
+        {
+            return Ok(done);
+        }
         loop {
             // The fence (`route_id`; none for an unfenced write): the route still names
             // its seat and that seat's lease is live. Read with the record and
@@ -700,30 +724,54 @@ impl PgStore {
             if !f(&mut rec) {
                 return Ok((Some(old), false));
             }
-            rec.task_id = task_id.to_string();
-            rec.v = SCHEMA_VERSION;
-            let record = encode("task record", &rec)?;
-            let write = UpdateWrite {
-                task_id,
-                version,
-                tenant: &rec.tenant,
-                subject: &rec.subject,
-                status: rec.status.as_str(),
-                expires_at_ms: ms(rec.expires_at_ms),
-                record: &record,
-                route_id,
-                upstream: &rec.upstream,
-                created_at_ms: ms(rec.created_at_ms),
-                release: release && route_id.is_some() && rec.status.is_terminal(),
-            };
-            let row = self.sql.update_write.query_one(&c, &write).await?;
-            let (written, removed): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
-            if written == 1 {
-                return Ok((Some(rec), removed == 1));
+            if let Some(done) = self
+                .write_at(&c, task_id, version, rec, route_id, release)
+                .await?
+            {
+                return Ok(done);
             }
             // Another writer won the round, the task expired, or the fence fell
             // between read and write: read again (a fallen fence fails there).
         }
+    }
+
+    /// The write of a compare-and-swap update: `rec` where the row is still at
+    /// `version` (and the fence holds). `None` if it wrote nothing; otherwise the record
+    /// written and whether the route went, remembered for the next write.
+    async fn write_at(
+        &self,
+        c: &deadpool_postgres::Object,
+        task_id: &str,
+        version: i64,
+        mut rec: TaskRecord,
+        route_id: Option<&str>,
+        release: bool,
+    ) -> Result<Option<(Option<TaskRecord>, bool)>, PgError> {
+        rec.task_id = task_id.to_string();
+        rec.v = SCHEMA_VERSION;
+        let record = encode("task record", &rec)?;
+        let write = UpdateWrite {
+            task_id,
+            version,
+            tenant: &rec.tenant,
+            subject: &rec.subject,
+            status: rec.status.as_str(),
+            expires_at_ms: ms(rec.expires_at_ms),
+            record: &record,
+            route_id,
+            upstream: &rec.upstream,
+            created_at_ms: ms(rec.created_at_ms),
+            release: release && route_id.is_some() && rec.status.is_terminal(),
+        };
+        let row = self.sql.update_write.query_one(c, &write).await?;
+        let (written, removed): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
+        if written != 1 {
+            return Ok(None);
+        }
+        if !rec.status.is_terminal() {
+            self.last_written.remember(version + 1, rec.clone());
+        }
+        Ok(Some((Some(rec), removed == 1)))
     }
 
     async fn idempotency_now(&self, key: &[u8]) -> Result<Option<IdempotencyEntry>, PgError> {
