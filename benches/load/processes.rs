@@ -251,7 +251,10 @@ pub(super) fn start_gateway_bin(bin: &Path, dir: &Path, config: &str) -> Gateway
     std::fs::write(&cfg, config).unwrap();
     let mut cmd = Command::new(bin);
     cmd.arg("--config").arg(&cfg).current_dir(dir);
-    cmd.env("TASKGATE_LOG", "warn,taskgate=info");
+    // The gateway's default request log (a line per request, read by this harness);
+    // `BENCH_GATEWAY_LOG` overrides it for an experiment.
+    let log = std::env::var("BENCH_GATEWAY_LOG").unwrap_or_else(|_| "warn,taskgate=info".into());
+    cmd.env("TASKGATE_LOG", log);
     let t0 = Instant::now();
     let mut proc = Proc::spawn(cmd);
     // `http://` or, with `server.tls_cert` (the `tls` scenario), `https://`.

@@ -672,7 +672,10 @@ mod database_tests {
         // b writes after a's creation; a's next write must build on b's.
         b.update("tsk_h", &mut append("b")).await.expect("b");
         let rec = a.update("tsk_h", &mut append("a")).await.expect("a");
-        assert_eq!(rec.and_then(|r| r.status_message).as_deref(), Some("working+b+a"));
+        assert_eq!(
+            rec.and_then(|r| r.status_message).as_deref(),
+            Some("working+b+a")
+        );
         // a wrote last: its next write goes straight to the version it left.
         let rec = a
             .update_fenced("tsk_h", "rt_h", &mut |r| {
