@@ -610,7 +610,7 @@ impl PgStore {
                     Ok(row) => {
                         let created: i64 = row.try_get(0)?;
                         if created > 0 {
-                            self.last_written.remember(1, rec);
+                            self.last_written.remember(1, rec, record.len());
                             return Ok(QuotaCreated::Done(Created::New));
                         }
                         let task_id: Option<String> = row.try_get(1)?;
@@ -651,7 +651,7 @@ impl PgStore {
             Ok(v) => {
                 if matches!(v, QuotaCreated::Done(Created::New)) {
                     // A row is created at version 1.
-                    self.last_written.remember(1, rec);
+                    self.last_written.remember(1, rec, record.len());
                 }
                 Ok(v)
             }
@@ -769,7 +769,8 @@ impl PgStore {
             return Ok(None);
         }
         if !rec.status.is_terminal() {
-            self.last_written.remember(version + 1, rec.clone());
+            self.last_written
+                .remember(version + 1, rec.clone(), record.len());
         }
         Ok(Some((Some(rec), removed == 1)))
     }
