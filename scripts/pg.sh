@@ -19,6 +19,10 @@
 # pg_ctl). TASKGATE_TEST_PG_URL says `sslmode=verify-full` with that CA as
 # `sslrootcert`, so every PostgreSQL test runs over verified TLS; TASKGATE_TEST_PG_CA
 # is the CA file.
+#
+# TASKGATE_PG_SERVER_OPTIONS adds server settings for experiments, e.g.
+# `TASKGATE_PG_SERVER_OPTIONS="-c shared_buffers=2GB" bash scripts/pg.sh run …`
+# (benches/RESULTS.md measures the 1M-task schema with the default and a larger cache).
 
 PG_BIN="${PG_BIN:-/usr/lib/postgresql/15/bin}"
 
@@ -133,7 +137,7 @@ pg_start() {
             -o "-c listen_addresses=127.0.0.1 -p $port -k $PG_TEST_DIR -c max_connections=400 \
                 -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all \
                 -c ssl=on -c ssl_cert_file=$PG_TEST_DIR/server.pem \
-                -c ssl_key_file=$PG_TEST_DIR/server-key.pem" \
+                -c ssl_key_file=$PG_TEST_DIR/server-key.pem ${TASKGATE_PG_SERVER_OPTIONS:-}" \
             start >/dev/null; then
             started=1
             break

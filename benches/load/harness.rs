@@ -82,6 +82,9 @@ pub(super) struct Stats {
     pub(super) secs: f64,
     pub(super) lat_us: Vec<u32>,
     pub(super) first_error: Option<String>,
+    /// Every request sent, the warm-up's included (what a process's CPU or statement
+    /// count over the whole load covers).
+    pub(super) sent: u64,
 }
 
 impl Stats {
@@ -207,6 +210,8 @@ where
             all.first_error = s.first_error;
         }
     }
+    // Each request drew one number (from 1); a draw past the cap sent nothing.
+    all.sent = (seq.load(Ordering::Relaxed) - 1).min(MAX_REQUESTS);
     all.secs = (Instant::now().min(end) - measure_from)
         .as_secs_f64()
         .max(1e-9);

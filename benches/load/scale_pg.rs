@@ -16,8 +16,9 @@ use taskgate::store::TaskStatus;
 use taskgate::store::postgres::{PgImport, PgSettings, TaskRow};
 
 use super::fixtures::task;
-use super::harness::{check_completed, run_load};
-use super::processes::{gateway_config, postgres_store, start_gateway_with};
+use super::harness::{Stats, check_completed, run_load};
+use super::pg_stats::{reset_statements, statements};
+use super::processes::{gateway_config, pg_cpu_secs, postgres_store, start_gateway_with};
 use super::report::{Report, err_note, ms};
 use super::requests::{owner, seeded_id};
 use super::scenarios::get_maker;
@@ -50,11 +51,22 @@ pub(super) fn scale_postgres(
             "p50",
             "p99",
             "p99 vs 10k schema",
+            "gateway CPU µs/req",
+            "PostgreSQL CPU µs/req",
+            "statements/req",
             "RSS after load",
             "errors",
         ],
     );
     let mut baseline_p99 = f64::NAN;
+    let biggest = o
+        .scale
+        .iter()
+        .copied()
+        .max()
+        .unwrap_or(BASELINE)
+        .max(BASELINE);
+    let mut busiest = Vec::new();
     let sizes = std::iter::once(BASELINE).chain(o.scale.iter().copied().filter(|&n| n != BASELINE));
     for n in sizes {
         let schema = format!("bench_scale_{}_{n}", std::process::id());
@@ -70,6 +82,8 @@ pub(super) fn scale_postgres(
         let _ = gw
             .proc
             .wait_log("task gauge counted", Duration::from_secs(120));
+        rt.block_on(reset_statements(&url));
+        let (cpu0, pg0) = (gw.proc.cpu_secs(), pg_cpu_secs());
         let s = rt.block_on(run_load(
             c,
             32,
@@ -78,6 +92,24 @@ pub(super) fn scale_postgres(
             get_maker(gw.addr, n, PRINCIPALS),
             check_completed,
         ));
+        let gw_cpu = (gw.proc.cpu_secs() - cpu0) * 1e6 / requests(&s);
+        let pg_cpu = match (pg0, pg_cpu_secs()) {
+            (Some(a), Some(b)) => format!("{:.0}", (b - a) * 1e6 / requests(&s)),
+            _ => "–".into(),
+        };
+        let counted = rt.block_on(statements(&url));
+        let top_level: i64 = counted
+            .iter()
+            .filter(|(_, _, top)| *top)
+            .map(|(n, _, _)| n)
+            .sum();
+        if n == biggest {
+            busiest = counted
+                .into_iter()
+                .filter(|(_, _, top)| *top)
+                .take(3)
+                .collect();
+        }
         if n == BASELINE {
             baseline_p99 = s.p99();
         }
@@ -91,6 +123,9 @@ pub(super) fn scale_postgres(
             ms(s.p50()),
             ms(s.p99()),
             format!("{:.2}×", s.p99() / baseline_p99),
+            format!("{gw_cpu:.0}"),
+            pg_cpu,
+            format!("{:.2}", top_level as f64 / requests(&s)),
             format!("{:.0} MB", rss1 as f64 / 1e6),
             format!("{}{}", s.errors + s.refused, err_note(&s)),
         ]);
@@ -100,8 +135,27 @@ pub(super) fn scale_postgres(
     rep.note(
         "The 10k schema's reads are served from the terminal snapshots once seen (the set fits \
          their 16 MiB budget); a larger schema's mostly are not, so each such read is a \
-         primary-key statement to the database.",
+         primary-key statement to the database. CPU and statements per request cover the \
+         warm-up's requests as well as the measured ones; statements are top-level ones \
+         (`pg_stat_statements`), the background's included.",
     );
+    let busiest: Vec<String> = busiest
+        .iter()
+        .map(|(calls, text, _)| {
+            let short: String = text.chars().take(80).collect();
+            format!("{calls} × `{short}`")
+        })
+        .collect();
+    rep.note(&format!(
+        "The busiest statements over the {biggest}-task schema's load: {}.",
+        busiest.join("; ")
+    ));
+}
+
+/// Every request a load sent, warm-up included (what the CPU and statement counts
+/// cover), at least one.
+fn requests(s: &Stats) -> f64 {
+    s.sent.max(1) as f64
 }
 
 /// Seeds `schema` (migrated first) with the `n` completed tasks [`get_maker`] reads,
