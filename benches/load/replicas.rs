@@ -202,6 +202,7 @@ pub(super) fn replicas(
         };
         let m = CreationMedians {
             statements: med(&|r| r.statements),
+            notifies: med(&|r| r.notifies),
             gateway: med(&|r| r.gateway_us),
             pg: med(&|r| r.pg_us),
             upstream: med(&|r| r.upstream_us),
@@ -301,6 +302,7 @@ pub(super) fn replicas(
             "replicas",
             "PostgreSQL statements per task (top level)",
             "vs one replica",
+            "of which pg_notify",
             "replicas' CPU µs/task",
             "PostgreSQL CPU µs/task",
             "upstream CPU µs/task",
@@ -312,6 +314,7 @@ pub(super) fn replicas(
             n.to_string(),
             format!("{:.2}", m.statements),
             format!("{:.2}×", m.statements / one_statements),
+            format!("{:.2}", m.notifies),
             format!("{:.0}", m.gateway),
             format!("{:.0}", m.pg),
             format!("{:.0}", m.upstream),
@@ -331,6 +334,8 @@ pub(super) fn replicas(
 struct CreationRun {
     stats: super::harness::Stats,
     statements: f64,
+    /// Of `statements`, the change fan-out's `pg_notify` batches.
+    notifies: f64,
     gateway_us: f64,
     pg_us: f64,
     upstream_us: f64,
@@ -339,6 +344,7 @@ struct CreationRun {
 
 struct CreationMedians {
     statements: f64,
+    notifies: f64,
     gateway: f64,
     pg: f64,
     upstream: f64,
@@ -401,10 +407,16 @@ fn creation_run(
     let tasks = rt.block_on(tasks_in(url, schema)).max(1) as f64;
     drop(gws);
     let top: i64 = counted.iter().filter(|s| s.2).map(|s| s.0).sum();
+    let notifies: i64 = counted
+        .iter()
+        .filter(|s| s.2 && s.1.contains("pg_notify"))
+        .map(|s| s.0)
+        .sum();
     let per = |secs: f64| secs * 1e6 / tasks;
     CreationRun {
         stats,
         statements: top as f64 / tasks,
+        notifies: notifies as f64 / tasks,
         gateway_us: per(gw1 - gw0),
         pg_us: per(pg1 - pg0),
         upstream_us: per(up1 - up0),
