@@ -73,12 +73,16 @@ async fn serve_rpc(gw: &Gateway, req: ReadRequest) -> Resp {
         );
     };
     let received = ext.get::<Received>().map_or_else(Instant::now, |r| r.0);
+    // The 2025-era paths, like the heavy arms of `dispatch`, are boxed: a future is as
+    // large as its largest state and is moved whole into the box the service returns,
+    // so unboxed, every `tasks/get` would carry and copy the ~45 KB state of a
+    // `tools/call` (ARCHITECTURE.md "The request path").
     // The method gate passed a GET or DELETE only for a 2025-era session.
     if parts.method == http::Method::GET {
-        return legacy::serve_get(gw, &upstream, principal, &parts).await;
+        return Box::pin(legacy::serve_get(gw, &upstream, principal, &parts)).await;
     }
     if parts.method == http::Method::DELETE {
-        return legacy::serve_delete(gw, &upstream, principal, &parts).await;
+        return Box::pin(legacy::serve_delete(gw, &upstream, principal, &parts)).await;
     }
     // Which era (docs/design.md §22 "Clients of the 2025 era"): a valid 2026 request
     // carries its version header and goes straight on; only a body without it is
@@ -89,7 +93,8 @@ async fn serve_rpc(gw: &Gateway, req: ReadRequest) -> Resp {
     } else {
         match wire::parse(&bytes) {
             Ok(v) if legacy::legacy_post(&parts.headers, &v) => {
-                return legacy::serve_post(gw, &upstream, principal, &parts, v, received).await;
+                let post = legacy::serve_post(gw, &upstream, principal, &parts, v, received);
+                return Box::pin(post).await;
             }
             Ok(v) => wire::validate_parsed(v, &parts.headers, &tool_headers),
             Err(rej) => Err(rej),
@@ -126,9 +131,7 @@ async fn serve_rpc(gw: &Gateway, req: ReadRequest) -> Resp {
         meta: &valid.meta.trace,
     });
     telemetry::record_principal_of(&span, &principal.tenant, &principal.subject);
-    dispatch(gw, &upstream, principal, *valid, received)
-        .instrument(span)
-        .await
+    Box::pin(dispatch(gw, &upstream, principal, *valid, received).instrument(span)).await
 }
 
 /// `server/discover` synthesised from the upstream's `initialize` result (MCP 2026-07-28
@@ -211,7 +214,7 @@ pub async fn dispatch(
     let info = if task_plane {
         upstream.identity()
     } else {
-        match upstream.info().await {
+        match Box::pin(upstream.info()).await {
             Ok(i) => i,
             Err(e) => {
                 return inline::upstream_failure(&req.id, upstream.name(), &e).into_response();
@@ -238,6 +241,9 @@ pub async fn dispatch(
     }
     // ---- end limits ----
 
+    // Every arm but `tasks/get` and `server/discover` awaits its future boxed, so that
+    // the state of the largest (a `tools/call`) is not the size of every request's
+    // (see `serve_rpc`).
     let (req, params) = req.split();
     match params {
         Params::Discover => reply::json(
@@ -254,29 +260,37 @@ pub async fn dispatch(
             let r = gw
                 .engine
                 .update(&principal, upstream.name(), update, &info.server_info);
-            task_reply(&req, r.await)
+            task_reply(&req, Box::pin(r).await)
         }
         Params::TaskCancel(task) => {
             let r = gw
                 .engine
                 .cancel(&principal, upstream.name(), &task, &info.server_info);
-            task_reply(&req, r.await)
+            task_reply(&req, Box::pin(r).await)
         }
         Params::Listen(listen) => {
             super::subscriptions::open(upstream, &principal, &req.id, &listen, &info, gw)
         }
         Params::ToolsCall(p) => {
-            tools_call(gw, upstream, principal, req.with(p), info, received).await
+            Box::pin(tools_call(
+                gw,
+                upstream,
+                principal,
+                req.with(p),
+                info,
+                received,
+            ))
+            .await
         }
         Params::Forward(fwd) => {
             if req.method == Method::ToolsList && !fwd.asks_page() {
                 // Served from the session's cache, outside the inline race: bounded by
                 // the same `sync_timeout_ms` here, or a stalled upstream would hold
                 // the request forever.
-                let listed = tokio::time::timeout_at(
+                let listed = Box::pin(tokio::time::timeout_at(
                     sync_deadline(gw, received),
                     upstream.tools_list(&principal),
-                );
+                ));
                 let Ok(listed) = listed.await else {
                     return sync_timed_out(gw, &req, upstream);
                 };
@@ -296,14 +310,14 @@ pub async fn dispatch(
                     }
                 };
             }
-            inline_or_resume(
+            Box::pin(inline_or_resume(
                 gw,
                 upstream,
                 principal,
                 req.with(fwd),
                 info.server_info,
                 received,
-            )
+            ))
             .await
         }
     }
