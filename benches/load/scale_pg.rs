@@ -16,7 +16,7 @@ use taskgate::store::TaskStatus;
 use taskgate::store::postgres::{PgImport, PgSettings, TaskRow};
 
 use super::fixtures::task;
-use super::harness::{Stats, check_completed, run_load};
+use super::harness::{check_completed, run_load};
 use super::pg_stats::{reset_statements, statements};
 use super::processes::{gateway_config, pg_cpu_secs, postgres_store, start_gateway_with};
 use super::report::{Report, err_note, ms};
@@ -59,15 +59,11 @@ pub(super) fn scale_postgres(
         ],
     );
     let mut baseline_p99 = f64::NAN;
-    let biggest = o
-        .scale
-        .iter()
-        .copied()
-        .max()
-        .unwrap_or(BASELINE)
-        .max(BASELINE);
+    let sizes: Vec<u64> = std::iter::once(BASELINE)
+        .chain(o.scale.iter().copied().filter(|&n| n != BASELINE))
+        .collect();
+    let biggest = sizes.iter().copied().max().unwrap_or(BASELINE);
     let mut busiest = Vec::new();
-    let sizes = std::iter::once(BASELINE).chain(o.scale.iter().copied().filter(|&n| n != BASELINE));
     for n in sizes {
         let schema = format!("bench_scale_{}_{n}", std::process::id());
         let seed_t = rt.block_on(seed_schema(&url, &schema, n));
@@ -92,23 +88,21 @@ pub(super) fn scale_postgres(
             get_maker(gw.addr, n, PRINCIPALS),
             check_completed,
         ));
-        let gw_cpu = (gw.proc.cpu_secs() - cpu0) * 1e6 / requests(&s);
+        let sent = s.sent.max(1) as f64;
+        let gw_cpu = (gw.proc.cpu_secs() - cpu0) * 1e6 / sent;
         let pg_cpu = match (pg0, pg_cpu_secs()) {
-            (Some(a), Some(b)) => format!("{:.0}", (b - a) * 1e6 / requests(&s)),
+            (Some(a), Some(b)) => format!("{:.0}", (b - a) * 1e6 / sent),
             _ => "–".into(),
         };
-        let counted = rt.block_on(statements(&url));
-        let top_level: i64 = counted
-            .iter()
+        // Most called first (`statements`); only top-level ones are round trips.
+        let top: Vec<_> = rt
+            .block_on(statements(&url))
+            .into_iter()
             .filter(|(_, _, top)| *top)
-            .map(|(n, _, _)| n)
-            .sum();
+            .collect();
+        let top_level: i64 = top.iter().map(|(calls, _, _)| calls).sum();
         if n == biggest {
-            busiest = counted
-                .into_iter()
-                .filter(|(_, _, top)| *top)
-                .take(3)
-                .collect();
+            busiest = top.into_iter().take(3).collect();
         }
         if n == BASELINE {
             baseline_p99 = s.p99();
@@ -125,7 +119,7 @@ pub(super) fn scale_postgres(
             format!("{:.2}×", s.p99() / baseline_p99),
             format!("{gw_cpu:.0}"),
             pg_cpu,
-            format!("{:.2}", top_level as f64 / requests(&s)),
+            format!("{:.2}", top_level as f64 / sent),
             format!("{:.0} MB", rss1 as f64 / 1e6),
             format!("{}{}", s.errors + s.refused, err_note(&s)),
         ]);
@@ -150,12 +144,6 @@ pub(super) fn scale_postgres(
         "The busiest statements over the {biggest}-task schema's load: {}.",
         busiest.join("; ")
     ));
-}
-
-/// Every request a load sent, warm-up included (what the CPU and statement counts
-/// cover), at least one.
-fn requests(s: &Stats) -> f64 {
-    s.sent.max(1) as f64
 }
 
 /// Seeds `schema` (migrated first) with the `n` completed tasks [`get_maker`] reads,

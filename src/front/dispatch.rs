@@ -75,7 +75,7 @@ async fn serve_rpc(gw: &Gateway, req: ReadRequest) -> Resp {
     let received = ext.get::<Received>().map_or_else(Instant::now, |r| r.0);
     // The 2025-era paths, like the heavy arms of `dispatch`, are boxed: a future is as
     // large as its largest state and is moved whole into the box the service returns,
-    // so unboxed, every `tasks/get` would carry and copy the ~45 KB state of a
+    // so unboxed, every `tasks/get` would carry and copy the 48 KB state of a
     // `tools/call` (ARCHITECTURE.md "The request path").
     // The method gate passed a GET or DELETE only for a 2025-era session.
     if parts.method == http::Method::GET {
@@ -241,7 +241,7 @@ pub async fn dispatch(
     }
     // ---- end limits ----
 
-    // Every arm but `tasks/get` and `server/discover` awaits its future boxed, so that
+    // Every awaited arm but `tasks/get` awaits its future boxed, so that
     // the state of the largest (a `tools/call`) is not the size of every request's
     // (see `serve_rpc`).
     let (req, params) = req.split();
