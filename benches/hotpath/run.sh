@@ -17,8 +17,9 @@
 # What is counted: only the request path. The gateway runs under callgrind with
 # collection off, switched on inside the futures that carry a request — the front's
 # connection tasks, the spawned upstream call, the task driver and the upstream HTTP
-# connection — so start-up, timers, the sweeper, the log writer thread and sled's own
-# flusher threads are not counted. Each count is Ir over the run / requests.
+# client's background futures (its connections: src/upstream/http/executor.rs) — so
+# start-up, timers, the sweeper, the log writer thread and sled's own flusher threads
+# are not counted. Each count is Ir over the run / requests.
 set -euo pipefail
 # A failure inside `$(count …)` must stop the run too.
 shopt -s inherit_errexit
@@ -73,7 +74,7 @@ TOGGLES=(
     "--toggle-collect=<tokio_util::task::task_tracker::TrackedFuture<F> as core::future::future::Future>::poll"
     "--toggle-collect=taskgate::tasks::call::start_call::{{closure}}"
     "--toggle-collect=taskgate::tasks::driver::<impl taskgate::tasks::Engine>::drive::{{closure}}"
-    "--toggle-collect=<hyper::client::conn::http1::upgrades::UpgradeableConnection<I,B> as core::future::future::Future>::poll"
+    "--toggle-collect=<taskgate::upstream::http::executor::ConnectionTask<F> as core::future::future::Future>::poll"
 )
 fi
 

@@ -79,6 +79,7 @@
 
 mod call_stream;
 mod consts;
+mod executor;
 mod get_stream;
 mod handshake;
 mod inbound;
@@ -101,7 +102,6 @@ use crate::tls::client::https_connector;
 use futures_util::future::BoxFuture;
 use http::{HeaderName, HeaderValue, Method};
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use parking_lot::Mutex;
 use tokio::sync::{Notify, broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -109,6 +109,7 @@ use tokio_util::sync::CancellationToken;
 pub use self::state::HttpUpstream;
 
 use self::consts::{ACCEPT_POST, CONNECT_TIMEOUT, DELETE_TIMEOUT};
+use self::executor::ConnectionExecutor;
 use self::handshake::supervise;
 use self::session::Session;
 use self::state::Inner;
@@ -163,7 +164,7 @@ impl HttpUpstream {
             }
         }
         let connector = https_connector(&opts.tls, CONNECT_TIMEOUT);
-        let client = Client::builder(TokioExecutor::new()).build(connector);
+        let client = Client::builder(ConnectionExecutor).build(connector);
         let (notifications, _) = broadcast::channel(256);
         let this = Arc::new_cyclic(|me| HttpUpstream {
             me: me.clone(),
