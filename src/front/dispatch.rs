@@ -277,7 +277,7 @@ pub async fn dispatch(
                 upstream,
                 principal,
                 req.with(p),
-                info,
+                info.server_info.clone(),
                 received,
             ))
             .await
@@ -315,7 +315,7 @@ pub async fn dispatch(
                 upstream,
                 principal,
                 req.with(fwd),
-                info.server_info,
+                info.server_info.clone(),
                 received,
             ))
             .await
@@ -366,7 +366,7 @@ async fn tools_call(
     upstream: &Arc<Upstream>,
     principal: Principal,
     req: Request<ToolCallParams>,
-    info: UpstreamInfo,
+    server_info: Value,
     received: Instant,
 ) -> Response<Body> {
     let Field::Valid(tool) = req.params.name.clone() else {
@@ -426,7 +426,7 @@ async fn tools_call(
             principal,
             req,
             tool: tool.clone(),
-            server_info: info.server_info,
+            server_info,
             promotion,
             timing: gw.inline_timing(),
             holds: gw.holds.clone(),
@@ -456,7 +456,7 @@ async fn tools_call(
     // Served inline: the call is forwarded like any other method.
     let (req, params) = req.split();
     let req = req.with(params.fwd);
-    inline_or_resume(gw, upstream, principal, req, info.server_info, received).await
+    inline_or_resume(gw, upstream, principal, req, server_info, received).await
 }
 
 /// When `sync_timeout_ms` runs out for a request that arrived at `received` (README

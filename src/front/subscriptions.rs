@@ -219,8 +219,8 @@ async fn send_snapshot(
     else {
         return true;
     };
-    let si = up.identity().server_info;
-    let detailed = snapshot::detailed(&rec, &si);
+    let info = up.identity();
+    let detailed = snapshot::detailed(&rec, &info.server_info);
     let hash = shown_hash(&detailed);
     if shown.insert(id.to_string(), hash) == Some(hash) && only_changed {
         return true;

@@ -69,11 +69,11 @@ fn info() -> UpstreamInfo {
 }
 
 impl LegacyTransport for Scripted {
-    fn ensure_ready(&self) -> BoxFuture<'_, Result<UpstreamInfo, UpstreamError>> {
-        Box::pin(async { Ok(info()) })
+    fn ensure_ready(&self) -> BoxFuture<'_, Result<Arc<UpstreamInfo>, UpstreamError>> {
+        Box::pin(async { Ok(Arc::new(info())) })
     }
-    fn info(&self) -> Option<UpstreamInfo> {
-        Some(info())
+    fn info(&self) -> Option<Arc<UpstreamInfo>> {
+        Some(Arc::new(info()))
     }
     fn state(&self) -> TransportState {
         TransportState::Ready

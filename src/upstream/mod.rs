@@ -194,10 +194,11 @@ pub struct SessionNotification {
 pub trait LegacyTransport: Send + Sync + 'static {
     /// Run `initialize` if not yet done (idempotent; concurrent callers share one
     /// attempt) and return the upstream's identity.
-    fn ensure_ready(&self) -> BoxFuture<'_, Result<UpstreamInfo, UpstreamError>>;
+    fn ensure_ready(&self) -> BoxFuture<'_, Result<Arc<UpstreamInfo>, UpstreamError>>;
 
-    /// The identity from the last successful `initialize`, if any.
-    fn info(&self) -> Option<UpstreamInfo>;
+    /// The identity from the last successful `initialize`, if any. Shared, not
+    /// copied: every request reads it (its capabilities decide what is answered).
+    fn info(&self) -> Option<Arc<UpstreamInfo>>;
 
     fn state(&self) -> TransportState;
 

@@ -306,7 +306,7 @@ impl Upstream {
     }
 
     /// Identity for `server/discover`, initialising the boot transport if needed.
-    pub async fn info(&self) -> Result<UpstreamInfo, UpstreamError> {
+    pub async fn info(&self) -> Result<Arc<UpstreamInfo>, UpstreamError> {
         if let Some(i) = self.boot.info() {
             return Ok(i);
         }
@@ -318,8 +318,10 @@ impl Upstream {
     /// learned (in this run or, from the store, an earlier one), else
     /// `{name, version: "unknown"}` with no capabilities (README "Task plane and
     /// upstream plane").
-    pub fn identity(&self) -> UpstreamInfo {
-        self.boot.info().unwrap_or_else(|| self.identity.current())
+    pub fn identity(&self) -> Arc<UpstreamInfo> {
+        self.boot
+            .info()
+            .unwrap_or_else(|| Arc::new(self.identity.current()))
     }
 
     /// Wakes when the task-plane identity changes (to keep it durable).

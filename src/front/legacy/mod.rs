@@ -451,7 +451,7 @@ impl Session<'_> {
     }
 
     /// The upstream's identity, when it is up; else the failure to answer.
-    async fn info(&self, id: &RequestId) -> Result<UpstreamInfo, Response<Body>> {
+    async fn info(&self, id: &RequestId) -> Result<Arc<UpstreamInfo>, Response<Body>> {
         if let Some(refused) = reply::not_accepting(&self.gw.engine, Some(id)) {
             return Err(refused);
         }
@@ -499,7 +499,7 @@ impl Session<'_> {
         if dialect && method == Method::ToolsCall && params.contains_key("task") {
             return self
                 .task_session()
-                .call(id, info, params, progress_token)
+                .call(id, info.server_info.clone(), params, progress_token)
                 .await;
         }
         params.remove("task");

@@ -34,7 +34,7 @@ use crate::tasks::failure::{ErrorClass, Failure};
 use crate::tasks::outcome::Reply;
 use crate::tasks::promote::Promotion;
 use crate::tasks::{Change, Engine};
-use crate::upstream::{InputAnswer, Upstream, UpstreamInfo};
+use crate::upstream::{InputAnswer, Upstream};
 
 /// The one 2025-era version with the task dialect (MCP 2025-11-25 "Tasks").
 pub(super) const TASKS_VERSION: &str = "2025-11-25";
@@ -137,7 +137,7 @@ impl TaskSession<'_> {
     pub(super) async fn call(
         &self,
         id: RequestId,
-        info: UpstreamInfo,
+        server_info: Value,
         mut params: Map<String, Value>,
         progress_token: Option<Value>,
     ) -> Response<Body> {
@@ -196,7 +196,7 @@ impl TaskSession<'_> {
                 idempotency_key: None,
             },
             tool,
-            server_info: info.server_info,
+            server_info,
             promotion,
             timing: self.gw.inline_timing(),
             holds: self.gw.holds.clone(),

@@ -231,7 +231,7 @@ impl HttpUpstream {
 }
 
 impl LegacyTransport for HttpUpstream {
-    fn ensure_ready(&self) -> BoxFuture<'_, Result<UpstreamInfo, UpstreamError>> {
+    fn ensure_ready(&self) -> BoxFuture<'_, Result<Arc<UpstreamInfo>, UpstreamError>> {
         Box::pin(async move {
             self.ensure_session().await?;
             self.info()
@@ -239,9 +239,8 @@ impl LegacyTransport for HttpUpstream {
         })
     }
 
-    fn info(&self) -> Option<UpstreamInfo> {
-        let shared = self.inner().info.clone();
-        shared.map(|i| (*i).clone())
+    fn info(&self) -> Option<Arc<UpstreamInfo>> {
+        self.inner().info.clone()
     }
 
     fn state(&self) -> TransportState {

@@ -2,6 +2,7 @@
 //! it and stopping it. Starting a child and reading its output are `spawn.rs`'s.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -33,7 +34,7 @@ pub(super) struct Child {
     pub(super) gone: CancellationToken,
     /// Set when the child is being killed, so checkout never hands it out again.
     pub(super) doomed: AtomicBool,
-    pub(super) info: Mutex<Option<UpstreamInfo>>,
+    pub(super) info: Mutex<Option<Arc<UpstreamInfo>>>,
     pub(super) pid_file: Option<PathBuf>,
     /// Set when the child went away on its own while serving a call (not killed by
     /// the pool): its replacement starts at once.

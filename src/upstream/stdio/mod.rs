@@ -225,13 +225,12 @@ impl Drop for StdioPool {
 }
 
 impl LegacyTransport for StdioPool {
-    fn ensure_ready(&self) -> BoxFuture<'_, Result<UpstreamInfo, UpstreamError>> {
+    fn ensure_ready(&self) -> BoxFuture<'_, Result<Arc<UpstreamInfo>, UpstreamError>> {
         Box::pin(self.shared.ensure_ready())
     }
 
-    fn info(&self) -> Option<UpstreamInfo> {
-        let shared = self.shared.info.lock().clone();
-        shared.map(|i| (*i).clone())
+    fn info(&self) -> Option<Arc<UpstreamInfo>> {
+        self.shared.info.lock().clone()
     }
 
     fn state(&self) -> TransportState {

@@ -192,7 +192,7 @@ impl Shared {
         }
     }
 
-    pub(super) async fn ensure_ready(self: &Arc<Self>) -> Result<UpstreamInfo, UpstreamError> {
+    pub(super) async fn ensure_ready(self: &Arc<Self>) -> Result<Arc<UpstreamInfo>, UpstreamError> {
         loop {
             let mut notified = pin!(self.changed.notified());
             notified.as_mut().enable();

@@ -110,7 +110,7 @@ pub(super) async fn spawn_child(shared: &Arc<Shared>) -> Result<Arc<Child>, Stri
             }
             {
                 let mut i = child.info.lock();
-                *i = Some(info);
+                *i = Some(Arc::new(info));
             }
             // Attribution is a security boundary (docs/design.md §14 "Upstream sessions"): servers send unsolicited
             // requests right after `initialized` (server-everything asks `roots/list`

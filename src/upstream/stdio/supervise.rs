@@ -19,7 +19,7 @@ pub(super) async fn supervise(shared: Arc<Shared>, idx: usize) {
                 let started = Instant::now();
                 shared.start_succeeded();
                 if let Some(info) = child.info.lock().clone() {
-                    *shared.info.lock() = Some(Arc::new(info));
+                    *shared.info.lock() = Some(info);
                 }
                 shared.set_slot(idx, SlotState::Ready(child.clone()));
                 let reaped = watch_child(&shared, idx, &child).await;
