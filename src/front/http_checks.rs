@@ -148,12 +148,8 @@ pub fn check_origin_host(
     Ok(())
 }
 
-fn media_type(v: &str) -> String {
-    v.split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase()
+fn media_type(v: &str) -> &str {
+    v.split(';').next().unwrap_or("").trim()
 }
 
 /// Exactly one `Content-Type`, and it is JSON (a repeated one is refused like a wrong
@@ -163,33 +159,32 @@ pub fn content_type_is_json(headers: &HeaderMap) -> bool {
         .ok()
         .flatten()
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| media_type(v) == "application/json")
+        .is_some_and(|v| media_type(v).eq_ignore_ascii_case("application/json"))
 }
 
 /// `Accept` must admit both `application/json` and `text/event-stream` (MCP 2026-07-28
 /// Streamable HTTP, "Sending Messages").
 pub fn accept_allows_json_and_sse(headers: &HeaderMap) -> bool {
-    let ranges = accept_ranges(headers);
-    admits(&ranges, "application/json") && admits(&ranges, "text/event-stream")
+    admits(headers, "application/json") && admits(headers, "text/event-stream")
 }
 
-/// The media ranges `Accept` lists (read once per request: every POST checks two).
-fn accept_ranges(headers: &HeaderMap) -> Vec<String> {
+/// Whether the media ranges `Accept` lists admit the media type `t` (exactly, `*/*` or
+/// `major/*`; media types compare case-insensitively). Every POST checks two, so the
+/// ranges are walked in place, without copies.
+fn admits(headers: &HeaderMap, t: &str) -> bool {
+    let (major, _) = t.split_once('/').unwrap_or((t, ""));
     headers
         .get_all(header::ACCEPT)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .map(media_type)
-        .collect()
-}
-
-/// Whether `ranges` admit the media type `t` (exactly, `*/*` or `major/*`).
-fn admits(ranges: &[String], t: &str) -> bool {
-    let (major, _) = t.split_once('/').unwrap_or((t, ""));
-    ranges
-        .iter()
-        .any(|r| r == t || r == "*/*" || *r == format!("{major}/*"))
+        .any(|r| {
+            r.eq_ignore_ascii_case(t)
+                || r == "*/*"
+                || r.strip_suffix("/*")
+                    .is_some_and(|m| m.eq_ignore_ascii_case(major))
+        })
 }
 
 /// Origin and Host (step 2 of the order of checks): a refusal is a plain JSON error
@@ -347,7 +342,7 @@ impl Step for Negotiate {
             return Ok(());
         }
         if req.method() == Method::GET {
-            return if admits(&accept_ranges(req.headers()), "text/event-stream") {
+            return if admits(req.headers(), "text/event-stream") {
                 Ok(())
             } else {
                 Err(reply::rpc_error(
@@ -551,5 +546,22 @@ mod tests {
             "application/json"
         )])));
         assert!(!accept_allows_json_and_sse(&HeaderMap::new()));
+        // Case-insensitive, parameters ignored, `major/*`, ranges over several headers.
+        assert!(accept_allows_json_and_sse(&h(&[(
+            "accept",
+            "Application/JSON;q=0.9, TEXT/*"
+        )])));
+        assert!(accept_allows_json_and_sse(&h(&[
+            ("accept", "application/json"),
+            ("accept", "text/event-stream")
+        ])));
+        assert!(!accept_allows_json_and_sse(&h(&[(
+            "accept",
+            "application/json, image/*"
+        )])));
+        assert!(!accept_allows_json_and_sse(&h(&[(
+            "accept",
+            "application/json, textx/*, text/event-streamx"
+        )])));
     }
 }
