@@ -30,15 +30,33 @@ pub fn new_route_id() -> String {
 }
 
 pub fn is_well_formed(id: &str) -> bool {
-    id.strip_prefix(PREFIX).is_some_and(|rest| {
-        rest.len() == 22
-            && rest
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-            && base64::engine::general_purpose::URL_SAFE_NO_PAD
-                .decode(rest)
-                .is_ok_and(|b| b.len() == 16)
-    })
+    id.strip_prefix(PREFIX)
+        .is_some_and(|rest| is_canonical_base64url(rest, 22))
+}
+
+/// Whether `s` is `len` characters of base64url (no padding) that decode canonically:
+/// the bits past the last whole byte are zero, as an encoder writes them. Checked in
+/// place rather than by decoding, since every `tasks/get` checks its id: 22 characters
+/// carry 16 bytes and 4 spare bits, 43 carry 32 bytes and 2.
+fn is_canonical_base64url(s: &str, len: usize) -> bool {
+    let spare_bits = (len * 6) % 8;
+    s.len() == len
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        && s.bytes()
+            .last()
+            .is_some_and(|b| base64url_value(b) & ((1 << spare_bits) - 1) == 0)
+}
+
+/// The 6-bit value of a base64url character (one already checked to be one).
+fn base64url_value(b: u8) -> u8 {
+    match b {
+        b'A'..=b'Z' => b - b'A',
+        b'a'..=b'z' => b - b'a' + 26,
+        b'0'..=b'9' => b - b'0' + 52,
+        b'-' => 62,
+        _ => 63,
+    }
 }
 
 /// A 2025-era client session id (an `Mcp-Session-Id`): unguessable, and never a
@@ -55,15 +73,8 @@ pub fn new_session_id() -> String {
 /// Whether `id` has the shape [`new_session_id`] gives; any other is answered like an
 /// unknown session without a store read.
 pub fn is_well_formed_session(id: &str) -> bool {
-    id.strip_prefix(SESSION_PREFIX).is_some_and(|rest| {
-        rest.len() == 43
-            && rest
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-            && base64::engine::general_purpose::URL_SAFE_NO_PAD
-                .decode(rest)
-                .is_ok_and(|b| b.len() == 32)
-    })
+    id.strip_prefix(SESSION_PREFIX)
+        .is_some_and(|rest| is_canonical_base64url(rest, 43))
 }
 
 #[cfg(test)]
@@ -79,6 +90,51 @@ mod tests {
         assert!(!is_well_formed("tsk_short"));
         assert!(!is_well_formed("gate-test"));
         assert!(!is_well_formed(&a.replace("tsk_", "tsx_")));
+    }
+
+    /// The in-place check accepts exactly what the base64 crate decodes to 16 (or 32)
+    /// bytes: every last character on random bodies, and the other characters' rules.
+    #[test]
+    fn canonical_check_matches_decoding() {
+        let decodes = |body: &str, bytes: usize| {
+            base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(body)
+                .is_ok_and(|b| b.len() == bytes)
+        };
+        let alphabet: Vec<char> =
+            "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_+/=.~ "
+                .chars()
+                .collect();
+        for (len, bytes) in [(22, 16), (43, 32)] {
+            for _ in 0..50 {
+                let mut raw = vec![0u8; bytes];
+                rand::rng().fill_bytes(&mut raw);
+                let body: String = base64::engine::general_purpose::URL_SAFE_NO_PAD
+                    .encode(&raw)
+                    .chars()
+                    .take(len - 1)
+                    .collect();
+                for &last in &alphabet {
+                    let s = format!("{body}{last}");
+                    assert_eq!(is_canonical_base64url(&s, len), decodes(&s, bytes), "{s}");
+                }
+            }
+            let fresh =
+                base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(vec![0xffu8; bytes]);
+            assert!(is_canonical_base64url(&fresh, len), "{fresh}");
+            for &c in &alphabet {
+                let s = format!("{c}{}", &fresh[1..]);
+                assert_eq!(is_canonical_base64url(&s, len), decodes(&s, bytes), "{s}");
+            }
+            assert!(!is_canonical_base64url(&fresh[1..], len));
+            assert!(!is_canonical_base64url(&format!("{fresh}A"), len));
+        }
+        for _ in 0..200 {
+            let id = new_task_id();
+            assert!(is_well_formed(&id), "{id}");
+            let s = new_session_id();
+            assert!(is_well_formed_session(&s), "{s}");
+        }
     }
 
     #[test]
