@@ -280,7 +280,7 @@ mod store {
 }
 
 // ---------------------------------------------------------------------------------------
-// `tasks/get` result serialisation (record → JSON value → bytes).
+// `tasks/get` result serialisation (the owner's snapshot → bytes, no `Value` between).
 
 mod snapshot_get {
     use super::*;
@@ -291,9 +291,13 @@ mod snapshot_get {
 
     fn run(b: Bencher, rec: TaskRecord) {
         let si = server_info();
+        let rec = std::sync::Arc::new(rec);
         b.bench(|| {
-            let v = snapshot::get_result(divan::black_box(&rec), &si);
-            serde_json::to_vec(&v).unwrap().len()
+            let view = snapshot::GetResult {
+                rec: divan::black_box(&rec).clone(),
+                server_info: &si,
+            };
+            serde_json::to_vec(&view).unwrap().len()
         });
     }
 

@@ -254,7 +254,12 @@ pub async fn dispatch(
             let r = gw
                 .engine
                 .get(&principal, upstream.name(), &task, &info.server_info);
-            task_reply(&req, r.await)
+            match r.await {
+                Ok(result) => {
+                    reply::json(StatusCode::OK, &protocol::ResponseOf::new(&req.id, result))
+                }
+                Err(f) => inline::render(&req.id, Reply::Failed(f)),
+            }
         }
         Params::TaskUpdate(update) => {
             let r = gw

@@ -24,7 +24,7 @@ pub fn empty(status: StatusCode) -> Response<Body> {
     r
 }
 
-pub fn json(status: StatusCode, value: &Value) -> Response<Body> {
+pub fn json<T: serde::Serialize + ?Sized>(status: StatusCode, value: &T) -> Response<Body> {
     let body = serde_json::to_vec(value).unwrap_or_default();
     let mut r = Response::new(full(body));
     *r.status_mut() = status;

@@ -97,6 +97,25 @@ impl Request<()> {
 }
 
 /// Build a JSON-RPC success response.
+/// A JSON-RPC response whose result is written by its own `Serialize` (a
+/// `tasks/get` answer, straight from the snapshot): the same JSON as [`response`].
+#[derive(serde::Serialize)]
+pub struct ResponseOf<'a, T: serde::Serialize> {
+    jsonrpc: &'static str,
+    id: &'a RequestId,
+    result: T,
+}
+
+impl<'a, T: serde::Serialize> ResponseOf<'a, T> {
+    pub fn new(id: &'a RequestId, result: T) -> Self {
+        Self {
+            jsonrpc: "2.0",
+            id,
+            result,
+        }
+    }
+}
+
 pub fn response(id: &RequestId, result: Value) -> Value {
     let mut m = Map::with_capacity(3);
     m.insert("jsonrpc".into(), Value::from("2.0"));

@@ -261,15 +261,13 @@ impl Rig {
     }
 
     async fn get(&self, task_id: &str) -> Result<Value, crate::protocol::RpcError> {
-        self.engine
-            .get(
-                &alice(),
-                "demo",
-                &TaskRef::to(task_id),
-                &json!({"name": "scripted"}),
-            )
+        let si = json!({"name": "scripted"});
+        let got = self
+            .engine
+            .get(&alice(), "demo", &TaskRef::to(task_id), &si)
             .await
-            .map_err(|f| f.error)
+            .map_err(|f| f.error)?;
+        Ok(serde_json::to_value(&got).unwrap_or_default())
     }
 
     async fn update(&self, task_id: &str, responses: Value) {
@@ -777,7 +775,8 @@ async fn task_methods_answer_retry_later_while_the_store_is_down() {
     r.faulty.fail("lookup_owned", io_error());
     let p = TaskRef::to(&id);
     // Used to be the request's outcome (200 + -32603): a poll is always retry-safe.
-    let get = r.engine.get(&alice(), "demo", &p, &json!({})).await;
+    let si = json!({});
+    let get = r.engine.get(&alice(), "demo", &p, &si).await;
     let cancel = r.engine.cancel(&alice(), "demo", &p, &json!({})).await;
     for f in [
         get.expect_err("store down"),

@@ -88,17 +88,17 @@ impl Engine {
         }
     }
 
-    pub async fn get(
+    pub async fn get<'a>(
         &self,
         principal: &Principal,
         upstream: &str,
         task: &TaskRef,
-        server_info: &Value,
-    ) -> Result<Value, Failure> {
+        server_info: &'a Value,
+    ) -> Result<snapshot::GetResult<'a>, Failure> {
         let rec = self.owner_snapshot(principal, upstream, task).await?;
         // `resolve` only answers the owner: this read collects the outcome.
         self.note_seen(&rec);
-        Ok(snapshot::get_result(&rec, server_info))
+        Ok(snapshot::GetResult { rec, server_info })
     }
 
     /// The one read of a task shown to its owner, by `tasks/get` or on a listen stream:
