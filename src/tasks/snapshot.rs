@@ -100,7 +100,8 @@ pub fn get_result(rec: &TaskRecord, server_info: &Value) -> Value {
 /// JSON, key for key, as `detailed` + `resultType` + the identity in `_meta`, without
 /// building that `Value` tree or copying the stored result. Every poll renders one,
 /// and the tree was a fifth of a poll's instructions (benches/RESULTS.md, "A poll's
-/// answer written from the snapshot"). The tests compare it with [`get_result`].
+/// answer written from the snapshot"). The tests compare it with `get_result`, the
+/// `Value` tree kept for them.
 #[derive(Debug)]
 pub struct GetResult<'a> {
     pub rec: Arc<TaskRecord>,
