@@ -254,12 +254,7 @@ pub async fn dispatch(
             let r = gw
                 .engine
                 .get(&principal, upstream.name(), &task, &info.server_info);
-            match r.await {
-                Ok(result) => {
-                    reply::json(StatusCode::OK, &protocol::ResponseOf::new(&req.id, result))
-                }
-                Err(f) => inline::render(&req.id, Reply::Failed(f)),
-            }
+            task_reply(&req, r.await)
         }
         Params::TaskUpdate(update) => {
             let r = gw
@@ -358,10 +353,11 @@ fn check_limits(
     Ok(())
 }
 
-/// The answer of a tasks method.
-fn task_reply(req: &Request<()>, r: Result<Value, Failure>) -> Response<Body> {
+/// The answer of a tasks method: its result written inside the JSON-RPC envelope
+/// (a `tasks/get` result serializes itself from the snapshot).
+fn task_reply<T: serde::Serialize>(req: &Request<()>, r: Result<T, Failure>) -> Response<Body> {
     match r {
-        Ok(v) => reply::json(StatusCode::OK, &protocol::response(&req.id, v)),
+        Ok(v) => reply::json(StatusCode::OK, &protocol::ResponseOf::new(&req.id, v)),
         Err(f) => inline::render(&req.id, Reply::Failed(f)),
     }
 }
