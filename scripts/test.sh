@@ -44,10 +44,31 @@ FEATURES=(--features edge,external-tests)
 echo "== installing test peers into .peers/"
 bash scripts/install-peers.sh "$PWD"
 
+# Runs one cargo step quietly: its last three lines when it passes. When it fails,
+# its last lines, then its diagnostics and the disk's free space, printed last so that
+# a CI log cut to its tail still says why (a full disk makes rustc exit 101 with only
+# "LLVM ERROR: IO failure on output stream", which three lines of cargo never show).
+cargo_step() {
+    local log rc=0
+    log=$(mktemp)
+    "$@" >"$log" 2>&1 || rc=$?
+    if [ "$rc" -ne 0 ]; then
+        tail -n 40 "$log" | cut -c1-400
+        echo "== failed (exit $rc): $*"
+        grep -E '^error|LLVM ERROR|panicked|No space left|Killed|signal:' "$log" | cut -c1-400 | tail -n 30
+        df -h . | tail -n 1
+        rm -f "$log"
+        return "$rc"
+    fi
+    tail -n 3 "$log"
+    rm -f "$log"
+}
+
 echo "== build (release, once; tests drive this build)"
 # The edge feature adds the pingora crates: about 200 s of CPU (1.7 min of wall on 2
 # cores) in a 13-minute cold release build (README "The two commands").
-cargo build --release --all-targets --locked "${FEATURES[@]}" 2>&1 | tail -n 3
+cargo_step cargo build --release --all-targets --locked "${FEATURES[@]}"
+echo "target/ holds $(du -sh target | cut -f1); $(df -h . | awk 'NR == 2 {print $4}') free on its disk"
 
 echo "== the previous release's binary (mixed-version tests, docs/design.md §27)"
 # Built once with this build's dependencies and cached in target/ (scripts/prev-release.sh).
@@ -56,17 +77,16 @@ export TASKGATE_PREV_BIN
 
 echo "== format and lints"
 cargo fmt --all -- --check
-cargo clippy --release --all-targets --locked "${FEATURES[@]}" -- -D warnings 2>&1 | tail -n 3
+cargo_step cargo clippy --release --all-targets --locked "${FEATURES[@]}" -- -D warnings
 # The lean build (no pingora) stays lint-clean too.
-cargo clippy --release --lib --bins --locked -- -D warnings 2>&1 | tail -n 3
+cargo_step cargo clippy --release --lib --bins --locked -- -D warnings
 # The library as the cargo-fuzz crate (fuzz/) builds it. The fuzz crate itself is not
 # built here: it is one-line wrappers around this feature's functions, and building it
 # means libFuzzer's C++ plus a second pass over the dependency tree (minutes, not
 # seconds). README "Fuzzing" says how to run it.
-cargo clippy --release --lib --features fuzzing --locked -- -D warnings 2>&1 | tail -n 3
-# Rustdoc: broken intra-doc links and other doc warnings fail the run (pipefail keeps
-# cargo's exit status through `tail`).
-RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --locked "${FEATURES[@]}" 2>&1 | tail -n 3
+cargo_step cargo clippy --release --lib --features fuzzing --locked -- -D warnings
+# Rustdoc: broken intra-doc links and other doc warnings fail the run.
+RUSTDOCFLAGS="-D warnings" cargo_step cargo doc --no-deps --locked "${FEATURES[@]}"
 
 echo "== hot-path instruction counts against benches/hotpath/baseline.txt"
 # Deterministic counts under callgrind, not timings (about 70 s); run while the machine
