@@ -28,13 +28,15 @@ const TASK_STATUSES: [&str; 5] = [
 /// The `decision` label values of `taskgate_fail_closed_total`: each error branch that
 /// refuses or keeps state for recovery instead of going on (docs/design.md §16 "Fail
 /// closed").
-pub const FAIL_CLOSED: [&str; 5] = [
+pub const FAIL_CLOSED: [&str; 6] = [
     // A tenant's live tasks could not be counted: the call was refused (503).
     "quota_uncounted",
     // A relay taken from the store could not be read: logged with its id, not acted on.
     "relay_undecodable",
     // Recording a call's outcome failed unexpectedly: its route was kept for recovery.
     "route_kept",
+    // A running call's input requests could not be recorded: refused to the upstream.
+    "input_refused",
     // The store failed after the upstream call was sent: 200 + -32603, call cancelled.
     "store_failed_after_send",
     // A route of this replica's live seat that no call here knows was resolved.

@@ -20,10 +20,20 @@ use futures_util::future::BoxFuture;
 /// See the module documentation. Operation names are the trait's method names.
 pub(crate) struct FaultyStore {
     inner: Arc<dyn TaskStore>,
-    failing: Mutex<HashMap<&'static str, StoreError>>,
+    failing: Mutex<HashMap<&'static str, Fault>>,
     /// Operations that wait this long after the inner store answered (a slow reply).
     slow: Mutex<HashMap<&'static str, std::time::Duration>>,
     calls: Mutex<HashMap<&'static str, usize>>,
+}
+
+/// How the calls of one operation fail.
+struct Fault {
+    error: StoreError,
+    /// Calls left to fail; `None`: every call until healed.
+    left: Option<usize>,
+    /// The inner store does the call before it fails (a commit whose reply the
+    /// connection lost).
+    lands: bool,
 }
 
 impl FaultyStore {
@@ -38,7 +48,25 @@ impl FaultyStore {
 
     /// Every later call of `op` fails with `e` (until [`heal`](Self::heal)).
     pub(crate) fn fail(&self, op: &'static str, e: StoreError) {
-        self.failing.lock().insert(op, e);
+        self.set_fault(op, e, None, false);
+    }
+
+    /// The next `times` calls of `op` fail with `e`; later ones pass.
+    pub(crate) fn fail_times(&self, op: &'static str, e: StoreError, times: usize) {
+        self.set_fault(op, e, Some(times), false);
+    }
+
+    /// The next `times` calls of `op` are done by the inner store but answer `e`: what
+    /// a write that landed looks like when the connection closes before its reply.
+    pub(crate) fn lose_answers(&self, op: &'static str, e: StoreError, times: usize) {
+        self.set_fault(op, e, Some(times), true);
+    }
+
+    fn set_fault(&self, op: &'static str, error: StoreError, left: Option<usize>, lands: bool) {
+        if left != Some(0) {
+            let fault = Fault { error, left, lands };
+            self.failing.lock().insert(op, fault);
+        }
     }
 
     pub(crate) fn heal(&self, op: &'static str) {
@@ -61,12 +89,26 @@ impl FaultyStore {
         self.calls.lock().clone()
     }
 
+    /// The error this call of `op` answers, if it fails: before the inner store does
+    /// it (`landed` false) or after (`landed` true).
+    fn fault(&self, op: &'static str, landed: bool) -> Result<(), StoreError> {
+        let mut failing = self.failing.lock();
+        let Some(fault) = failing.get_mut(op).filter(|f| f.lands == landed) else {
+            return Ok(());
+        };
+        let error = fault.error.clone();
+        if let Some(left) = &mut fault.left {
+            *left -= 1;
+            if *left == 0 {
+                failing.remove(op);
+            }
+        }
+        Err(error)
+    }
+
     fn enter(&self, op: &'static str) -> Result<(), StoreError> {
         *self.calls.lock().entry(op).or_default() += 1;
-        match self.failing.lock().get(op) {
-            Some(e) => Err(e.clone()),
-            None => Ok(()),
-        }
+        self.fault(op, false)
     }
 }
 
@@ -79,6 +121,7 @@ macro_rules! pass {
             if let Some(d) = $self.lateness($op) {
                 tokio::time::sleep(d).await;
             }
+            $self.fault($op, true)?;
             r
         })
     };

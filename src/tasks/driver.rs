@@ -69,22 +69,44 @@ pub fn key_inputs(rec: &mut TaskRecord, inputs: &[(String, Option<Value>)]) -> V
         let kind = method.split('/').next().unwrap_or("input");
         let key = format!("{kind}-{}", rec.issued_keys.len() + 1);
         rec.issued_keys.push(key.clone());
-        let mut req = Map::new();
-        req.insert("method".into(), Value::from(method.clone()));
-        if let Some(params) = params {
-            let mut params = params.clone();
-            if let Some(p) = params.as_object_mut() {
-                p.remove("elicitationId");
-            }
-            req.insert("params".into(), params);
-        }
-        rec.input_requests.insert(key.clone(), Value::Object(req));
+        rec.input_requests
+            .insert(key.clone(), recorded_request(method, params.as_ref()));
         keys.push(key);
     }
     rec.status = TaskStatus::InputRequired;
     rec.status_message = Some("waiting for input".into());
     rec.last_updated_at_ms = now_ms();
     keys
+}
+
+/// An input request as [`key_inputs`] records it.
+fn recorded_request(method: &str, params: Option<&Value>) -> Value {
+    let mut req = Map::new();
+    req.insert("method".into(), Value::from(method));
+    if let Some(params) = params {
+        let mut params = params.clone();
+        if let Some(p) = params.as_object_mut() {
+            p.remove("elicitationId");
+        }
+        req.insert("params".into(), params);
+    }
+    Value::Object(req)
+}
+
+/// The keys that an earlier write of the same `inputs` gave them, when that write
+/// landed although its answer was lost (a connection that closed after the commit):
+/// the last keys issued, each still outstanding with the same request. `None` when the
+/// record does not hold them, and [`key_inputs`] is to record them.
+pub fn keys_of_recorded(rec: &TaskRecord, inputs: &[InputSpec]) -> Option<Vec<String>> {
+    if rec.status != TaskStatus::InputRequired || inputs.is_empty() {
+        return None;
+    }
+    let first = rec.issued_keys.len().checked_sub(inputs.len())?;
+    let keys = &rec.issued_keys[first..];
+    let all_there = keys.iter().zip(inputs).all(|(key, (method, params))| {
+        rec.input_requests.get(key) == Some(&recorded_request(method, params.as_ref()))
+    });
+    all_there.then(|| keys.to_vec())
 }
 
 /// Split input requests into what is recorded and the answer channels.
@@ -387,25 +409,68 @@ impl Engine {
         }
     }
 
+    /// Record the upstream's input requests on the task, then register the channels
+    /// their answers go to. A store that is unreachable is retried for up to
+    /// `input_timeout_ms`, as a terminal write is: the requests exist only here, and a
+    /// task whose write failed would read `working` while its call waits for an
+    /// answer nobody can give. A write that cannot be made registers nothing: the
+    /// upstream's requests are answered with an error, and the call goes on to its end.
     async fn on_inputs(&self, task_id: &str, route_id: &str, batch: Vec<InputRequest>) {
         let (requests, responders) = split_inputs(batch);
         let mut keys = Vec::new();
-        let r = self
-            .tasks
-            .update(task_id, Some(route_id), &mut |rec| {
-                // `update` may run this more than once: only the last run's keys count.
-                keys.clear();
-                if rec.status.is_terminal() {
-                    return false;
+        let give_up = Instant::now() + self.cfg.tasks.input_timeout;
+        let mut backoff = SETTLE_RETRY_FIRST;
+        let mut retrying = false;
+        loop {
+            let r = self
+                .tasks
+                .update(task_id, Some(route_id), &mut |rec| {
+                    // `update` may run this more than once: only the last run's keys count.
+                    keys.clear();
+                    if rec.status.is_terminal() {
+                        return false;
+                    }
+                    // A failed write may have landed all the same: its keys stand.
+                    if retrying && let Some(recorded) = keys_of_recorded(rec, &requests) {
+                        keys = recorded;
+                        return false;
+                    }
+                    keys = key_inputs(rec, &requests);
+                    true
+                })
+                .await;
+            match r {
+                Ok(_) => break,
+                Err(StoreError::Io(e))
+                    if !self.shutting_down()
+                        && self.lease_held()
+                        && Instant::now() + backoff < give_up =>
+                {
+                    tracing::warn!(task = task_id, error = %e, retry_ms = backoff.as_millis() as u64, "recording input requests failed; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(SETTLE_RETRY_MAX);
+                    retrying = true;
                 }
-                keys = key_inputs(rec, &requests);
-                true
-            })
-            .await;
-        if let Err(e) = r {
-            tracing::error!(task = task_id, error = %e, "recording input requests failed");
+                // Taken over: the takeover resolves the task, and the call's answer
+                // is discarded (as in `settle`).
+                Err(StoreError::Fenced) => {
+                    tracing::warn!(
+                        task = task_id,
+                        "input requests refused: this replica no longer holds the call"
+                    );
+                    keys.clear();
+                    break;
+                }
+                Err(e) => {
+                    crate::metrics::fail_closed("input_refused");
+                    tracing::error!(task = task_id, error = %e, "recording input requests failed; the upstream's requests are refused");
+                    keys.clear();
+                    break;
+                }
+            }
         }
-        // Responders dropped here (terminal task) answer the upstream with an error.
+        // Responders dropped here (terminal task, failed write) answer the upstream
+        // with an error.
         for (key, tx) in keys.into_iter().zip(responders) {
             self.calls.add_responder(task_id, key, tx);
         }

@@ -796,11 +796,10 @@ async fn task_methods_answer_retry_later_while_the_store_is_down() {
     assert_eq!(r.status(&id).await, TaskStatus::Working);
 }
 
-#[tokio::test(start_paused = true)]
-async fn an_answer_sent_as_soon_as_the_input_request_shows_is_not_lost() {
-    // Promoted first, then asks: the driver records the request, then registers the
-    // channel its answer goes to. The owner answers in between.
-    let ask = handler(|_, events: mpsc::Sender<CallEvent>| async move {
+/// A call that asks one question 10 ms in and answers with what it was told, or
+/// "no answer" when its request was refused.
+fn asks_once() -> Handler {
+    handler(|_, events: mpsc::Sender<CallEvent>| async move {
         tokio::time::sleep(Duration::from_millis(10)).await;
         let (tx, rx) = oneshot::channel();
         let _ = events
@@ -816,28 +815,100 @@ async fn an_answer_sent_as_soon_as_the_input_request_shows_is_not_lost() {
             )),
             _ => Ok(text("no answer")),
         }
-    });
-    let r = rig(ask);
+    })
+}
+
+impl Rig {
+    /// Wait (in paused time) until the task reads `status`.
+    async fn wait_for(&self, task_id: &str, status: TaskStatus) {
+        let mut waited = 0;
+        while self.status(task_id).await != status {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            waited += 1;
+            assert!(waited < 1000, "{task_id} never read {status:?}");
+        }
+    }
+
+    /// Answer `elicitation-1` with 7 and read the task once its call has ended.
+    async fn answer_seven(&self, task_id: &str) -> Value {
+        self.update(
+            task_id,
+            json!({"elicitation-1": {"action": "accept", "content": {"a": 7}}}),
+        )
+        .await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        self.settle().await;
+        self.get(task_id).await.expect("get")
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_answer_sent_as_soon_as_the_input_request_shows_is_not_lost() {
+    // Promoted first, then asks: the driver records the request, then registers the
+    // channel its answer goes to. The owner answers in between.
+    let r = rig(asks_once());
     let id = task_id(&r.tools_call(json!({}), 0).await);
     // The write of the input request lands at once; its reply takes a second.
     r.faulty
         .answer_late("update_fenced", Duration::from_secs(1));
-    let mut waited = 0;
-    while r.status(&id).await != TaskStatus::InputRequired {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-        waited += 1;
-        assert!(waited < 100, "the input request never showed");
-    }
+    r.wait_for(&id, TaskStatus::InputRequired).await;
     r.faulty.heal("update_fenced");
-    r.update(
-        &id,
-        json!({"elicitation-1": {"action": "accept", "content": {"a": 7}}}),
-    )
-    .await;
     // Used to be dropped (no channel yet): the task read `working` for good.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let got = r.answer_seven(&id).await;
+    assert_eq!(got["status"], "completed", "{got}");
+    assert_eq!(got["result"]["answer"], 7, "{got}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn input_requests_meeting_a_store_outage_are_written_once_it_answers() {
+    let r = rig(asks_once());
+    let id = task_id(&r.tools_call(json!({}), 0).await);
+    r.faulty.fail("update_fenced", io_error());
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(r.status(&id).await, TaskStatus::Working);
+    let tries = r.faulty.calls().get("update_fenced").copied();
+    assert!(tries >= Some(3), "the write is retried: {tries:?}");
+    r.faulty.heal("update_fenced");
+    // Used to register the answer's channel and give up on the record: the task read
+    // `working` while its call waited for an answer nobody could give.
+    r.wait_for(&id, TaskStatus::InputRequired).await;
+    let got = r.answer_seven(&id).await;
+    assert_eq!(got["status"], "completed", "{got}");
+    assert_eq!(got["result"]["answer"], 7, "{got}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn input_requests_whose_write_landed_unseen_keep_their_keys() {
+    let r = rig(asks_once());
+    let id = task_id(&r.tools_call(json!({}), 0).await);
+    // The write lands but its reply is lost; the retry finds it written.
+    r.faulty.lose_answers("update_fenced", io_error(), 1);
+    r.wait_for(&id, TaskStatus::InputRequired).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(r.faulty.calls().get("update_fenced") >= Some(&2), "retried");
+    let got = r.get(&id).await.expect("get");
+    let keys: Vec<&String> = got["inputRequests"]
+        .as_object()
+        .expect("inputRequests")
+        .keys()
+        .collect();
+    assert_eq!(keys, ["elicitation-1"], "the retry asked again: {got}");
+    let got = r.answer_seven(&id).await;
+    assert_eq!(got["status"], "completed", "{got}");
+    assert_eq!(got["result"]["answer"], 7, "{got}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn input_requests_that_cannot_be_written_are_refused_to_the_upstream() {
+    let r = rig(asks_once());
+    let id = task_id(&r.tools_call(json!({}), 0).await);
+    // One failure that is not retried: the write of the input request.
+    let corrupt = StoreError::Corrupt("unreadable record".into());
+    r.faulty.fail_times("update_fenced", corrupt, 1);
+    // The call hears its request refused and ends; before, it waited for good.
+    tokio::time::sleep(Duration::from_secs(1)).await;
     r.settle().await;
     let got = r.get(&id).await.expect("get");
     assert_eq!(got["status"], "completed", "{got}");
-    assert_eq!(got["result"]["answer"], 7, "{got}");
+    assert_eq!(got["result"]["content"][0]["text"], "no answer", "{got}");
 }
