@@ -46,19 +46,24 @@ def rpc(i, method, params, name, bearer=None):
     body = json.dumps(
         {"jsonrpc": "2.0", "id": i, "method": method, "params": dict(params, _meta=META)}
     )
-    conn.request(
-        "POST",
-        "/mcp",
-        body,
-        {
-            "content-type": "application/json",
-            "accept": "application/json, text/event-stream",
-            "authorization": "Bearer " + (bearer or token),
-            "mcp-protocol-version": "2026-07-28",
-            "mcp-method": method,
-            "mcp-name": name,
-        },
-    )
+    headers = {
+        "content-type": "application/json",
+        "accept": "application/json, text/event-stream",
+        "authorization": "Bearer " + (bearer or token),
+        "mcp-protocol-version": "2026-07-28",
+        "mcp-method": method,
+        "mcp-name": name,
+    }
+    try:
+        conn.request("POST", "/mcp", body, headers)
+    except (BrokenPipeError, ConnectionResetError) as e:
+        # The gateway closed the kept-alive connection before this request went out
+        # (one CI run saw it once, in `task`, with its log gone). Sent again on a new
+        # connection, once: a gateway that died refuses that one and fails the run.
+        print(f"{method}: the connection was closed before the request ({e!r}); "
+              "sending it again on a new one", file=sys.stderr)
+        conn.close()
+        conn.request("POST", "/mcp", body, headers)
     r = conn.getresponse()
     raw = r.read()
     if r.status != 200:

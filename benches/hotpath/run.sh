@@ -150,7 +150,12 @@ EOF
     gw=$!
     PIDS+=("$gw")
     wait_ready "$gport" "$dir/gateway.log"
-    python3 benches/hotpath/drive.py "$gport" "$token" "$path" "$n" "$dir/ids"
+    if ! python3 benches/hotpath/drive.py "$gport" "$token" "$path" "$n" "$dir/ids"; then
+        # The work directory goes with the run: say what the gateway (and valgrind) said.
+        echo "driving $path failed; the gateway's log (valgrind's report included):" >&2
+        tail -n 40 "$dir/gateway.log" >&2
+        exit 1
+    fi
     kill -TERM "$gw"
     wait "$gw" || true
     kill "$demo" 2>/dev/null || true
