@@ -608,6 +608,40 @@ async fn idle_keepalive_is_closed_but_sse_streams_are_not_idle() {
     );
 }
 
+/// The quiet gap between two requests on a kept-alive connection is `idle_timeout_ms`'s;
+/// `header_timeout_ms` times a head from its first byte. hyper's head timer ran
+/// through the gap too, so an idle connection was closed at the header timeout (10 s
+/// by default, not the 60 s documented) under clients and the edge that reused it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_alive_connection_outlives_the_header_timeout() {
+    let s = http_gateway("header_timeout_ms = 500\nidle_timeout_ms = 6000\n").await;
+    let echo = call_request(&s, "echo", json!({"text": "again"}));
+    let ok = |t: Option<String>| t.is_some_and(|t| t.starts_with("HTTP/1.1 200"));
+    let mut conn = TcpStream::connect(s.gw.addr).await.unwrap();
+    assert!(ok(
+        send_once(&mut conn, &echo, Duration::from_secs(20)).await
+    ));
+    // Three header timeouts of quiet, then the next request on the same connection.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let again = send_once(&mut conn, &echo, Duration::from_secs(20)).await;
+    assert!(ok(again.clone()), "closed at the header timeout: {again:?}");
+    // A head begun on a kept-alive connection and left unfinished is cut at the header
+    // timeout, long before the idle timeout would.
+    let mut stalled = TcpStream::connect(s.gw.addr).await.unwrap();
+    assert!(ok(
+        send_once(&mut stalled, &echo, Duration::from_secs(20)).await
+    ));
+    stalled
+        .write_all(b"POST /mcp HTTP/1.1\r\nHost: 12")
+        .await
+        .unwrap();
+    let got = read_until_closed(&mut stalled, Duration::from_secs(3)).await;
+    assert!(got.is_ok(), "an unfinished head was kept: {got:?}");
+    // And the idle timeout still closes the quiet one.
+    let closed = read_until_closed(&mut conn, Duration::from_secs(30)).await;
+    assert!(closed.is_ok(), "an idle keep-alive connection stayed open");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_listener_closes_silent_sockets_too() {
     let port = free_port();

@@ -1,10 +1,12 @@
 //! Client connections: how long a connection may stay silent or idle, and what happens
 //! at the connection cap (README "HTTP front", hardening).
 //!
-//! - A connection must send its first byte within `header_timeout_ms`. hyper's own
-//!   header timer starts only with the first byte of a request head, and hyper-util's
+//! - A connection must send its first byte within `header_timeout_ms`: hyper-util's
 //!   protocol sniff (HTTP/1 or h2c) waits for bytes forever, so without this a socket
 //!   that never speaks holds a connection slot for good.
+//! - An HTTP/1 request head must be complete `header_timeout_ms` after its first byte
+//!   (src/front/head_clock.rs: hyper's own timer would also time the idle gap before
+//!   it).
 //! - A connection with no request in flight is closed after `idle_timeout_ms`. A
 //!   response counts as in flight until its body is done, so an SSE stream is never
 //!   idle.
@@ -31,7 +33,7 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::{Frame, Incoming, SizeHint};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use parking_lot::Mutex;
@@ -40,6 +42,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::{Service, ServiceBuilder};
 
+use super::head_clock::{HeadClock, HeadClockIo};
 use super::reply::Body;
 use crate::config::ServerConfig;
 
@@ -281,11 +284,9 @@ pub async fn serve<H: Handler>(
     let permits = Arc::new(tokio::sync::Semaphore::new(policy.max_connections));
     let registry = Registry::new();
     let tracker = TaskTracker::new();
+    // Each connection adds its own head timer (`Connection::serve_io`).
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(policy.header_timeout);
+    builder.http1().header_read_timeout(policy.header_timeout);
     let builder = Arc::new(builder);
     loop {
         let (stream, peer): (TcpStream, SocketAddr) = tokio::select! {
@@ -426,8 +427,11 @@ impl Connection {
                 inner,
             })
             .service(handle);
-        let conn =
-            builder.serve_connection_with_upgrades(TokioIo::new(io), TowerToHyperService::new(svc));
+        let clock = HeadClock::new();
+        let mut builder = builder.clone();
+        builder.http1().timer(clock.timer());
+        let io = TokioIo::new(HeadClockIo::new(io, clock));
+        let conn = builder.serve_connection_with_upgrades(io, TowerToHyperService::new(svc));
         tokio::pin!(conn);
         let mut closing = false;
         loop {

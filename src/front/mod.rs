@@ -11,6 +11,7 @@ mod admin;
 pub mod conn;
 pub mod dispatch;
 mod gateway;
+mod head_clock;
 pub mod http_checks;
 pub mod inline;
 pub mod legacy;
