@@ -625,6 +625,13 @@ async fn a_kept_alive_connection_outlives_the_header_timeout() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let again = send_once(&mut conn, &echo, Duration::from_secs(20)).await;
     assert!(ok(again.clone()), "closed at the header timeout: {again:?}");
+    // The same after a request answered within the millisecond its head arrived.
+    let health = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+    let mut fast = TcpStream::connect(s.gw.addr).await.unwrap();
+    assert!(ok(send_once(&mut fast, health, Duration::from_secs(20)).await));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let again = send_once(&mut fast, health, Duration::from_secs(20)).await;
+    assert!(ok(again.clone()), "closed at the header timeout: {again:?}");
     // A head begun on a kept-alive connection and left unfinished is cut at the header
     // timeout, long before the idle timeout would.
     let mut stalled = TcpStream::connect(s.gw.addr).await.unwrap();
@@ -637,6 +644,11 @@ async fn a_kept_alive_connection_outlives_the_header_timeout() {
         .unwrap();
     let got = read_until_closed(&mut stalled, Duration::from_secs(3)).await;
     assert!(got.is_ok(), "an unfinished head was kept: {got:?}");
+    // So is a new connection's short head, whole in the protocol sniff's first bytes.
+    let mut short = TcpStream::connect(s.gw.addr).await.unwrap();
+    short.write_all(b"POST /mcp HTTP/1.1\r\n").await.unwrap();
+    let got = read_until_closed(&mut short, Duration::from_secs(3)).await;
+    assert!(got.is_ok(), "a short unfinished head was kept: {got:?}");
     // And the idle timeout still closes the quiet one.
     let closed = read_until_closed(&mut conn, Duration::from_secs(30)).await;
     assert!(closed.is_ok(), "an idle keep-alive connection stayed open");

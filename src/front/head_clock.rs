@@ -23,49 +23,58 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 // tokio's clock, which tests can pause; hyper hands its deadlines in std's.
 use tokio::time::Instant;
 
-/// One connection's head clock. Times are ms since `epoch` plus one (0: never).
+/// One connection's head clock. Everything here happens on the connection's own task
+/// (hyper polls its socket and its timer there), so the fields need no joint update.
 pub(super) struct HeadClock {
     epoch: Instant,
-    /// When hyper last began waiting for a head.
-    armed_ms: AtomicU64,
-    /// When the first byte read since then arrived.
+    /// How many times hyper has begun waiting for a head.
+    waits: AtomicU64,
+    /// The wait during which the first byte of a head was read (`NO_WAIT`: none)...
+    first_byte_wait: AtomicU64,
+    /// ...and when, in ms since `epoch`.
     first_byte_ms: AtomicU64,
 }
+
+const NO_WAIT: u64 = u64::MAX;
 
 impl HeadClock {
     pub(super) fn new() -> Arc<Self> {
         Arc::new(Self {
             epoch: Instant::now(),
-            armed_ms: AtomicU64::new(0),
+            waits: AtomicU64::new(0),
+            first_byte_wait: AtomicU64::new(NO_WAIT),
             first_byte_ms: AtomicU64::new(0),
         })
     }
 
-    fn now_ms(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_millis())
-            .unwrap_or(u64::MAX - 1)
-            .saturating_add(1)
-    }
-
+    /// hyper begins waiting for a head; returns which wait this is.
     fn arm(&self) -> u64 {
-        let now = self.now_ms();
-        self.armed_ms.store(now, Ordering::Relaxed);
-        now
+        let wait = self.waits.fetch_add(1, Ordering::Relaxed) + 1;
+        // The first head's opening bytes were read before hyper began waiting for it,
+        // by the protocol sniff (up to 24 bytes, all of a short head), and hyper parses
+        // them from there: that head began with them.
+        if wait == 1 && self.first_byte_wait.load(Ordering::Relaxed) == 0 {
+            self.first_byte_wait.store(wait, Ordering::Relaxed);
+        }
+        wait
     }
 
     /// Bytes were read: the first since hyper began waiting starts the head's time.
+    /// (Counted in waits, not milliseconds: a fast request's bytes and the wait for
+    /// the next often fall in the same millisecond.)
     fn bytes_read(&self) {
-        let armed = self.armed_ms.load(Ordering::Relaxed);
-        if self.first_byte_ms.load(Ordering::Relaxed) < armed {
-            let now = self.now_ms().max(armed);
+        let wait = self.waits.load(Ordering::Relaxed);
+        if self.first_byte_wait.load(Ordering::Relaxed) != wait {
+            let now = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
             self.first_byte_ms.store(now, Ordering::Relaxed);
+            self.first_byte_wait.store(wait, Ordering::Relaxed);
         }
     }
 
-    /// When the head hyper began waiting for at `armed` had its first byte, if it has.
-    fn head_began(&self, armed: u64) -> Option<Instant> {
-        let first = self.first_byte_ms.load(Ordering::Relaxed);
-        (first >= armed).then(|| self.epoch + Duration::from_millis(first - 1))
+    /// When the head of `wait` had its first byte, if it has.
+    fn head_began(&self, wait: u64) -> Option<Instant> {
+        (self.first_byte_wait.load(Ordering::Relaxed) == wait)
+            .then(|| self.epoch + Duration::from_millis(self.first_byte_ms.load(Ordering::Relaxed)))
     }
 
     /// The timer to give hyper's HTTP/1 side (its only use there is the head timeout).
@@ -112,6 +121,7 @@ impl Timer for HeadTimer {
 /// Resolves `limit` after the first byte of the head it was armed for.
 struct HeadSleep {
     clock: Arc<HeadClock>,
+    /// The wait it was armed for ([`HeadClock::arm`]).
     armed: u64,
     limit: Duration,
     /// `sleep` is set to this head's deadline.
@@ -235,6 +245,19 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn bytes_read_before_the_first_wait_start_the_first_head() {
+        let clock = HeadClock::new();
+        let timer = clock.timer();
+        // The protocol sniff read a short head whole; nothing more comes.
+        clock.bytes_read();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut sleep = timer.sleep(Duration::from_millis(500));
+        assert!(futures_util::poll!(sleep.as_mut()).is_pending());
+        tokio::time::sleep(Duration::from_millis(501)).await;
+        assert!(futures_util::poll!(sleep.as_mut()).is_ready());
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn the_bytes_of_one_head_do_not_start_the_next() {
         let clock = HeadClock::new();
         let timer = clock.timer();
@@ -242,8 +265,8 @@ mod tests {
         let mut second = timer.sleep(limit);
         clock.bytes_read();
         assert!(futures_util::poll!(second.as_mut()).is_pending());
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        // The first head is done; hyper re-arms its sleep for the next (in place).
+        // The first head is done; hyper re-arms its sleep for the next (in place), in
+        // the same millisecond as the bytes came.
         let deadline = std::time::Instant::now() + limit;
         timer.reset(&mut second, deadline);
         tokio::time::sleep(Duration::from_secs(1)).await;
