@@ -628,7 +628,9 @@ async fn a_kept_alive_connection_outlives_the_header_timeout() {
     // The same after a request answered within the millisecond its head arrived.
     let health = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
     let mut fast = TcpStream::connect(s.gw.addr).await.unwrap();
-    assert!(ok(send_once(&mut fast, health, Duration::from_secs(20)).await));
+    assert!(ok(
+        send_once(&mut fast, health, Duration::from_secs(20)).await
+    ));
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let again = send_once(&mut fast, health, Duration::from_secs(20)).await;
     assert!(ok(again.clone()), "closed at the header timeout: {again:?}");
