@@ -914,3 +914,74 @@ fn served_method_names_are_spelled_once() {
         spelled.join("\n")
     );
 }
+
+/// The ad-hoc JSON lookups (`.get("literal")` outside `src/protocol` and `src/demo`,
+/// counted by `scripts/count-lookups.sh`, the one definition) stay at or under their
+/// ceiling: a wire shape is parsed into a type where it enters, not read key by key
+/// wherever it is used (ARCHITECTURE.md "One request path for both eras").
+#[test]
+fn ad_hoc_json_lookups_stay_under_their_ceiling() {
+    const CEILING: usize = 86;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new("bash")
+        .arg(root.join("scripts/count-lookups.sh"))
+        .arg("-v")
+        .output()
+        .expect("bash runs scripts/count-lookups.sh");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "count-lookups.sh failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let total: usize = text
+        .lines()
+        .last()
+        .and_then(|l| l.trim().parse().ok())
+        .expect("the last line is the total");
+    assert!(
+        total <= CEILING,
+        "{total} ad-hoc JSON lookups, over the ceiling of {CEILING}; parse the shape \
+         into a type in src/protocol instead:\n{text}"
+    );
+}
+
+/// Which era a request speaks is decided in one file, `src/front/era.rs`: only it
+/// defines the markers' tests and puts an `Era` into a request's extensions
+/// (ARCHITECTURE.md "One request path for both eras").
+#[test]
+fn the_era_is_decided_in_one_file() {
+    let deciders = [
+        "fn modern_by_header",
+        "fn legacy_post",
+        "fn serves_bodiless",
+        "fn has_meta_marker",
+        "fn is_legacy_initialize",
+        "insert(Era::",
+        "insert(era)",
+    ];
+    let mut found_in_era = 0;
+    let mut elsewhere = Vec::new();
+    for (module, path, text) in source_files() {
+        let code = without_test_modules(&text);
+        for d in deciders {
+            if !code.contains(d) {
+                continue;
+            }
+            if module == "front::era" {
+                found_in_era += 1;
+            } else {
+                elsewhere.push(format!("{} has `{d}`", path.display()));
+            }
+        }
+    }
+    assert!(
+        found_in_era >= 4,
+        "src/front/era.rs was not found or lost its markers"
+    );
+    assert!(
+        elsewhere.is_empty(),
+        "the era is decided outside src/front/era.rs:\n{}",
+        elsewhere.join("\n")
+    );
+}

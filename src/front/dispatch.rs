@@ -13,6 +13,7 @@ use serde_json::{Map, Value, json};
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use super::era::{Era, ParsedBody};
 use super::gateway::Gateway;
 use super::inline::{self, Inline, InlineTiming};
 use super::legacy;
@@ -21,17 +22,13 @@ use super::reply::{self, Body};
 use super::stack::{LogFields, ReadRequest, Received, Resp, RespFuture, Target};
 use super::wire::{self, ValidRequest};
 use crate::auth::Principal;
-use crate::config::TaskMode;
 use crate::protocol::params::{Field, Forward, Params, ToolCallParams};
 use crate::protocol::{
     self, Method, PROTOCOL_VERSION, Request, RpcError, TASKS_EXTENSION, results,
 };
-use crate::tasks::call::ToolCall;
-use crate::tasks::events::Pending;
+use crate::tasks::call::{Caller, Retry, ToolCallRequest, mrtr_retry};
 use crate::tasks::failure::{CallFailure, Failure};
-use crate::tasks::mrtr::Resumed;
-use crate::tasks::outcome::Reply;
-use crate::tasks::promote::Promotion;
+use crate::tasks::outcome::{Reply, ToolReply};
 use crate::telemetry;
 use crate::upstream::{Upstream, UpstreamInfo};
 
@@ -57,7 +54,9 @@ impl tower::Service<ReadRequest> for Rpc {
 }
 
 async fn serve_rpc(gw: &Gateway, req: ReadRequest) -> Resp {
-    let (parts, bytes) = req.into_parts();
+    let (mut parts, bytes) = req.into_parts();
+    // A body the era step parsed to decide is not parsed again.
+    let parsed = parts.extensions.remove::<ParsedBody>();
     let ext = &parts.extensions;
     // The path and auth steps put these in the extensions of every request they pass
     // on; a request without them never left those steps.
@@ -84,21 +83,25 @@ async fn serve_rpc(gw: &Gateway, req: ReadRequest) -> Resp {
     if parts.method == http::Method::DELETE {
         return Box::pin(legacy::serve_delete(gw, &upstream, principal, &parts)).await;
     }
-    // Which era (docs/design.md §22 "Clients of the 2025 era"): a valid 2026 request
-    // carries its version header and goes straight on; only a body without it is
-    // parsed first to look for the markers.
+    // The era the era step decided (docs/design.md §22 "Clients of the 2025 era").
     let tool_headers = || upstream.tool_headers_to_check();
-    let validated = if legacy::modern_by_header(&parts.headers) {
-        wire::validate_with(&bytes, &parts.headers, &tool_headers)
-    } else {
-        match wire::parse(&bytes) {
-            Ok(v) if legacy::legacy_post(&parts.headers, &v) => {
+    if ext.get::<Era>() == Some(&Era::Legacy) {
+        let body = match parsed {
+            Some(ParsedBody(p)) => p,
+            None => wire::parse(&bytes),
+        };
+        return match body {
+            Ok(v) => {
                 let post = legacy::serve_post(gw, &upstream, principal, &parts, v, received);
-                return Box::pin(post).await;
+                Box::pin(post).await
             }
-            Ok(v) => wire::validate_parsed(v, &parts.headers, &tool_headers),
-            Err(rej) => Err(rej),
-        }
+            Err(rej) => reply::rpc_error(rej.status, rej.id.as_ref(), &rej.error),
+        };
+    }
+    let validated = match parsed {
+        Some(ParsedBody(Ok(v))) => wire::validate_parsed(v, &parts.headers, &tool_headers),
+        Some(ParsedBody(Err(rej))) => Err(rej),
+        None => wire::validate_with(&bytes, &parts.headers, &tool_headers),
     };
     let valid = match validated {
         Ok(wire::Incoming::Notification) => return reply::empty(StatusCode::ACCEPTED),
@@ -362,6 +365,10 @@ fn task_reply<T: serde::Serialize>(req: &Request<()>, r: Result<T, Failure>) -> 
     }
 }
 
+/// A `tools/call` of a 2026 client: the engine decides ([`Engine::call_tool`]), the
+/// front renders (a task handle, an inline call held open, a relayed MRTR retry).
+///
+/// [`Engine::call_tool`]: crate::tasks::Engine::call_tool
 async fn tools_call(
     gw: &Gateway,
     upstream: &Arc<Upstream>,
@@ -370,94 +377,42 @@ async fn tools_call(
     server_info: Value,
     received: Instant,
 ) -> Response<Body> {
-    let Field::Valid(tool) = req.params.name.clone() else {
-        return error_200(
-            &req,
-            RpcError::invalid_params("params.name must be a string"),
-        );
+    let id = req.id.clone();
+    let caller = if req.meta.caps.declares_tasks() {
+        Caller::Tasks
+    } else {
+        Caller::Plain
     };
-    if req.params.arguments() == Field::Invalid {
-        return error_200(
-            &req,
-            RpcError::invalid_params("params.arguments must be an object"),
-        );
+    let call = ToolCallRequest {
+        upstream: upstream.clone(),
+        principal: principal.clone(),
+        req,
+        server_info: server_info.clone(),
+        caller,
+        received,
+        timing: gw.inline_timing(),
+        holds: gw.holds.clone(),
+    };
+    match gw.engine.call_tool(call).await {
+        ToolReply::Reply(r) => inline::Final::of_call(&id, r, &server_info).into_response(),
+        ToolReply::Inline { pending, req } => {
+            let (req, params) = req.split();
+            let c = Inline {
+                engine: gw.engine.clone(),
+                upstream: upstream.clone(),
+                principal,
+                req: req.with(params.fwd),
+                server_info,
+                timing: gw.inline_timing(),
+                holds: gw.holds.clone(),
+                received,
+            };
+            inline::serve(c, pending).await
+        }
+        ToolReply::Elsewhere { replica, req } => {
+            relay::retry_at(gw, &replica, upstream, &principal, &req).await
+        }
     }
-    let configured = upstream
-        .cfg
-        .tools
-        .get(&tool)
-        .map(|t| t.task)
-        .unwrap_or_default();
-    // Only a client without the tasks extension can be refused for a tool that runs
-    // only as a task, so only its calls look the tool up (a `tools/list` upstream when
-    // the cache is cold). The lookup runs before the inline race, so it is bounded by
-    // the request's `sync_timeout_ms` itself; past it the race answers at once.
-    let required = configured == TaskMode::Required
-        || (configured != TaskMode::Never
-            && !req.meta.caps.declares_tasks()
-            && tokio::time::timeout_at(
-                sync_deadline(gw, received),
-                upstream.tool_task_support(&principal, &tool),
-            )
-            .await
-            .ok()
-            .flatten()
-            .as_deref()
-                == Some("required"));
-    let promotion = Promotion::resolve(&gw.cfg.tasks, &upstream.cfg, &tool);
-    let keyed = req.idempotency_key.is_some()
-        || promotion.idempotency_argument.as_deref().is_some_and(|a| {
-            req.params
-                .arguments()
-                .into_valid()
-                .is_some_and(|x| x.get(a).is_some())
-        });
-    if keyed && !req.meta.caps.declares_tasks() {
-        return reply::rpc_error(
-            StatusCode::BAD_REQUEST,
-            Some(&req.id),
-            &RpcError::tasks_extension_required(
-                "an idempotency key makes the call a task; declare the tasks extension",
-            ),
-        );
-    }
-    if req.meta.caps.declares_tasks() && promotion.mode != TaskMode::Never {
-        let c = ToolCall {
-            upstream: upstream.clone(),
-            principal,
-            req,
-            tool: tool.clone(),
-            server_info,
-            promotion,
-            timing: gw.inline_timing(),
-            holds: gw.holds.clone(),
-            answer_undeclared: false,
-        };
-        let id = c.req.id.clone();
-        return match resume_state(gw, &c.upstream, &c.principal, &c.req, &c.server_info) {
-            None => inline::render(&id, gw.engine.tools_call(c).await),
-            Some(Retry::Answer(resp)) => resp,
-            Some(Retry::Elsewhere(replica)) => {
-                relay::retry_at(gw, &replica, &c.upstream, &c.principal, &c.req).await
-            }
-            Some(Retry::Resumed(pending)) => {
-                inline::render(&id, gw.engine.resume(c, pending).await)
-            }
-        };
-    }
-    if required && !req.meta.caps.declares_tasks() {
-        return reply::rpc_error(
-            StatusCode::BAD_REQUEST,
-            Some(&req.id),
-            &RpcError::tasks_extension_required(format!(
-                "tool {tool:?} runs only as a task; declare the tasks extension"
-            )),
-        );
-    }
-    // Served inline: the call is forwarded like any other method.
-    let (req, params) = req.split();
-    let req = req.with(params.fwd);
-    inline_or_resume(gw, upstream, principal, req, server_info, received).await
 }
 
 /// When `sync_timeout_ms` runs out for a request that arrived at `received` (README
@@ -481,55 +436,6 @@ impl Gateway {
     }
 }
 
-/// What an MRTR retry leads to.
-enum Retry {
-    /// The held call, resumed with the answers.
-    Resumed(Pending),
-    /// The reply to send now: an error, or a further round.
-    Answer(Response<Body>),
-    /// Another replica holds the call: relay the retry there.
-    Elsewhere(String),
-}
-
-/// An MRTR retry (`params.requestState`): `None` when this is a first request.
-fn resume_state<P: AsRef<Forward>>(
-    gw: &Gateway,
-    upstream: &Arc<Upstream>,
-    principal: &Principal,
-    req: &Request<P>,
-    server_info: &Value,
-) -> Option<Retry> {
-    let fwd = req.params.as_ref();
-    let state = match &fwd.mrtr.request_state {
-        Field::Absent => return None,
-        _ if !req.method.is_mrtr_eligible() => return None,
-        Field::Invalid => {
-            return Some(Retry::Answer(error_200(
-                req,
-                RpcError::invalid_params("requestState must be a string"),
-            )));
-        }
-        Field::Valid(state) => state,
-    };
-    Some(
-        match gw.holds.resume(
-            state,
-            principal,
-            upstream.name(),
-            req.method,
-            fwd,
-            server_info,
-        ) {
-            Ok(Resumed::Call(p)) => Retry::Resumed(p),
-            Ok(Resumed::StillWaiting(v)) => {
-                Retry::Answer(reply::json(StatusCode::OK, &protocol::response(&req.id, v)))
-            }
-            Ok(Resumed::Elsewhere(replica)) => Retry::Elsewhere(replica),
-            Err(e) => Retry::Answer(error_200(req, e)),
-        },
-    )
-}
-
 /// Serve inline, resuming a held call when the request is an MRTR retry.
 async fn inline_or_resume(
     gw: &Gateway,
@@ -539,7 +445,7 @@ async fn inline_or_resume(
     server_info: Value,
     received: Instant,
 ) -> Response<Body> {
-    let resumed = resume_state(gw, upstream, &principal, &req, &server_info);
+    let resumed = mrtr_retry(&gw.holds, upstream.name(), &principal, &req, &server_info);
     let c = Inline {
         engine: gw.engine.clone(),
         upstream: upstream.clone(),
@@ -552,7 +458,7 @@ async fn inline_or_resume(
     };
     match resumed {
         None => inline::run(c).await,
-        Some(Retry::Answer(resp)) => resp,
+        Some(Retry::Answer(r)) => inline::render(&c.req.id, r),
         Some(Retry::Elsewhere(replica)) => {
             relay::retry_at(gw, &replica, &c.upstream, &c.principal, &c.req).await
         }

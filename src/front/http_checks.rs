@@ -282,7 +282,7 @@ impl Step for MethodGate {
         let m = req.method();
         if m == Method::POST
             || ((m == Method::GET || m == Method::DELETE)
-                && super::legacy::era::legacy_bodiless(req.headers()))
+                && super::era::serves_bodiless(req.headers()))
         {
             Ok(())
         } else {

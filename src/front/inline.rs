@@ -58,13 +58,22 @@ impl Final {
         Self::of(id, Reply::Failed(failure(upstream, f)))
     }
 
-    /// Render an engine [`Reply`] to request `id`: every answer is HTTP 200 but an
-    /// error whose retry class says otherwise.
+    /// Render an engine [`Reply`] that is no task handle to request `id` (a handle's
+    /// answer names the upstream: [`Final::of_call`]).
     pub fn of(id: &Value, r: Reply) -> Self {
+        Self::of_call(id, r, &Value::Null)
+    }
+
+    /// Render an engine [`Reply`] to a request of the upstream whose `serverInfo` is
+    /// `server_info`: every answer is HTTP 200 but an error whose retry class says
+    /// otherwise; a task handle is the 2026 `CreateTaskResult`.
+    pub fn of_call(id: &Value, r: Reply, server_info: &Value) -> Self {
         match r {
-            Reply::Complete(Ok(v)) | Reply::Task(v) | Reply::InputRequired(v) => {
-                Self::ok(protocol::response(id, v))
-            }
+            Reply::Complete(Ok(v)) | Reply::InputRequired(v) => Self::ok(protocol::response(id, v)),
+            Reply::Task(rec) => Self::ok(protocol::response(
+                id,
+                crate::tasks::snapshot::create_result(&rec, server_info),
+            )),
             Reply::Complete(Err(e)) => {
                 crate::telemetry::record_rpc_error(e.code);
                 Self::ok(protocol::error_response(Some(id), &e))

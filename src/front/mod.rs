@@ -10,6 +10,7 @@
 mod admin;
 pub mod conn;
 pub mod dispatch;
+mod era;
 mod gateway;
 mod head_clock;
 pub mod http_checks;
@@ -40,7 +41,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower::{Service, ServiceBuilder};
 
-use stack::{Async, Req, Resp, RespFuture, StepLayer};
+use stack::{Async, Read, Req, Resp, RespFuture, StepLayer};
 
 /// The client-facing request path, built once per listener and cloned per connection.
 ///
@@ -61,6 +62,8 @@ use stack::{Async, Req, Resp, RespFuture, StepLayer};
 ///    ([`http_checks::Negotiate`]);
 /// 7. size: `max_body_bytes` 413, body read timeout 408
 ///    ([`http_checks::ReadBody`]);
+///    — the era is decided here, once ([`era::DecideEra`]): a 2025-era request
+///    goes on to `legacy/`'s session, then the same dispatch —
 /// 8. the JSON-RPC steps over the body, one service ([`dispatch::Rpc`]): parse
 ///    → envelope → headers vs body → `_meta` → version → method (`wire.rs`) →
 ///    capability → rate limits → params and ownership (`dispatch.rs`). Each needs what
@@ -91,6 +94,7 @@ fn build(
         .layer(StepLayer(Async(http_checks::Authenticate(gw.clone()))))
         .layer(StepLayer(http_checks::Negotiate))
         .layer(StepLayer(Async(http_checks::ReadBody(gw.clone()))))
+        .layer(StepLayer(Read(era::DecideEra)))
         .service(dispatch::Rpc(gw))
 }
 

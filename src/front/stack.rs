@@ -35,7 +35,8 @@ pub(super) type RespFuture = Pin<Box<dyn Future<Output = Result<Resp, Infallible
 /// A step that decides before the rest of the stack runs, without waiting: it passes
 /// the request on (keeping what it needs for the response) or answers it, and it may
 /// touch the response on the way out.
-pub(super) trait Step: Clone + Send + Sync + 'static {
+/// Steps before the body read take a [`Req`]; those after it a [`ReadRequest`].
+pub(super) trait Step<R = Req>: Clone + Send + Sync + 'static {
     /// What the step keeps from the request for [`Step::after`].
     type Kept: Send + 'static;
 
@@ -43,7 +44,7 @@ pub(super) trait Step: Clone + Send + Sync + 'static {
     // The refusal is the response itself, moved once to the client; boxing it would
     // add an allocation to every refused request for nothing.
     #[allow(clippy::result_large_err)]
-    fn before(&self, req: &mut Req) -> Result<Self::Kept, Resp>;
+    fn before(&self, req: &mut R) -> Result<Self::Kept, Resp>;
 
     /// The response of the rest of the stack, on its way out.
     fn after(&self, _kept: Self::Kept, _resp: &mut Resp) {}
@@ -95,21 +96,55 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut req: Req) -> Self::Future {
-        let kept = match self.step.before(&mut req) {
-            Ok(kept) => kept,
-            Err(answer) => return Box::pin(std::future::ready(Ok(answer))),
-        };
-        // The step decided without waiting, so the inner service `poll_ready` made
-        // ready is called here and needs no clone.
-        let next = self.inner.call(req);
-        let step = self.step.clone();
-        Box::pin(async move {
-            let mut resp = next.await?;
-            step.after(kept, &mut resp);
-            Ok(resp)
-        })
+    fn call(&mut self, req: Req) -> Self::Future {
+        run_step(&self.step, &mut self.inner, req)
     }
+}
+
+/// Marks a [`Step`] over a [`ReadRequest`], one that runs after the body read, for
+/// [`StepLayer`].
+#[derive(Clone)]
+pub(super) struct Read<T>(pub(super) T);
+
+impl<T, S> Service<ReadRequest> for StepService<Read<T>, S>
+where
+    T: Step<ReadRequest>,
+    S: Service<ReadRequest, Response = Resp, Error = Infallible>,
+    S::Future: Send + 'static,
+{
+    type Response = Resp;
+    type Error = Infallible;
+    type Future = RespFuture;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: ReadRequest) -> Self::Future {
+        run_step(&self.step.0, &mut self.inner, req)
+    }
+}
+
+/// Run `step`, then the rest of the stack unless the step answered.
+fn run_step<R, T, S>(step: &T, inner: &mut S, mut req: R) -> RespFuture
+where
+    T: Step<R>,
+    S: Service<R, Response = Resp, Error = Infallible>,
+    S::Future: Send + 'static,
+{
+    let kept = match step.before(&mut req) {
+        Ok(kept) => kept,
+        Err(answer) => return Box::pin(std::future::ready(Ok(answer))),
+    };
+    // The step decided without waiting, so the inner service `poll_ready` made
+    // ready is called here and needs no clone.
+    let next = inner.call(req);
+    let step = step.clone();
+    Box::pin(async move {
+        let mut resp = next.await?;
+        step.after(kept, &mut resp);
+        Ok(resp)
+    })
 }
 
 /// Marks an [`AsyncStep`] for [`StepLayer`] (a type could be both kinds of step; the

@@ -206,6 +206,10 @@ impl AsRef<Forward> for Forward {
 #[derive(Clone, Debug, PartialEq)]
 pub struct ToolCallParams {
     pub name: Field<String>,
+    /// `params.task`, the 2025-11-25 task augmentation (an object when valid): a
+    /// 2025-11-25 session asks for a task with it. Never sent upstream
+    /// ([`Forward::parse`]).
+    pub task: Field<()>,
     /// Everything, `name` and `arguments` included, goes upstream as sent.
     pub fwd: Forward,
 }
@@ -214,6 +218,11 @@ impl ToolCallParams {
     pub fn parse(params: Map<String, Value>) -> Self {
         Self {
             name: string(&params, "name"),
+            task: match params.get("task") {
+                None => Field::Absent,
+                Some(Value::Object(_)) => Field::Valid(()),
+                Some(_) => Field::Invalid,
+            },
             fwd: Forward::parse(params),
         }
     }

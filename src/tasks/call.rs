@@ -1,7 +1,9 @@
-//! The deadline race for a `tools/call` from a client that declared the tasks
-//! extension: the upstream call starts at once; an answer within
-//! `promote_after_ms` goes back inline, otherwise the task is written and flushed
-//! *before* its id goes out, and the call carries on in the background.
+//! One engine entry for every `tools/call`, of either era
+//! ([`Engine::call_tool`]): whether the call runs inline or becomes a task, what a
+//! client that cannot take a task is refused, MRTR retries, and — for a call that may
+//! become a task — the deadline race: the upstream call starts at once; an answer
+//! within `promote_after_ms` goes back inline, otherwise the task is written and
+//! flushed *before* its id goes out, and the call carries on in the background.
 
 use std::sync::Arc;
 
@@ -14,14 +16,14 @@ use super::events::{Event, Notice, Pending, Timers};
 use super::failure::Failure;
 use super::fingerprint::fingerprint;
 use super::inputs::{self, InlineTiming, InputVerdict};
-use super::mrtr::Holds;
-use super::outcome::{Reply, answer_of};
+use super::mrtr::{Holds, Resumed};
+use super::outcome::{Reply, ToolReply, answer_of};
 use super::promote::Promotion;
-use super::{Engine, ids, snapshot};
+use super::{Engine, ids};
 use crate::auth::Principal;
-use crate::config::OnInput;
-use crate::protocol::params::{TaskRef, ToolCallParams};
-use crate::protocol::{Request, RpcError};
+use crate::config::{OnInput, TaskMode};
+use crate::protocol::params::{Field, Forward, TaskRef, ToolCallParams};
+use crate::protocol::{Request, RpcError, error};
 use crate::store::{
     Created, QuotaCreated, RequestRoute, SCHEMA_VERSION, TaskRecord, TaskStatus, now_ms,
 };
@@ -31,12 +33,43 @@ use crate::upstream::{Upstream, UpstreamError};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Promote;
 
+/// Who calls a tool, as far as what becomes of the call differs by it
+/// (docs/design.md §1 "Promotion", §2, §22 "Clients of the 2025 era", §25).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Caller {
+    /// A 2026-07-28 client that declared the tasks extension: the deadline race.
+    Tasks,
+    /// A 2026-07-28 client without it: inline, or `-32021` for a call that could
+    /// only be a task.
+    Plain,
+    /// A 2025-11-25 session's task-augmented call (`params.task`): a task at once.
+    SessionTask,
+    /// Any other call of a 2025-era session (named, for its upstream session): inline;
+    /// a tool the upstream runs only as its own task is followed inline.
+    Session(String),
+}
+
+/// One `tools/call`, of either era, as the front hands it to the engine.
+pub struct ToolCallRequest {
+    pub upstream: Arc<Upstream>,
+    pub principal: Principal,
+    pub req: Request<ToolCallParams>,
+    /// The upstream's `serverInfo`, for the answers it goes into.
+    pub server_info: Value,
+    pub caller: Caller,
+    /// When the HTTP request arrived: a lookup before an inline call is bounded by the
+    /// same `sync_timeout_ms` the call is.
+    pub received: Instant,
+    pub timing: InlineTiming,
+    pub holds: Arc<Holds>,
+}
+
 /// One `tools/call` that may become a task.
 pub struct ToolCall {
     pub upstream: Arc<Upstream>,
     pub principal: Principal,
     pub req: Request<ToolCallParams>,
-    /// `params.name`, which the front checked is a string.
+    /// `params.name`, which [`Engine::call_tool`] checked is a string.
     pub tool: String,
     pub server_info: Value,
     pub promotion: Promotion,
@@ -45,6 +78,227 @@ pub struct ToolCall {
     /// A 2025-era client's task: input it did not declare is answered here, as its
     /// inline calls' is (`inputs::answer_undeclared`), rather than failing the task.
     pub answer_undeclared: bool,
+}
+
+fn invalid(why: impl Into<String>) -> ToolReply {
+    Reply::Complete(Err(RpcError::invalid_params(why))).into()
+}
+
+/// A call that could only be a task, from a 2026 client that cannot take one
+/// (docs/design.md §2): 400 `-32021`.
+fn needs_extension(why: String) -> ToolReply {
+    Reply::Failed(Failure::refused(RpcError::tasks_extension_required(why))).into()
+}
+
+impl Engine {
+    /// The one entry for a `tools/call` of either era: the params checks, then what
+    /// becomes of the call by who makes it ([`Caller`]). The upstream's
+    /// `execution.taskSupport` is looked up once, here.
+    pub async fn call_tool(self: &Arc<Self>, r: ToolCallRequest) -> ToolReply {
+        if r.caller == Caller::SessionTask && r.req.params.task == Field::Invalid {
+            return invalid("params.task must be an object");
+        }
+        let Field::Valid(tool) = r.req.params.name.clone() else {
+            return invalid("params.name must be a string");
+        };
+        if r.req.params.arguments() == Field::Invalid {
+            return invalid("params.arguments must be an object");
+        }
+        let mut promotion = Promotion::resolve(&self.cfg.tasks, &r.upstream.cfg, &tool);
+        match r.caller.clone() {
+            Caller::Tasks if promotion.mode != TaskMode::Never => {
+                let c = tool_call(r, tool, promotion, false);
+                self.retry_or_call(c).await
+            }
+            Caller::Tasks | Caller::Plain => self.plain_call(r, &tool, &promotion).await,
+            Caller::SessionTask => {
+                if promotion.mode == TaskMode::Never {
+                    return Reply::Complete(Err(RpcError::new(
+                        error::METHOD_NOT_FOUND,
+                        format!("tool {tool:?} does not run as a task"),
+                    )))
+                    .into();
+                }
+                // The task exists before the call starts, and its input goes through
+                // `tasks/result`, never an MRTR round this client cannot make.
+                promotion.promote_after = std::time::Duration::ZERO;
+                promotion.on_input = OnInput::Task;
+                self.tools_call(tool_call(r, tool, promotion, true))
+                    .await
+                    .into()
+            }
+            Caller::Session(session) => {
+                // A tool the upstream runs only as its own task, called without
+                // augmentation: followed inline (docs/design.md §25).
+                let upstream_task = r
+                    .upstream
+                    .upstream_task_support(&r.principal, &tool)
+                    .await
+                    .as_deref()
+                    == Some("required");
+                let want_progress = r.req.meta.progress_token.is_some();
+                let mut spec =
+                    inputs::upstream_spec(r.req.method, &r.req.params.fwd, want_progress);
+                spec.session = Some(session);
+                let pending = if upstream_task {
+                    self.start_upstream_task_inline(&r.upstream, &r.principal, spec)
+                } else {
+                    self.start_call(&r.upstream, &r.principal, spec)
+                };
+                ToolReply::Inline {
+                    pending,
+                    req: r.req,
+                }
+            }
+        }
+    }
+
+    /// A 2026 call served inline (a client without the extension, or a tool that
+    /// never runs as a task): refused with `-32021` when it could only be a task,
+    /// resumed when it is an MRTR retry.
+    async fn plain_call(
+        self: &Arc<Self>,
+        r: ToolCallRequest,
+        tool: &str,
+        promotion: &Promotion,
+    ) -> ToolReply {
+        if r.caller == Caller::Plain {
+            let keyed = r.req.idempotency_key.is_some()
+                || promotion.idempotency_argument.as_deref().is_some_and(|a| {
+                    r.req
+                        .params
+                        .arguments()
+                        .into_valid()
+                        .is_some_and(|x| x.get(a).is_some())
+                });
+            if keyed {
+                return needs_extension(
+                    "an idempotency key makes the call a task; declare the tasks extension".into(),
+                );
+            }
+            // Only a client without the extension is refused for a tool that runs
+            // only as a task, so only its calls look the tool up (a `tools/list`
+            // upstream when the cache is cold), bounded by the request's
+            // `sync_timeout_ms`: past it the inline call answers at once.
+            let required = promotion.mode == TaskMode::Required
+                || (promotion.mode != TaskMode::Never
+                    && tokio::time::timeout_at(
+                        r.received + r.timing.sync_timeout,
+                        r.upstream.tool_task_support(&r.principal, tool),
+                    )
+                    .await
+                    .ok()
+                    .flatten()
+                    .as_deref()
+                        == Some("required"));
+            if required {
+                return needs_extension(format!(
+                    "tool {tool:?} runs only as a task; declare the tasks extension"
+                ));
+            }
+        }
+        match mrtr_retry(
+            &r.holds,
+            r.upstream.name(),
+            &r.principal,
+            &r.req,
+            &r.server_info,
+        ) {
+            None => {
+                let fwd = &r.req.params.fwd;
+                let spec =
+                    inputs::upstream_spec(r.req.method, fwd, r.req.meta.progress_token.is_some());
+                let pending = self.start_call(&r.upstream, &r.principal, spec);
+                ToolReply::Inline {
+                    pending,
+                    req: r.req,
+                }
+            }
+            Some(Retry::Resumed(pending)) => ToolReply::Inline {
+                pending,
+                req: r.req,
+            },
+            Some(Retry::Elsewhere(replica)) => ToolReply::Elsewhere {
+                replica,
+                req: r.req,
+            },
+            Some(Retry::Answer(reply)) => reply.into(),
+        }
+    }
+
+    /// A tasks client's call: resumed when it is an MRTR retry, else the race.
+    async fn retry_or_call(self: &Arc<Self>, c: ToolCall) -> ToolReply {
+        match mrtr_retry(
+            &c.holds,
+            c.upstream.name(),
+            &c.principal,
+            &c.req,
+            &c.server_info,
+        ) {
+            None => self.tools_call(c).await.into(),
+            Some(Retry::Resumed(pending)) => self.resume(c, pending).await.into(),
+            Some(Retry::Elsewhere(replica)) => ToolReply::Elsewhere {
+                replica,
+                req: c.req,
+            },
+            Some(Retry::Answer(reply)) => reply.into(),
+        }
+    }
+}
+
+/// What an MRTR retry leads to.
+pub enum Retry {
+    /// The held call, resumed with the answers.
+    Resumed(Pending),
+    /// The answer now: an error, or a further round.
+    Answer(Reply),
+    /// Another replica holds the call: relay the retry there.
+    Elsewhere(String),
+}
+
+/// An MRTR retry (`params.requestState`) of a call held in `holds`; `None` for a
+/// first request (MCP 2026-07-28 "Multi Round-Trip Requests"). Every method that may
+/// answer `input_required` resumes through here, a `tools/call` or not.
+pub fn mrtr_retry<P: AsRef<Forward>>(
+    holds: &Arc<Holds>,
+    upstream: &str,
+    principal: &Principal,
+    req: &Request<P>,
+    server_info: &Value,
+) -> Option<Retry> {
+    let fwd = req.params.as_ref();
+    let state = match &fwd.mrtr.request_state {
+        Field::Absent => return None,
+        _ if !req.method.is_mrtr_eligible() => return None,
+        Field::Invalid => {
+            return Some(Retry::Answer(Reply::Complete(Err(
+                RpcError::invalid_params("requestState must be a string"),
+            ))));
+        }
+        Field::Valid(state) => state,
+    };
+    Some(
+        match holds.resume(state, principal, upstream, req.method, fwd, server_info) {
+            Ok(Resumed::Call(p)) => Retry::Resumed(p),
+            Ok(Resumed::StillWaiting(v)) => Retry::Answer(Reply::InputRequired(v)),
+            Ok(Resumed::Elsewhere(replica)) => Retry::Elsewhere(replica),
+            Err(e) => Retry::Answer(Reply::Complete(Err(e))),
+        },
+    )
+}
+
+fn tool_call(r: ToolCallRequest, tool: String, promotion: Promotion, session: bool) -> ToolCall {
+    ToolCall {
+        upstream: r.upstream,
+        principal: r.principal,
+        req: r.req,
+        tool,
+        server_info: r.server_info,
+        promotion,
+        timing: r.timing,
+        holds: r.holds,
+        answer_undeclared: session,
+    }
 }
 
 /// Aborts the call unless disarmed: the client still owns the call until a task
@@ -225,7 +479,7 @@ impl Engine {
             Ok(rec) => {
                 // It may have finished meanwhile: its status shows once durable.
                 match self.tasks.durable(&rec).await {
-                    Ok(()) => Reply::Task(snapshot::create_result(&rec, &c.server_info)),
+                    Ok(()) => Reply::Task(rec),
                     // Nothing was sent for this duplicate: retry-safe.
                     Err(e) => store_failure(e),
                 }
@@ -381,7 +635,7 @@ impl Engine {
         let call = start_call(self, &c.upstream, &c.principal, &c.req, &c.promotion);
         self.launch(&c, &rec, &route, call, Vec::new());
         crate::metrics::promoted(c.upstream.name(), &rec.task_id);
-        Reply::Task(snapshot::create_result(&rec, &c.server_info))
+        Reply::Task(Arc::new(rec))
     }
 
     /// Register a promoted call and hand it to its driver.
@@ -498,7 +752,7 @@ impl Engine {
             keys.into_iter().zip(senders).collect(),
         );
         crate::metrics::promoted(c.upstream.name(), &rec.task_id);
-        Reply::Task(snapshot::create_result(&rec, &c.server_info))
+        Reply::Task(Arc::new(rec))
     }
 }
 

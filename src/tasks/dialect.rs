@@ -53,6 +53,12 @@ pub fn create_result_of_handle(handle: &Value) -> Value {
     json!({ "task": t })
 }
 
+/// The `CreateTaskResult` of a task the gateway just created for a 2025-11-25
+/// session: the 2026 handle's fields under their 2025 names.
+pub fn create_result(rec: &TaskRecord) -> Value {
+    create_result_of_handle(&super::snapshot::create_result(rec, &Value::Null))
+}
+
 /// `notifications/tasks/status`: the whole `Task`, without the `related-task` key
 /// (MCP 2025-11-25 "Tasks", "Task Notifications").
 pub fn status_notification(rec: &TaskRecord) -> Value {

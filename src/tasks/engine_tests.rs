@@ -294,7 +294,7 @@ impl Rig {
 
 fn task_id(r: &Reply) -> String {
     match r {
-        Reply::Task(v) => v["taskId"].as_str().unwrap_or_default().to_string(),
+        Reply::Task(rec) => rec.task_id.clone(),
         other => panic!("expected a task, got {other:?}"),
     }
 }
@@ -389,8 +389,9 @@ async fn input_requests_are_gathered_and_partial_answers_keep_waiting() {
         unreachable!()
     };
     assert_eq!(
-        created["status"], "input_required",
-        "input promotes at once: {created}"
+        created.status,
+        TaskStatus::InputRequired,
+        "input promotes at once: {created:?}"
     );
     let got = r.get(&id).await.unwrap();
     let keys: Vec<&String> = got["inputRequests"].as_object().unwrap().keys().collect();

@@ -1,10 +1,15 @@
 //! What the engine answers a request with — a domain outcome, not HTTP. The front
 //! renders it (status, headers, JSON or SSE); the engine never builds a response.
 
+use std::sync::Arc;
+
 use serde_json::Value;
 
+use super::events::Pending;
 use super::failure::{CallFailure, Failure, failure};
-use crate::protocol::{Method, RpcError, results};
+use crate::protocol::params::ToolCallParams;
+use crate::protocol::{Method, Request, RpcError, results};
+use crate::store::TaskRecord;
 use crate::upstream::{CallOutcome, UpstreamError};
 
 /// A joined upstream call: the task running it may have ended without a result.
@@ -16,8 +21,9 @@ pub enum Reply {
     /// The call's answer inline: a 2026 result, or the (mapped) JSON-RPC error the
     /// upstream answered with — either way the request's outcome.
     Complete(Result<Value, RpcError>),
-    /// The call became a task: the `CreateTaskResult`.
-    Task(Value),
+    /// The call became a task (or an idempotent replay found one), durable: each era
+    /// renders its own `CreateTaskResult` from the record.
+    Task(Arc<TaskRecord>),
     /// An MRTR round: the `input_required` result the client answers by retrying.
     InputRequired(Value),
     /// No answer from the upstream, or a refusal: the error and its retry class.
@@ -33,5 +39,28 @@ pub fn answer_of(method: Method, upstream: &str, server_info: &Value, r: JoinedC
         Ok(Ok(CallOutcome::Error(e))) => Reply::Complete(Err(results::map_error(e))),
         Ok(Err(e)) => Reply::Failed(failure(upstream, CallFailure::Upstream(&e))),
         Err(_) => Reply::Failed(failure(upstream, CallFailure::Ended)),
+    }
+}
+
+/// What [`Engine::call_tool`](super::Engine::call_tool) decided for one `tools/call`.
+pub enum ToolReply {
+    /// The answer: inline, a task handle, an MRTR round, or a refusal.
+    Reply(Reply),
+    /// The call runs inline and the caller waits for it: the front's held-call
+    /// responder of the caller's era serves it (JSON, then SSE with keep-alives).
+    Inline {
+        pending: Pending,
+        req: Request<ToolCallParams>,
+    },
+    /// An MRTR retry whose call another replica holds: relay it there.
+    Elsewhere {
+        replica: String,
+        req: Request<ToolCallParams>,
+    },
+}
+
+impl From<Reply> for ToolReply {
+    fn from(r: Reply) -> Self {
+        Self::Reply(r)
     }
 }

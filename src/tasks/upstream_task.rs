@@ -27,7 +27,6 @@ use super::call::{ToolCall, store_failed_after_send, store_failure};
 use super::driver::Driven;
 use super::events::Pending;
 use super::outcome::{Reply, answer_of};
-use super::snapshot;
 use crate::auth::Principal;
 use crate::limits::gate::Permit;
 use crate::protocol::legacy::LegacyTaskMethod;
@@ -468,7 +467,7 @@ impl Engine {
         let follower = self.follower(channel, created.task_id, poll, Some(admitted));
         self.launch(&c, &rec, &route, follower, Vec::new());
         crate::metrics::promoted(&name, &rec.task_id);
-        Reply::Task(snapshot::create_result(&rec, &c.server_info))
+        Reply::Task(Arc::new(rec))
     }
 
     /// A keyed call of an upstream-task tool: the task and its idempotency claim are
@@ -531,7 +530,7 @@ impl Engine {
         let pending = Pending::new(task, rx, self.input_gather());
         self.launch(&c, &rec, &route, pending, Vec::new());
         crate::metrics::promoted(c.upstream.name(), &rec.task_id);
-        Reply::Task(snapshot::create_result(&rec, &c.server_info))
+        Reply::Task(Arc::new(rec))
     }
 
     /// The upstream keeps its task for `ttl_ms`: a task that outlived it could show

@@ -13,7 +13,6 @@
 
 mod aggregate;
 mod call;
-pub(super) mod era;
 pub(super) mod live;
 mod message;
 mod stream;
@@ -36,14 +35,16 @@ use super::inline::Final;
 use super::reply::{self, Body};
 use crate::auth::Principal;
 use crate::protocol::legacy::{self as versions, LegacyMethod};
-use crate::protocol::meta::{ClientCaps, log_level_rank};
-use crate::protocol::{self, Method, RequestId, RpcError, TASKS_EXTENSION, error};
+use crate::protocol::meta::{ClientCaps, RequestMeta, log_level_rank};
+use crate::protocol::params::{Field, ToolCallParams};
+use crate::protocol::{self, Method, Request, RequestId, RpcError, TASKS_EXTENSION, error};
 use crate::store::SessionRecord;
+use crate::tasks::call::{Caller, ToolCallRequest};
 use crate::tasks::failure::Failure;
+use crate::tasks::outcome::{Reply, ToolReply};
 use crate::upstream::{CallOutcome, CallSpec, Scope, Upstream, UpstreamInfo};
 
-use self::era::SESSION_HEADER;
-pub(super) use era::{legacy_post, modern_by_header};
+use super::era::SESSION_HEADER;
 
 /// Serve a legacy POST (its body already parsed as JSON).
 pub(super) async fn serve_post(
@@ -291,11 +292,7 @@ fn version_refused(parts: &Parts, id: Option<&RequestId>) -> Option<Response<Bod
 
 /// 429 (or 503 for a full queue) + `Retry-After`, `-32005` (docs/design.md §8).
 fn throttled(id: &RequestId, t: crate::limits::Throttled) -> Response<Body> {
-    Final::of(
-        id,
-        crate::tasks::outcome::Reply::Failed(Failure::throttled(t)),
-    )
-    .into_response()
+    Final::of(id, Reply::Failed(Failure::throttled(t))).into_response()
 }
 
 fn bad_request(id: Option<&RequestId>, why: &str) -> Response<Body> {
@@ -493,13 +490,9 @@ impl Session<'_> {
             .remove("_meta")
             .and_then(|m| m.get("progressToken").cloned());
         let dialect = tasks::speaks_tasks(&self.rec.protocol_version);
-        // A 2025-11-25 task is the gateway's (docs/design.md §25); other versions have
-        // no task augmentation and ignore the field (MCP 2025-11-25 "Tasks", "Task
-        // Support and Handling"). Either way the upstream never sees it.
-        if dialect && method == Method::ToolsCall && params.contains_key("task") {
+        if method == Method::ToolsCall {
             return self
-                .task_session()
-                .call(id, info.server_info.clone(), params, progress_token)
+                .tools_call(id, info.server_info.clone(), params, progress_token, stream)
                 .await;
         }
         params.remove("task");
@@ -528,25 +521,86 @@ impl Session<'_> {
             tenant: None,
             session: Some(self.sid().to_string()),
         };
-        // A tool the upstream runs only as its own task, called without augmentation:
-        // the gateway follows that task inline (docs/design.md §25).
-        let upstream_task = match spec.tool.as_deref() {
-            Some(tool) if method == Method::ToolsCall => {
-                self.upstream
-                    .upstream_task_support(self.principal, tool)
-                    .await
-                    .as_deref()
-                    == Some("required")
+        let pending = self
+            .gw
+            .engine
+            .start_call(self.upstream, self.principal, spec);
+        let mark_tools = dialect && method == Method::ToolsList;
+        call::serve(self.held(id, progress_token, stream, mark_tools), pending).await
+    }
+
+    /// A `tools/call`: the engine decides ([`Engine::call_tool`]); a task is rendered in
+    /// the 2025-11-25 dialect, an inline call held open on this session.
+    ///
+    /// [`Engine::call_tool`]: crate::tasks::Engine::call_tool
+    async fn tools_call(
+        &self,
+        id: RequestId,
+        server_info: Value,
+        params: Map<String, Value>,
+        progress_token: Option<Value>,
+        stream: bool,
+    ) -> Response<Body> {
+        let params = ToolCallParams::parse(params);
+        // A 2025-11-25 task is the gateway's (docs/design.md §25); other versions have
+        // no task augmentation and ignore the field (MCP 2025-11-25 "Tasks", "Task
+        // Support and Handling"). Either way the upstream never sees it.
+        let caller =
+            if tasks::speaks_tasks(&self.rec.protocol_version) && params.task != Field::Absent {
+                Caller::SessionTask
+            } else {
+                Caller::Session(self.sid().to_string())
+            };
+        let call = ToolCallRequest {
+            upstream: self.upstream.clone(),
+            principal: self.principal.clone(),
+            req: Request {
+                id: id.clone(),
+                method: Method::ToolsCall,
+                params,
+                meta: RequestMeta {
+                    protocol_version: self.rec.protocol_version.clone(),
+                    caps: ClientCaps(self.rec.client_capabilities.clone()),
+                    client_info: None,
+                    log_level: None,
+                    progress_token: progress_token.clone(),
+                    trace: Default::default(),
+                },
+                idempotency_key: None,
+            },
+            server_info,
+            caller,
+            received: self.received,
+            timing: self.gw.inline_timing(),
+            holds: self.gw.holds.clone(),
+        };
+        match self.gw.engine.call_tool(call).await {
+            ToolReply::Reply(Reply::Task(rec)) => self.task_session().created(&id, &rec).await,
+            ToolReply::Reply(other) => Final::of(&id, other).into_response(),
+            ToolReply::Inline { pending, .. } => {
+                call::serve(self.held(id, progress_token, stream, false), pending).await
             }
-            _ => false,
-        };
-        let engine = &self.gw.engine;
-        let pending = if upstream_task {
-            engine.start_upstream_task_inline(self.upstream, self.principal, spec)
-        } else {
-            engine.start_call(self.upstream, self.principal, spec)
-        };
-        let c = LegacyCall {
+            // Only an MRTR retry is relayed, and a session makes none.
+            ToolReply::Elsewhere { .. } => {
+                tracing::error!("a 2025-era tools/call was to be relayed");
+                reply::rpc_error(
+                    StatusCode::OK,
+                    Some(&id),
+                    &RpcError::internal("internal error"),
+                )
+            }
+        }
+    }
+
+    /// A call of this session held open until the upstream answers (`call.rs`).
+    fn held(
+        &self,
+        id: RequestId,
+        progress_token: Option<Value>,
+        streaming: bool,
+        mark_tools: bool,
+    ) -> LegacyCall {
+        LegacyCall {
             upstream: self.upstream.clone(),
             live: self.gw.legacy.clone(),
             session: self.sid().to_string(),
@@ -560,13 +614,12 @@ impl Session<'_> {
                 .and_then(log_level_rank)
                 .unwrap_or(DEFAULT_LOG_RANK),
             keepalive: self.gw.cfg.server.keepalive,
-            streaming: stream,
-            mark_tools: dialect && method == Method::ToolsList,
+            streaming,
+            mark_tools,
             sync_timeout: self.gw.cfg.tasks.sync_timeout,
             received: self.received,
             _activity: Box::new(self.gw.engine.sessions().activity(self.sid())),
-        };
-        call::serve(c, pending).await
+        }
     }
 
     /// `logging/setLevel`: this session's level; the upstream is set to the most

@@ -22,17 +22,14 @@ use super::super::inline::Final;
 use super::super::reply::{self, Body};
 use super::live::LegacyLive;
 use crate::auth::Principal;
-use crate::config::{OnInput, TaskMode, UpstreamConfig};
+use crate::config::{TaskMode, UpstreamConfig};
 use crate::protocol::legacy::LegacyTaskMethod;
-use crate::protocol::meta::{ClientCaps, RequestMeta};
-use crate::protocol::params::{Field, TaskRef, TaskUpdate, ToolCallParams};
-use crate::protocol::{self, Method, Request, RequestId, RpcError};
+use crate::protocol::params::{Field, TaskRef, TaskUpdate};
+use crate::protocol::{self, RequestId, RpcError};
 use crate::store::{SessionRecord, TaskRecord, TaskStatus};
-use crate::tasks::call::ToolCall;
 use crate::tasks::dialect;
 use crate::tasks::failure::{ErrorClass, Failure};
 use crate::tasks::outcome::Reply;
-use crate::tasks::promote::Promotion;
 use crate::tasks::{Change, Engine};
 use crate::upstream::{InputAnswer, Upstream};
 
@@ -132,92 +129,21 @@ impl TaskSession<'_> {
         }
     }
 
-    /// A task-augmented `tools/call` (MCP 2025-11-25 "Tasks", "Creating Tasks"): the
-    /// engine writes the task durably before its id goes out, for any upstream tool.
-    pub(super) async fn call(
-        &self,
-        id: RequestId,
-        server_info: Value,
-        mut params: Map<String, Value>,
-        progress_token: Option<Value>,
-    ) -> Response<Body> {
-        if !params.get("task").is_some_and(Value::is_object) {
-            return error_200(
-                &id,
-                &RpcError::invalid_params("params.task must be an object"),
-            );
+    /// The answer to a task-augmented `tools/call` (MCP 2025-11-25 "Tasks", "Creating
+    /// Tasks"), whose task the engine wrote durably before this: the
+    /// `CreateTaskResult`, or for a replayed key whose task has ended, that task.
+    pub(super) async fn created(&self, id: &RequestId, rec: &TaskRecord) -> Response<Body> {
+        if matches!(rec.status, TaskStatus::Working | TaskStatus::InputRequired) {
+            self.gw
+                .legacy
+                .task_created(&self.rec.session_id, &rec.task_id);
+            return json_answer(id, dialect::create_result(rec));
         }
-        let Some(tool) = params
-            .get("name")
-            .and_then(Value::as_str)
-            .map(str::to_string)
-        else {
-            return error_200(
-                &id,
-                &RpcError::invalid_params("params.name must be a string"),
-            );
-        };
-        if params.get("arguments").is_some_and(|a| !a.is_object()) {
-            return error_200(
-                &id,
-                &RpcError::invalid_params("params.arguments must be an object"),
-            );
-        }
-        let mut promotion = Promotion::resolve(&self.gw.cfg.tasks, &self.upstream.cfg, &tool);
-        if promotion.mode == TaskMode::Never {
-            return error_200(
-                &id,
-                &RpcError::new(
-                    protocol::error::METHOD_NOT_FOUND,
-                    format!("tool {tool:?} does not run as a task"),
-                ),
-            );
-        }
-        // The task exists before the call starts, and its input goes through
-        // `tasks/result`, never an MRTR round this client cannot make.
-        promotion.promote_after = Duration::ZERO;
-        promotion.on_input = OnInput::Task;
-        params.remove("task");
-        let c = ToolCall {
-            upstream: self.upstream.clone(),
-            principal: self.principal.clone(),
-            req: Request {
-                id: id.clone(),
-                method: Method::ToolsCall,
-                params: ToolCallParams::parse(params),
-                meta: RequestMeta {
-                    protocol_version: self.rec.protocol_version.clone(),
-                    caps: ClientCaps(self.rec.client_capabilities.clone()),
-                    client_info: None,
-                    log_level: None,
-                    progress_token,
-                    trace: Default::default(),
-                },
-                idempotency_key: None,
-            },
-            tool,
-            server_info,
-            promotion,
-            timing: self.gw.inline_timing(),
-            holds: self.gw.holds.clone(),
-            answer_undeclared: true,
-        };
-        match self.gw.engine.tools_call(c).await {
-            Reply::Task(handle) => {
-                let task_id = handle.get("taskId").and_then(Value::as_str).unwrap_or("");
-                let status = handle.get("status").and_then(Value::as_str);
-                if matches!(status, Some("working" | "input_required")) {
-                    self.gw.legacy.task_created(&self.rec.session_id, task_id);
-                    return json_answer(&id, dialect::create_result_of_handle(&handle));
-                }
-                // A duplicate of a finished task (an idempotency argument): its status
-                // in this dialect may differ from the handle's (`isError` → `failed`).
-                match self.snapshot(&TaskRef::to(task_id)).await {
-                    Ok(rec) => json_answer(&id, json!({ "task": dialect::task(&rec) })),
-                    Err(f) => failed(&id, f),
-                }
-            }
-            other => Final::of(&id, other).into_response(),
+        // A duplicate of a finished task (an idempotency argument): its status in this
+        // dialect may differ from the 2026 one (`isError` → `failed`).
+        match self.snapshot(&TaskRef::to(&rec.task_id)).await {
+            Ok(rec) => json_answer(id, json!({ "task": dialect::task(&rec) })),
+            Err(f) => failed(id, f),
         }
     }
 
