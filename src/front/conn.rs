@@ -1,5 +1,5 @@
 //! Client connections: how long a connection may stay silent or idle, and what happens
-//! at the connection cap (README "HTTP front", hardening).
+//! at the connection cap (README "Configuration", Connections).
 //!
 //! - A connection must send its first byte within `header_timeout_ms`: hyper-util's
 //!   protocol sniff (HTTP/1 or h2c) waits for bytes forever, so without this a socket

@@ -1,8 +1,7 @@
-//! The JSON-RPC steps of the request path, the innermost service of the stack
-//! (`stack.rs`): wire validation of the body (`wire.rs`), then the capability and
-//! limit checks and the routing of a validated request to what serves it: the front
-//! itself (`server/discover`, `subscriptions/listen`), the tasks methods, or the
-//! upstream.
+//! The JSON-RPC steps of the request path, the innermost service of the stack (`build`
+//! in `mod.rs`): wire validation of the body (`wire.rs`), then the capability and limit
+//! checks and the routing of a validated request to what serves it: the front itself
+//! (`server/discover`, `subscriptions/listen`), the tasks methods, or the upstream.
 
 use std::convert::Infallible;
 use std::sync::Arc;

@@ -1,5 +1,5 @@
 //! When a request head must be complete: `header_timeout_ms` after its first byte
-//! (README "HTTP front").
+//! (README "Configuration", Connections).
 //!
 //! hyper times a head from the moment an HTTP/1 connection starts waiting for one, so
 //! on a kept-alive connection its timer also ran through the quiet gap between two

@@ -1,7 +1,7 @@
 //! The HTTP-level steps of the request path (docs/design.md §12 "HTTP front", "Order of
-//! checks"), each a layer of the stack in `stack.rs`: Origin/Host against DNS
-//! rebinding, CORS, POST only, auth, Content-Type and Accept, and the body read within
-//! `max_body_bytes` and the body timeout.
+//! checks"), each a layer of the stack `build` composes in `mod.rs`: Origin/Host
+//! against DNS rebinding, CORS, POST only, auth, Content-Type and Accept, and the body
+//! read within `max_body_bytes` and the body timeout.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! The first two steps of the request path (src/front/stack.rs): the replica header
+//! The first two steps of the request path (src/front/mod.rs): the replica header
 //! every answer carries, and the path step that answers the operational and metadata
 //! endpoints and picks the upstream of any other path.
 

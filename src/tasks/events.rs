@@ -1,11 +1,12 @@
 //! One upstream call and what it says, as one stream of domain events.
 //!
-//! A call is answered in four places — inline as JSON, inline as SSE, raced against
-//! its promotion deadline, and driven in the background once it is a task — and each
-//! waits for the same things: the call's end, its progress, log and queue reports, the
-//! upstream's input requests, and a timer or two of its own. [`Pending::next`] is the
-//! one loop over them; each site only says what an event means to it. A new kind of
-//! event (another dialect's input request, say) is one arm in `Pending::accept`.
+//! A call is answered in five places — inline as JSON, inline as SSE, held for a
+//! 2025-era session (JSON or SSE), raced against its promotion deadline, and driven in
+//! the background once it is a task — and each waits for the same things: the call's
+//! end, its progress, log and queue reports, the upstream's input requests, and a timer
+//! or two of its own. [`Pending::next`] is the one loop over them; each site only says
+//! what an event means to it. A new kind of event (another dialect's input request,
+//! say) is one arm in `Pending::accept`.
 //!
 //! Order (ARCHITECTURE.md "One call-event loop"): what is ready goes first, then the
 //! call's end, then the upstream's reports, then the site's timers. Input requests
