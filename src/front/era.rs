@@ -14,8 +14,9 @@ use serde_json::Value;
 
 use super::stack::{ReadRequest, Resp, Step};
 use super::wire::{self, Reject};
+use crate::protocol::PROTOCOL_VERSION;
+use crate::protocol::fields;
 use crate::protocol::legacy::is_legacy_version;
-use crate::protocol::{META_PROTOCOL_VERSION, PROTOCOL_VERSION};
 
 /// The protocol era a request speaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,10 +68,13 @@ impl Step<ReadRequest> for DecideEra {
 /// The legacy session header (MCP 2025-11-25 Streamable HTTP, "Session Management").
 pub(super) const SESSION_HEADER: &str = "mcp-session-id";
 
+/// The version header of both eras (MCP 2025-06-18 and later Streamable HTTP).
+const VERSION_HEADER: &str = "mcp-protocol-version";
+
 /// The 2026 header marker.
 fn modern_by_header(headers: &HeaderMap) -> bool {
     headers
-        .get("mcp-protocol-version")
+        .get(VERSION_HEADER)
         .is_some_and(|v| v.as_bytes() == PROTOCOL_VERSION.as_bytes())
 }
 
@@ -86,32 +90,15 @@ fn legacy_post(headers: &HeaderMap, body: &Value) -> bool {
         Value::Array(a) => a.as_slice(),
         one => std::slice::from_ref(one),
     };
-    if messages.iter().any(has_meta_marker) {
+    if messages.iter().any(fields::has_meta_protocol_version) {
         return false;
     }
     headers.contains_key(SESSION_HEADER)
         || headers
-            .get("mcp-protocol-version")
+            .get(VERSION_HEADER)
             .and_then(|v| v.to_str().ok())
             .is_some_and(is_legacy_version)
-        || messages.iter().any(is_legacy_initialize)
-}
-
-/// The body's 2026 marker: the key, whatever its value (a wrong value is the 2026
-/// path's `-32022` to answer).
-fn has_meta_marker(msg: &Value) -> bool {
-    msg.get("params")
-        .and_then(|p| p.get("_meta"))
-        .and_then(Value::as_object)
-        .is_some_and(|m| m.contains_key(META_PROTOCOL_VERSION))
-}
-
-fn is_legacy_initialize(msg: &Value) -> bool {
-    msg.get("method").and_then(Value::as_str) == Some("initialize")
-        && msg
-            .get("params")
-            .and_then(|p| p.get("protocolVersion"))
-            .is_some_and(Value::is_string)
+        || messages.iter().any(fields::is_versioned_initialize)
 }
 
 #[cfg(test)]

@@ -135,10 +135,7 @@ fn client_notification<P>(req: &Request<P>, notice: Notice) -> Option<Value> {
         }
         Notice::Log(p) => {
             let want = log_level_rank(req.meta.log_level.as_deref()?)?;
-            let level = p
-                .get("level")
-                .and_then(Value::as_str)
-                .and_then(log_level_rank)?;
+            let level = protocol::fields::log_level(&p)?;
             (level >= want)
                 .then(|| protocol::notification("notifications/message", Value::Object(p)))
         }

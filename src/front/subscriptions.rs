@@ -69,12 +69,7 @@ pub fn open(
     gw: &Gateway,
 ) -> Response<Body> {
     // Resource updates need the legacy `resources/subscribe` per uri (MCP 2025-11-25 "Resources", "Subscriptions").
-    let can_subscribe = info
-        .capabilities
-        .get("resources")
-        .and_then(|r| r.get("subscribe"))
-        .and_then(Value::as_bool)
-        == Some(true);
+    let can_subscribe = crate::protocol::fields::can_subscribe_resources(&info.capabilities);
     let mut honoured = Map::new();
     for (asked, flag, capability) in list_flags(filter) {
         if asked && info.capabilities.contains_key(capability) {
@@ -260,7 +255,7 @@ async fn relay(
                         let admitted = flag_for(&n.method)
                             .is_some_and(|f| honoured.contains_key(f))
                             || (n.method == "notifications/resources/updated"
-                                && n.params.as_ref().and_then(|p| p.get("uri")).and_then(Value::as_str)
+                                && crate::protocol::fields::notified_uri(n.params.as_ref())
                                     .is_some_and(|u| uris.iter().any(|x| x == u)));
                         if admitted && tx.send(reply::sse_event(&tagged(&n.method, n.params, sub_id))).await.is_err() {
                             break;

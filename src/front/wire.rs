@@ -139,9 +139,14 @@ const NESTING_LIMIT_MESSAGE: &str = "recursion limit exceeded";
 /// The id of a body too deeply nested to parse, read from the top-level members only
 /// (skipping a value does not recurse, so nesting does not stop it).
 fn shallow_id(body: &[u8]) -> Option<RequestId> {
-    let members: std::collections::HashMap<&str, &serde_json::value::RawValue> =
-        serde_json::from_slice(body).ok()?;
-    let id: Value = serde_json::from_str(members.get("id")?.get()).ok()?;
+    /// Only the id; every other member is skipped without being parsed.
+    #[derive(serde::Deserialize)]
+    struct IdOnly<'a> {
+        #[serde(borrow)]
+        id: Option<&'a serde_json::value::RawValue>,
+    }
+    let envelope: IdOnly<'_> = serde_json::from_slice(body).ok()?;
+    let id: Value = serde_json::from_str(envelope.id?.get()).ok()?;
     protocol::canonical_id(id)
 }
 
@@ -177,9 +182,7 @@ fn param_header_mismatch(
     headers: &HeaderMap,
     tool_headers: ToolHeaderLookup<'_>,
 ) -> Option<String> {
-    let params = params?;
-    let tool = params.get("name").and_then(Value::as_str)?;
-    let args = params.get("arguments").and_then(Value::as_object)?;
+    let (tool, args) = protocol::fields::tool_name_and_arguments(params?)?;
     let map = tool_headers()?;
     for p in map.for_tool(tool) {
         let Some(value) = args.get(&p.property).filter(|v| !v.is_null()) else {
@@ -261,7 +264,7 @@ fn validate_inner(
             }
         },
     };
-    if msg.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+    if !protocol::fields::is_jsonrpc_2(&msg) {
         return Err(bad(
             id,
             RpcError::invalid_request("jsonrpc must be \"2.0\""),
@@ -317,11 +320,7 @@ fn validate_inner(
 
     // 3. Headers vs body (MCP 2026-07-28 Streamable HTTP, "Server Validation").
     let mismatch = |what: String| bad(Some(id.clone()), RpcError::header_mismatch(what));
-    let body_version = params
-        .as_ref()
-        .and_then(|p| p.get("_meta"))
-        .and_then(|m| m.get(protocol::META_PROTOCOL_VERSION))
-        .and_then(Value::as_str);
+    let body_version = protocol::fields::meta_protocol_version(params.as_ref());
     match header_str(headers, "mcp-protocol-version") {
         Err(f) => return Err(mismatch(fault_message(f, "MCP-Protocol-Version"))),
         Ok(None) => return Err(mismatch("missing MCP-Protocol-Version header".into())),

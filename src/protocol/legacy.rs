@@ -3,7 +3,39 @@
 //! a legacy request asks for. The methods both eras share are named by [`Method`], the
 //! one table of served methods; only the methods of the 2025 lifecycle are spelled here.
 
+use serde_json::{Map, Value};
+
 use super::Method;
+use super::params::Field;
+
+/// The params of a 2025-era `initialize` (MCP 2025-11-25 "Lifecycle",
+/// "Initialization"), parsed once; refused where the session opens.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InitializeParams {
+    pub protocol_version: Field<String>,
+    /// Kept as sent (`null` when absent) for the session record.
+    pub client_info: Value,
+    /// Absent or `null` is no capabilities.
+    pub capabilities: Field<Map<String, Value>>,
+}
+
+impl InitializeParams {
+    pub fn parse(mut params: Map<String, Value>) -> Self {
+        Self {
+            protocol_version: match params.remove("protocolVersion") {
+                None => Field::Absent,
+                Some(Value::String(v)) => Field::Valid(v),
+                Some(_) => Field::Invalid,
+            },
+            client_info: params.remove("clientInfo").unwrap_or(Value::Null),
+            capabilities: match params.remove("capabilities") {
+                None | Some(Value::Null) => Field::Valid(Map::new()),
+                Some(Value::Object(c)) => Field::Valid(c),
+                Some(_) => Field::Invalid,
+            },
+        }
+    }
+}
 
 /// The 2025-era versions served, oldest first (MCP 2025-11-25 "Lifecycle").
 pub const LEGACY_VERSIONS: [&str; 3] = ["2025-03-26", "2025-06-18", "2025-11-25"];

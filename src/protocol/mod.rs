@@ -5,6 +5,7 @@
 //! introduction: payload fidelity).
 
 pub mod error;
+pub mod fields;
 pub mod legacy;
 pub mod meta;
 pub mod method;

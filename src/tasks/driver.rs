@@ -124,7 +124,7 @@ pub fn progress_message(p: &Map<String, Value>) -> String {
     if let Some(t) = num("total") {
         s = format!("{s}/{t}");
     }
-    if let Some(m) = p.get("message").and_then(Value::as_str) {
+    if let Some(m) = crate::protocol::fields::progress_message(p) {
         s = if s.is_empty() {
             m.to_string()
         } else {
@@ -253,7 +253,7 @@ impl Engine {
                 }
                 Some(Box::new(move |rec| {
                     rec.status = TaskStatus::Completed;
-                    rec.status_message = Some(if v.get("isError") == Some(&Value::Bool(true)) {
+                    rec.status_message = Some(if crate::protocol::fields::is_error_result(&v) {
                         "completed with a tool error".into()
                     } else {
                         "completed".into()

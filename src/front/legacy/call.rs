@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use super::super::inline::{CallGuard, Final, upstream_failure};
 use super::super::reply::{self, Body};
 use super::live::LegacyLive;
-use crate::protocol::meta::{ClientCaps, log_level_rank};
+use crate::protocol::meta::ClientCaps;
 use crate::protocol::{self, RequestId, RpcError};
 use crate::tasks::events::{Event, Notice, Pending, Timers};
 use crate::tasks::failure::CallFailure;
@@ -208,10 +208,7 @@ fn notice(c: &LegacyCall, n: Notice) -> Option<Value> {
             ))
         }
         Notice::Log(p) => {
-            let level = p
-                .get("level")
-                .and_then(Value::as_str)
-                .and_then(log_level_rank)?;
+            let level = protocol::fields::log_level(&p)?;
             (level >= c.log_rank)
                 .then(|| protocol::notification("notifications/message", Value::Object(p)))
         }

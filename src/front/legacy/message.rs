@@ -70,7 +70,7 @@ pub(super) fn parse(v: Value) -> Result<Message, Box<Reject>> {
             None => return Err(bad(None, "id must be a string or an integer")),
         },
     };
-    if msg.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+    if !protocol::fields::is_jsonrpc_2(&msg) {
         return Err(bad(id, "jsonrpc must be \"2.0\""));
     }
     let method = match msg.remove("method") {

@@ -37,7 +37,7 @@ use crate::auth::Principal;
 use crate::protocol::legacy::{self as versions, LegacyMethod};
 use crate::protocol::meta::{ClientCaps, RequestMeta, log_level_rank};
 use crate::protocol::params::{Field, ToolCallParams};
-use crate::protocol::{self, Method, Request, RequestId, RpcError, TASKS_EXTENSION, error};
+use crate::protocol::{self, Method, Request, RequestId, RpcError, TASKS_EXTENSION, error, fields};
 use crate::store::SessionRecord;
 use crate::tasks::call::{Caller, ToolCallRequest};
 use crate::tasks::failure::Failure;
@@ -184,15 +184,14 @@ async fn initialize(
     if let Err(t) = gw.limits.check_request(principal) {
         return throttled(&id, t);
     }
-    let Some(requested) = params.get("protocolVersion").and_then(Value::as_str) else {
+    let init = versions::InitializeParams::parse(params);
+    let Field::Valid(requested) = &init.protocol_version else {
         return invalid_params(&id, "params.protocolVersion must be a string");
     };
     let version = versions::negotiate(requested);
-    let client_info = params.get("clientInfo").cloned().unwrap_or(Value::Null);
-    let caps = match params.get("capabilities") {
-        None | Some(Value::Null) => Map::new(),
-        Some(Value::Object(c)) => c.clone(),
-        Some(_) => return invalid_params(&id, "params.capabilities must be an object"),
+    let client_info = init.client_info;
+    let Field::Valid(caps) = init.capabilities else {
+        return invalid_params(&id, "params.capabilities must be an object");
     };
     let opened = gw
         .engine
@@ -361,7 +360,7 @@ impl Session<'_> {
             // and a shared upstream session is never told one client's).
             Message::Notification { method, params } => {
                 if method == "notifications/cancelled"
-                    && let Some(id) = params.get("requestId")
+                    && let Some(id) = fields::cancelled_request(&params)
                 {
                     self.gw.legacy.cancel(self.sid(), id);
                 }
@@ -488,7 +487,7 @@ impl Session<'_> {
         }
         let progress_token = params
             .remove("_meta")
-            .and_then(|m| m.get("progressToken").cloned());
+            .and_then(|m| fields::progress_token(&m));
         let dialect = tasks::speaks_tasks(&self.rec.protocol_version);
         if method == Method::ToolsCall {
             return self
@@ -512,10 +511,7 @@ impl Session<'_> {
         }
         let spec = CallSpec {
             method: method.as_str().to_string(),
-            tool: params
-                .get("name")
-                .and_then(Value::as_str)
-                .map(str::to_string),
+            tool: fields::tool_name_of(&params),
             params,
             want_progress: progress_token.is_some(),
             tenant: None,
@@ -625,11 +621,7 @@ impl Session<'_> {
     /// `logging/setLevel`: this session's level; the upstream is set to the most
     /// verbose level any session on its upstream session asked for.
     async fn set_level(&self, id: &RequestId, params: &Map<String, Value>) -> Response<Body> {
-        let Some((level, rank)) = params
-            .get("level")
-            .and_then(Value::as_str)
-            .and_then(|l| log_level_rank(l).map(|r| (l, r)))
-        else {
+        let Some((level, rank)) = fields::set_level(params) else {
             return invalid_params(id, "params.level must be a logging level");
         };
         let info = match self.info(id).await {
@@ -679,20 +671,14 @@ impl Session<'_> {
         params: &Map<String, Value>,
         on: bool,
     ) -> Response<Body> {
-        let Some(uri) = params.get("uri").and_then(Value::as_str) else {
+        let Some(uri) = fields::uri(Some(params)) else {
             return invalid_params(id, "params.uri must be a string");
         };
         let info = match self.info(id).await {
             Ok(i) => i,
             Err(r) => return r,
         };
-        let can = info
-            .capabilities
-            .get("resources")
-            .and_then(|r| r.get("subscribe"))
-            .and_then(Value::as_bool)
-            == Some(true);
-        if !can {
+        if !fields::can_subscribe_resources(&info.capabilities) {
             let m = if on {
                 "resources/subscribe"
             } else {

@@ -97,7 +97,7 @@ pub(super) async fn open(
                     Ok(n) => {
                         let wanted = LIST_CHANGED.contains(&n.method.as_str())
                             || (n.method == "notifications/resources/updated"
-                                && n.params.as_ref().and_then(|p| p.get("uri")).and_then(Value::as_str)
+                                && crate::protocol::fields::notified_uri(n.params.as_ref())
                                     .is_some_and(|u| live.subscribed(up.name(), &scope, &sid, u)));
                         if wanted {
                             let msg = protocol::notification(&n.method, n.params.unwrap_or_else(|| Value::Object(Default::default())));

@@ -25,7 +25,7 @@ use crate::auth::Principal;
 use crate::config::{TaskMode, UpstreamConfig};
 use crate::protocol::legacy::LegacyTaskMethod;
 use crate::protocol::params::{Field, TaskRef, TaskUpdate};
-use crate::protocol::{self, RequestId, RpcError};
+use crate::protocol::{self, RequestId, RpcError, fields};
 use crate::store::{SessionRecord, TaskRecord, TaskStatus};
 use crate::tasks::dialect;
 use crate::tasks::failure::{ErrorClass, Failure};
@@ -64,9 +64,7 @@ pub(super) fn mark_tools(cfg: &UpstreamConfig, result: &mut Value) {
         return;
     };
     for tool in tools {
-        let never = tool
-            .get("name")
-            .and_then(Value::as_str)
+        let never = fields::tool_name(tool)
             .and_then(|n| cfg.tools.get(n))
             .is_some_and(|t| t.task == TaskMode::Never);
         let Some(t) = tool.as_object_mut() else {
@@ -207,15 +205,11 @@ impl TaskSession<'_> {
     /// `tasks/list` (MCP 2025-11-25 "Tasks", "Listing Tasks"): the principal's own
     /// tasks on this endpoint, whichever era created them, a page at a time.
     async fn list(&self, id: &RequestId, params: &Map<String, Value>) -> Response<Body> {
-        let cursor = match params.get("cursor") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(c)) => Some(c.as_str()),
-            Some(_) => {
-                return error_200(
-                    id,
-                    &RpcError::invalid_params("params.cursor must be a string"),
-                );
-            }
+        let Ok(cursor) = fields::cursor(params) else {
+            return error_200(
+                id,
+                &RpcError::invalid_params("params.cursor must be a string"),
+            );
         };
         let page = self
             .gw
@@ -463,11 +457,7 @@ impl Held {
         let value = match answer {
             InputAnswer::Result(v) => v,
             InputAnswer::Error(_)
-                if rec
-                    .input_requests
-                    .get(&key)
-                    .and_then(|r| r.get("method"))
-                    .and_then(Value::as_str)
+                if rec.input_requests.get(&key).and_then(fields::method_of)
                     == Some("elicitation/create") =>
             {
                 json!({"action": "cancel"})
