@@ -15,19 +15,18 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use http::{Response, StatusCode};
 use serde_json::{Map, Value};
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::held;
 use super::reply::{self, Body};
 use crate::auth::Principal;
 use crate::protocol::meta::log_level_rank;
 use crate::protocol::params::Forward;
 use crate::protocol::{self, Request};
 use crate::tasks::Engine;
-use crate::tasks::events::{Event, Notice, Pending, Timers};
+use crate::tasks::events::{Notice, Pending};
 use crate::tasks::failure::{CallFailure, ErrorClass, failure};
 pub use crate::tasks::inputs::InlineTiming;
 use crate::tasks::inputs::{self, InputVerdict};
@@ -173,7 +172,7 @@ impl CallGuard {
     pub(super) fn new(h: tokio::task::AbortHandle) -> Self {
         Self(Arc::new(parking_lot::Mutex::new(Some(h))))
     }
-    fn disarm(&self) {
+    pub(super) fn disarm(&self) {
         {
             let mut g = self.0.lock();
             *g = None;
@@ -192,107 +191,54 @@ impl Drop for CallGuard {
     }
 }
 
-/// The timers of an inline call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Timer {
-    /// `keepalive_ms` passed with headers held: switch to SSE.
-    Hold,
-    /// `sync_timeout_ms` passed since the request arrived.
-    Sync,
-    /// Time for an SSE keep-alive comment.
-    KeepAlive,
+/// Wait for a running call and answer inline (JSON, or SSE once it takes longer
+/// than `keepalive_ms` or the client asked for notifications): the one held-call
+/// responder (`held.rs`), with what a 2026 client makes of each event.
+pub async fn serve(c: Inline, pending: Pending) -> Response<Body> {
+    let wants_stream = c.req.meta.progress_token.is_some() || c.req.meta.log_level.is_some();
+    let t = held::Timing {
+        hold_until: Some(Instant::now() + c.timing.keepalive),
+        held: !wants_stream,
+        sync_at: c.received + c.timing.sync_timeout,
+        keepalive: c.timing.keepalive,
+        opening_comment: false,
+    };
+    held::serve(c, pending, t).await
 }
 
-/// Wait for a running call and answer inline (JSON, or SSE once it takes longer
-/// than `keepalive_ms` or the client asked for notifications).
-pub async fn serve(c: Inline, mut pending: Pending) -> Response<Body> {
-    let guard = CallGuard::new(pending.abort_handle());
-    let mut timers = Timers::default();
-    // Armed from the request's start and watched in both phases below: while headers
-    // are held (then it is a 400) and once the SSE stream is open (then it is the final
-    // event). Only arming it in the SSE phase made a `sync_timeout_ms` shorter than
-    // `keepalive_ms` fire after the hold window instead.
-    timers.set(Timer::Sync, c.received + c.timing.sync_timeout);
+impl held::Site for Inline {
+    fn finished(&mut self, r: JoinedCall) -> Final {
+        final_of(self, r)
+    }
 
-    let wants_stream = c.req.meta.progress_token.is_some() || c.req.meta.log_level.is_some();
-    if !wants_stream {
-        timers.set(Timer::Hold, Instant::now() + c.timing.keepalive);
-        loop {
-            match pending.next(&mut timers).await {
-                Event::Finished(r) => return final_of(&c, r).into_response(),
-                Event::Timer(Timer::Sync) => {
-                    // Cancels the upstream call (the guard would too, when dropped).
-                    pending.abort();
-                    return sync_timeout(&c).into_response();
-                }
-                Event::Timer(_) => break,
-                // Not asked for: nothing to tell the client.
-                Event::Notice(_) => {}
-                Event::Inputs(batch) => match screen(&c, batch) {
-                    InputVerdict::Missing(err) => {
-                        return reply::rpc_error(StatusCode::BAD_REQUEST, Some(&c.req.id), &err);
-                    }
-                    InputVerdict::Relay(batch) => {
-                        guard.disarm();
-                        let v = hold_call(&c, pending, batch);
-                        return reply::json(StatusCode::OK, &protocol::response(&c.req.id, v));
-                    }
-                    InputVerdict::Refused => {}
-                },
-            }
+    /// `-32021` naming the tasks extension (docs/design.md §2 "Clients without the
+    /// tasks extension").
+    fn sync_timed_out(&self) -> Final {
+        sync_timeout(self)
+    }
+
+    fn notice(&mut self, n: Notice) -> Option<Value> {
+        client_notification(&self.req, n)
+    }
+
+    /// Input the client cannot give ends the call; input it can is an MRTR round.
+    fn inputs(&mut self, batch: Vec<InputRequest>) -> held::Inputs {
+        match screen(self, batch) {
+            InputVerdict::Missing(err) => held::Inputs::Done(Final::of(
+                &self.req.id,
+                Reply::Failed(crate::tasks::failure::Failure::refused(err)),
+            )),
+            InputVerdict::Relay(batch) => held::Inputs::Hold(batch),
+            InputVerdict::Refused => held::Inputs::Nothing,
         }
     }
 
-    // SSE from here on: errors travel in-stream (docs/design.md §12 "HTTP front", JSON
-    // or SSE).
-    let (tx, rx) = mpsc::channel::<Bytes>(32);
-    let body_guard = guard.clone();
-    tokio::spawn(async move {
-        timers.set(Timer::KeepAlive, Instant::now() + c.timing.keepalive);
-        loop {
-            let sent = match pending.next(&mut timers).await {
-                Event::Finished(r) => {
-                    let _ = tx.send(reply::sse_event(&final_of(&c, r).message)).await;
-                    break;
-                }
-                Event::Notice(n) => match client_notification(&c.req, n) {
-                    Some(n) => tx.send(reply::sse_event(&n)).await,
-                    None => Ok(()),
-                },
-                Event::Inputs(batch) => match screen(&c, batch) {
-                    InputVerdict::Missing(err) => {
-                        pending.abort();
-                        let msg = protocol::error_response(Some(&c.req.id), &err);
-                        let _ = tx.send(reply::sse_event(&msg)).await;
-                        break;
-                    }
-                    InputVerdict::Relay(batch) => {
-                        guard.disarm();
-                        let v = hold_call(&c, pending, batch);
-                        let _ = tx
-                            .send(reply::sse_event(&protocol::response(&c.req.id, v)))
-                            .await;
-                        break;
-                    }
-                    InputVerdict::Refused => Ok(()),
-                },
-                Event::Timer(Timer::Sync) => {
-                    pending.abort();
-                    let _ = tx.send(reply::sse_event(&sync_timeout(&c).message)).await;
-                    break;
-                }
-                Event::Timer(_) => {
-                    timers.set(Timer::KeepAlive, Instant::now() + c.timing.keepalive);
-                    tx.send(reply::sse_keepalive()).await
-                }
-            };
-            // The client went away: the guard, dropped with the body, cancels the call.
-            if sent.is_err() {
-                break;
-            }
-        }
-    });
-    reply::sse(rx, body_guard)
+    fn hold(&mut self, pending: Pending, batch: Vec<InputRequest>) -> Final {
+        Final::ok(protocol::response(
+            &self.req.id,
+            hold_call(self, pending, batch),
+        ))
+    }
 }
 
 fn screen(c: &Inline, batch: Vec<InputRequest>) -> InputVerdict {

@@ -13,6 +13,7 @@ pub mod dispatch;
 mod era;
 mod gateway;
 mod head_clock;
+mod held;
 pub mod http_checks;
 pub mod inline;
 pub mod legacy;

@@ -15,18 +15,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::{Response, StatusCode};
 use serde_json::{Map, Value};
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::super::inline::{CallGuard, Final, upstream_failure};
+use super::super::held;
+use super::super::inline::{Final, upstream_failure};
 use super::super::reply::{self, Body};
 use super::live::LegacyLive;
 use crate::protocol::meta::ClientCaps;
 use crate::protocol::{self, RequestId, RpcError};
-use crate::tasks::events::{Event, Notice, Pending, Timers};
+use crate::tasks::events::{Notice, Pending};
 use crate::tasks::failure::CallFailure;
 use crate::tasks::inputs::answer_undeclared;
 use crate::tasks::outcome::JoinedCall;
@@ -62,136 +61,77 @@ pub(super) struct LegacyCall {
     pub(super) _activity: Box<dyn Send + Sync>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Timer {
-    /// `keepalive_ms` passed with headers held: switch to SSE.
-    Hold,
-    Sync,
-    KeepAlive,
-}
-
-/// What an event asks the site to send.
-enum Out {
-    Nothing,
-    /// Messages for the client, each its own SSE event.
-    Send(Vec<Value>),
-    Done(Final),
-}
-
-/// Serve a started call: JSON if it ends quietly within `keepalive_ms`, else SSE.
-pub(super) async fn serve(c: LegacyCall, mut pending: Pending) -> Response<Body> {
-    let guard = CallGuard::new(pending.abort_handle());
+/// Serve a started call: JSON if it ends quietly within `keepalive_ms`, else SSE (the
+/// one held-call responder, `held.rs`, with what a session makes of each event).
+pub(super) async fn serve(c: LegacyCall, pending: Pending) -> Response<Body> {
     c.live
         .call_started(&c.session, &c.id, pending.abort_handle());
-    let mut relayed: Vec<String> = Vec::new();
-    let mut timers = Timers::default();
-    timers.set(Timer::Sync, c.received + c.sync_timeout);
-    if c.streaming {
-        timers.set(Timer::Hold, Instant::now() + c.keepalive);
+    let t = held::Timing {
+        hold_until: c.streaming.then(|| Instant::now() + c.keepalive),
+        held: true,
+        sync_at: c.received + c.sync_timeout,
+        keepalive: c.keepalive,
+        opening_comment: true,
+    };
+    let site = Site {
+        c,
+        relayed: Vec::new(),
+    };
+    held::serve(site, pending, t).await
+}
+
+/// A held call of a session, and the ids of the requests relayed on its stream.
+struct Site {
+    c: LegacyCall,
+    relayed: Vec<String>,
+}
+
+impl held::Site for Site {
+    fn finished(&mut self, r: JoinedCall) -> Final {
+        final_of(&self.c, r)
     }
 
-    // Headers held: a quick, quiet call is one JSON answer.
-    let first = loop {
-        match on_event(&c, &mut pending, &mut timers, &mut relayed).await {
-            Step::Out(Out::Done(f)) => {
-                finish(&c, &relayed);
-                return f.into_response();
-            }
-            Step::Out(Out::Nothing) => {}
-            Step::Out(Out::Send(v)) => break Some(v),
-            Step::Hold => break None,
+    fn sync_timed_out(&self) -> Final {
+        sync_timeout(&self.c)
+    }
+
+    /// A batch member hears no notifications.
+    fn notice(&mut self, n: Notice) -> Option<Value> {
+        if self.c.streaming {
+            notice(&self.c, n)
+        } else {
+            None
         }
-    };
+    }
 
-    let (tx, rx) = mpsc::channel::<Bytes>(32);
-    let body_guard = guard.clone();
-    tokio::spawn(async move {
-        let _guard = guard;
-        timers.set(Timer::KeepAlive, Instant::now() + c.keepalive);
-        let mut ok = match first {
-            Some(msgs) => send_all(&tx, msgs).await,
-            None => tx.send(reply::sse_keepalive()).await.is_ok(),
-        };
-        while ok {
-            ok = match on_event(&c, &mut pending, &mut timers, &mut relayed).await {
-                Step::Out(Out::Done(f)) => {
-                    let _ = tx.send(reply::sse_event(&f.message)).await;
-                    break;
-                }
-                Step::Out(Out::Send(msgs)) => send_all(&tx, msgs).await,
-                Step::Out(Out::Nothing) => true,
-                Step::Hold => {
-                    timers.set(Timer::KeepAlive, Instant::now() + c.keepalive);
-                    tx.send(reply::sse_keepalive()).await.is_ok()
-                }
-            };
-        }
-        // Ended, or the client went away: the guard, dropped here and with the body,
-        // cancels a call still running.
-        finish(&c, &relayed);
-    });
-    reply::sse(rx, body_guard)
-}
-
-enum Step {
-    Out(Out),
-    /// A hold or keep-alive period passed.
-    Hold,
-}
-
-async fn on_event(
-    c: &LegacyCall,
-    pending: &mut Pending,
-    timers: &mut Timers<Timer>,
-    relayed: &mut Vec<String>,
-) -> Step {
-    match pending.next(timers).await {
-        Event::Finished(r) => Step::Out(Out::Done(final_of(c, r))),
-        Event::Notice(_) if !c.streaming => Step::Out(Out::Nothing),
-        Event::Notice(n) => Step::Out(match notice(c, n) {
-            Some(v) => Out::Send(vec![v]),
-            None => Out::Nothing,
-        }),
-        Event::Inputs(batch) if !c.streaming => {
+    /// Relayed on the stream, each request its own event (2025-06-18 and later
+    /// clients read one message per event, never a batch); a batch member, which has
+    /// no stream, refuses them.
+    fn inputs(&mut self, batch: Vec<InputRequest>) -> held::Inputs {
+        if !self.c.streaming {
             for ir in batch {
                 let e = RpcError::method_not_found(&ir.method);
                 let _ = ir.respond.send(InputAnswer::Error(e));
             }
-            Step::Out(Out::Nothing)
+            return held::Inputs::Nothing;
         }
-        Event::Inputs(batch) => {
-            // Each request its own event: 2025-06-18 and later clients read one
-            // message per event, never a batch.
-            let out: Vec<Value> = answer_undeclared(&c.caps, batch)
-                .into_iter()
-                .filter_map(|ir| relay(c, ir, relayed))
-                .collect();
-            Step::Out(if out.is_empty() {
-                Out::Nothing
-            } else {
-                Out::Send(out)
-            })
-        }
-        Event::Timer(Timer::Sync) => {
-            pending.abort();
-            Step::Out(Out::Done(sync_timeout(c)))
-        }
-        Event::Timer(Timer::Hold | Timer::KeepAlive) => Step::Hold,
+        let out: Vec<Value> = answer_undeclared(&self.c.caps, batch)
+            .into_iter()
+            .map(|ir| relay(&self.c, ir, &mut self.relayed))
+            .collect();
+        held::Inputs::Send(out)
     }
-}
 
-async fn send_all(tx: &mpsc::Sender<Bytes>, msgs: Vec<Value>) -> bool {
-    for m in msgs {
-        if tx.send(reply::sse_event(&m)).await.is_err() {
-            return false;
-        }
+    /// A session makes no MRTR rounds ([`Site::inputs`] never holds).
+    fn hold(&mut self, pending: Pending, _batch: Vec<InputRequest>) -> Final {
+        pending.abort();
+        sync_timeout(&self.c)
     }
-    true
-}
 
-fn finish(c: &LegacyCall, relayed: &[String]) {
-    c.live.call_ended(&c.session, &c.id);
-    c.live.forget(&c.session, relayed);
+    fn ended(&mut self) {
+        self.c.live.call_ended(&self.c.session, &self.c.id);
+        self.c.live.forget(&self.c.session, &self.relayed);
+    }
 }
 
 /// A progress or log notification for this client, if it asked for it.
@@ -220,7 +160,7 @@ fn notice(c: &LegacyCall, n: Notice) -> Option<Value> {
 /// the gateway's, or answered here when the session did not declare what it needs
 /// (roots: an empty list, as a client without roots would have; others: `-32601`,
 /// what an SDK client answers for a method it does not handle).
-fn relay(c: &LegacyCall, ir: InputRequest, relayed: &mut Vec<String>) -> Option<Value> {
+fn relay(c: &LegacyCall, ir: InputRequest, relayed: &mut Vec<String>) -> Value {
     let id = c.live.relay(&c.session, ir.respond);
     relayed.push(id.clone());
     let mut m = Map::with_capacity(4);
@@ -230,7 +170,7 @@ fn relay(c: &LegacyCall, ir: InputRequest, relayed: &mut Vec<String>) -> Option<
     if let Some(p) = ir.params {
         m.insert("params".into(), p);
     }
-    Some(Value::Object(m))
+    Value::Object(m)
 }
 
 /// The upstream's answer as sent; a call that produced none is classified as
