@@ -1,140 +1,35 @@
-//! The JSON-RPC steps of the request path, the innermost service of the stack (`build`
-//! in `mod.rs`): wire validation of the body (`wire.rs`), then the capability and limit
-//! checks and the routing of a validated request to what serves it: the front itself
-//! (`server/discover`, `subscriptions/listen`), the tasks methods, or the upstream.
+//! The dispatch both eras share (docs/design.md §12 "Order of checks", §22 "Clients
+//! of the 2025 era"): a typed request (`protocol::Request<Params>`, of either era)
+//! passes the capability and limit checks — the poll limiter and the queue room
+//! included — and goes to what serves it: the front itself (`server/discover`,
+//! `subscriptions/listen`), the tasks methods, the engine's one entry for a tool call,
+//! or the upstream. What differs by era once a request is typed is how a few answers
+//! are written ([`Answers`]): `Modern` here, the session's in `legacy/`.
 
-use std::convert::Infallible;
+use std::future::Future;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use http::{Response, StatusCode};
 use serde_json::{Map, Value, json};
 use tokio::time::Instant;
-use tracing::Instrument;
 
-use super::era::{Era, ParsedBody};
 use super::gateway::Gateway;
-use super::inline::{self, Inline, InlineTiming};
-use super::legacy;
+use super::inline::{self, Final, Inline, InlineTiming};
 use super::relay;
 use super::reply::{self, Body};
-use super::stack::{LogFields, ReadRequest, Received, Resp, RespFuture, Target};
-use super::wire::{self, ValidRequest};
+use super::wire::ValidRequest;
 use crate::auth::Principal;
-use crate::protocol::params::{Field, Forward, Params, ToolCallParams};
+use crate::protocol::params::{Field, Forward, Params, TaskRef, ToolCallParams};
 use crate::protocol::{
-    self, Method, PROTOCOL_VERSION, Request, RpcError, TASKS_EXTENSION, results,
+    self, Method, PROTOCOL_VERSION, Request, RequestId, RpcError, TASKS_EXTENSION, results,
 };
+use crate::store::TaskRecord;
 use crate::tasks::call::{Caller, Retry, ToolCallRequest, mrtr_retry};
+use crate::tasks::events::Pending;
 use crate::tasks::failure::{CallFailure, Failure};
+use crate::tasks::inputs;
 use crate::tasks::outcome::{Reply, ToolReply};
-use crate::telemetry;
-use crate::upstream::{Upstream, UpstreamInfo};
-
-/// The JSON-RPC service over a request whose body has been read: parse → envelope →
-/// headers vs body → `_meta` → version → method ([`wire::validate`]), then capability
-/// → rate limits → params and ownership ([`dispatch`]).
-#[derive(Clone)]
-pub(super) struct Rpc(pub(super) Arc<Gateway>);
-
-impl tower::Service<ReadRequest> for Rpc {
-    type Response = Resp;
-    type Error = Infallible;
-    type Future = RespFuture;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: ReadRequest) -> Self::Future {
-        let gw = self.0.clone();
-        Box::pin(async move { Ok(serve_rpc(&gw, req).await) })
-    }
-}
-
-async fn serve_rpc(gw: &Gateway, req: ReadRequest) -> Resp {
-    let (mut parts, bytes) = req.into_parts();
-    // A body the era step parsed to decide is not parsed again.
-    let parsed = parts.extensions.remove::<ParsedBody>();
-    let ext = &parts.extensions;
-    // The path and auth steps put these in the extensions of every request they pass
-    // on; a request without them never left those steps.
-    let (Some(Target(upstream)), Some(principal)) = (
-        ext.get::<Target>().cloned(),
-        ext.get::<Principal>().cloned(),
-    ) else {
-        tracing::error!("a request reached the JSON-RPC service without its route or principal");
-        return reply::rpc_error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            None,
-            &RpcError::internal("internal error"),
-        );
-    };
-    let received = ext.get::<Received>().map_or_else(Instant::now, |r| r.0);
-    // The 2025-era paths, like the heavy arms of `dispatch`, are boxed: a future is as
-    // large as its largest state and is moved whole into the box the service returns,
-    // so unboxed, every `tasks/get` would carry and copy the 48 KB state of a
-    // `tools/call` (ARCHITECTURE.md "The request path").
-    // The method gate passed a GET or DELETE only for a 2025-era session.
-    if parts.method == http::Method::GET {
-        return Box::pin(legacy::serve_get(gw, &upstream, principal, &parts)).await;
-    }
-    if parts.method == http::Method::DELETE {
-        return Box::pin(legacy::serve_delete(gw, &upstream, principal, &parts)).await;
-    }
-    // The era the era step decided (docs/design.md §22 "Clients of the 2025 era").
-    let tool_headers = || upstream.tool_headers_to_check();
-    if ext.get::<Era>() == Some(&Era::Legacy) {
-        let body = match parsed {
-            Some(ParsedBody(p)) => p,
-            None => wire::parse(&bytes),
-        };
-        return match body {
-            Ok(v) => {
-                let post = legacy::serve_post(gw, &upstream, principal, &parts, v, received);
-                Box::pin(post).await
-            }
-            Err(rej) => reply::rpc_error(rej.status, rej.id.as_ref(), &rej.error),
-        };
-    }
-    let validated = match parsed {
-        Some(ParsedBody(Ok(v))) => wire::validate_parsed(v, &parts.headers, &tool_headers),
-        Some(ParsedBody(Err(rej))) => Err(rej),
-        None => wire::validate_with(&bytes, &parts.headers, &tool_headers),
-    };
-    let valid = match validated {
-        Ok(wire::Incoming::Notification) => return reply::empty(StatusCode::ACCEPTED),
-        Ok(wire::Incoming::Request(r)) => r,
-        Err(rej) => return reply::rpc_error(rej.status, rej.id.as_ref(), &rej.error),
-    };
-    if let Some(log) = ext.get::<LogFields>() {
-        log.update(|l| {
-            l.method = Some(valid.method);
-            if valid.method.is_task_method() {
-                l.task_id = valid.params.task_id().map(|t| t.chars().take(64).collect());
-            }
-        });
-    }
-    // Without traces the request is served exactly as before they existed.
-    if !telemetry::enabled() {
-        return dispatch(gw, &upstream, principal, *valid, received).await;
-    }
-    let target = valid
-        .params
-        .forward()
-        .and_then(|f| telemetry::target_of(valid.method.as_str(), f.upstream.as_map()));
-    let span = telemetry::server_span(telemetry::Incoming {
-        method: valid.method.as_str(),
-        target,
-        protocol_version: &valid.meta.protocol_version,
-        session: None,
-        request_id: &valid.id,
-        headers: &parts.headers,
-        meta: &valid.meta.trace,
-    });
-    telemetry::record_principal_of(&span, &principal.tenant, &principal.subject);
-    Box::pin(dispatch(gw, &upstream, principal, *valid, received).instrument(span)).await
-}
+use crate::upstream::{CallOutcome, Scope, Upstream, UpstreamError, UpstreamInfo};
 
 /// `server/discover` synthesised from the upstream's `initialize` result (MCP 2026-07-28
 /// "server/discover").
@@ -162,13 +57,183 @@ pub fn discover_result(info: &UpstreamInfo) -> Value {
     results::complete(Method::ServerDiscover, Value::Object(r), &info.server_info)
 }
 
-fn error_200<P>(req: &Request<P>, err: RpcError) -> Response<Body> {
-    reply::rpc_error(StatusCode::OK, Some(&req.id), &err)
+/// What a request is served with: the gateway, the upstream of its path, the
+/// principal, and when the HTTP request arrived (the start of `sync_timeout_ms`,
+/// docs/design.md §2 "Clients without the tasks extension").
+pub(super) struct Ctx<'a> {
+    pub(super) gw: &'a Gateway,
+    pub(super) upstream: &'a Arc<Upstream>,
+    pub(super) principal: Principal,
+    pub(super) received: Instant,
 }
 
-/// Serve one validated request for `upstream`; `received` is when the HTTP request
-/// arrived (the start of `sync_timeout_ms`, docs/design.md §2 "Clients without the
-/// tasks extension").
+/// A started call to answer on its request (the one held-call responder, `held.rs`).
+pub(super) struct HeldCall<'a> {
+    pub(super) ctx: &'a Ctx<'a>,
+    pub(super) req: Request<Forward>,
+    pub(super) pending: Pending,
+    pub(super) server_info: Value,
+}
+
+/// What differs between the eras once a request is typed: how a few answers are
+/// written, and who the caller is to the engine.
+pub(super) trait Answers: Send + Sync {
+    /// Whether the caller may use the tasks methods (a 2026 client declares the
+    /// extension on each request; a session speaks the 2025-11-25 dialect by its
+    /// version, and no other session's request reaches here as one).
+    fn declares_tasks(&self, req: &ValidRequest) -> bool;
+    /// The HTTP status of `-32601` for a method the upstream does not declare.
+    fn missing_method_status(&self) -> StatusCode;
+    /// Who calls a tool ([`Caller`]).
+    fn caller(&self, req: &Request<ToolCallParams>) -> Caller;
+    /// The upstream session a call or the cached `tools/list` is made in.
+    fn scope<'a>(&'a self, principal: &'a Principal) -> Scope<'a>;
+    /// The 2025-era session a call is made for (it picks the upstream session).
+    fn session(&self) -> Option<String>;
+    /// The cached first page of `tools/list` as this era answers it.
+    fn tools_listed(&self, id: &RequestId, list: Value, server_info: &Value) -> Response<Body>;
+    /// An upstream's error answer to `tools/list`, as this era passes it on.
+    fn list_error(&self, e: RpcError) -> RpcError;
+    /// `sync_timeout_ms` passed before the upstream answered.
+    fn sync_timed_out(&self, ctx: &Ctx<'_>, id: &RequestId) -> Final;
+    /// A tool call the engine made a task, durable.
+    fn task_created(
+        &self,
+        ctx: &Ctx<'_>,
+        id: &RequestId,
+        rec: &TaskRecord,
+        server_info: &Value,
+    ) -> impl Future<Output = Response<Body>> + Send;
+    /// A started call, answered on its request.
+    fn held(&self, call: HeldCall<'_>) -> impl Future<Output = Response<Body>> + Send;
+    /// `tasks/get`, after the poll limiter.
+    fn task_get(
+        &self,
+        ctx: &Ctx<'_>,
+        id: &RequestId,
+        task: TaskRef,
+        info: &UpstreamInfo,
+    ) -> impl Future<Output = Response<Body>> + Send;
+    /// `tasks/cancel`.
+    fn task_cancel(
+        &self,
+        ctx: &Ctx<'_>,
+        id: &RequestId,
+        task: TaskRef,
+        info: &UpstreamInfo,
+    ) -> impl Future<Output = Response<Body>> + Send;
+}
+
+/// A 2026-07-28 client.
+pub(super) struct Modern;
+
+impl Answers for Modern {
+    fn declares_tasks(&self, req: &ValidRequest) -> bool {
+        req.meta.caps.declares_tasks()
+    }
+
+    /// 404, matching `server/discover` (docs/design.md §14 "Upstream sessions").
+    fn missing_method_status(&self) -> StatusCode {
+        StatusCode::NOT_FOUND
+    }
+
+    fn caller(&self, req: &Request<ToolCallParams>) -> Caller {
+        if req.meta.caps.declares_tasks() {
+            Caller::Tasks
+        } else {
+            Caller::Plain
+        }
+    }
+
+    fn scope<'a>(&'a self, principal: &'a Principal) -> Scope<'a> {
+        principal.into()
+    }
+
+    fn session(&self) -> Option<String> {
+        None
+    }
+
+    fn tools_listed(&self, id: &RequestId, list: Value, server_info: &Value) -> Response<Body> {
+        reply::json(
+            StatusCode::OK,
+            &protocol::response(id, results::complete(Method::ToolsList, list, server_info)),
+        )
+    }
+
+    fn list_error(&self, e: RpcError) -> RpcError {
+        results::map_error(e)
+    }
+
+    /// `-32021` naming the tasks extension (README "Tasks walkthrough": clients
+    /// without the extension are held up to `sync_timeout_ms`).
+    fn sync_timed_out(&self, ctx: &Ctx<'_>, id: &RequestId) -> Final {
+        let after = ctx.gw.cfg.tasks.sync_timeout;
+        Final::failed(id, ctx.upstream.name(), CallFailure::SyncTimeout(after))
+    }
+
+    async fn task_created(
+        &self,
+        _ctx: &Ctx<'_>,
+        id: &RequestId,
+        rec: &TaskRecord,
+        server_info: &Value,
+    ) -> Response<Body> {
+        reply::json(
+            StatusCode::OK,
+            &protocol::response(id, crate::tasks::snapshot::create_result(rec, server_info)),
+        )
+    }
+
+    async fn held(&self, call: HeldCall<'_>) -> Response<Body> {
+        let ctx = call.ctx;
+        let c = Inline {
+            engine: ctx.gw.engine.clone(),
+            upstream: ctx.upstream.clone(),
+            principal: ctx.principal.clone(),
+            req: call.req,
+            server_info: call.server_info,
+            timing: ctx.gw.inline_timing(),
+            holds: ctx.gw.holds.clone(),
+            received: ctx.received,
+        };
+        inline::serve(c, call.pending).await
+    }
+
+    async fn task_get(
+        &self,
+        ctx: &Ctx<'_>,
+        id: &RequestId,
+        task: TaskRef,
+        info: &UpstreamInfo,
+    ) -> Response<Body> {
+        let r = ctx.gw.engine.get(
+            &ctx.principal,
+            ctx.upstream.name(),
+            &task,
+            &info.server_info,
+        );
+        task_reply(id, r.await)
+    }
+
+    async fn task_cancel(
+        &self,
+        ctx: &Ctx<'_>,
+        id: &RequestId,
+        task: TaskRef,
+        info: &UpstreamInfo,
+    ) -> Response<Body> {
+        let r = ctx.gw.engine.cancel(
+            &ctx.principal,
+            ctx.upstream.name(),
+            &task,
+            &info.server_info,
+        );
+        task_reply(id, Box::pin(r).await)
+    }
+}
+
+/// Serve one validated 2026 request for `upstream`; `received` is when the HTTP
+/// request arrived.
 pub async fn dispatch(
     gw: &Gateway,
     upstream: &Arc<Upstream>,
@@ -176,9 +241,21 @@ pub async fn dispatch(
     req: ValidRequest,
     received: Instant,
 ) -> Response<Body> {
-    // Capability checks that need no upstream (docs/design.md §12 "Order of checks":
-    // capability → limits → params and ownership).
-    if req.method.is_task_method() && !req.meta.caps.declares_tasks() {
+    let ctx = Ctx {
+        gw,
+        upstream,
+        principal,
+        received,
+    };
+    serve(&ctx, req, &Modern).await
+}
+
+/// Serve one typed request of either era: capability → limits → what serves it
+/// (docs/design.md §12 "Order of checks").
+pub(super) async fn serve<A: Answers>(ctx: &Ctx<'_>, req: ValidRequest, era: &A) -> Response<Body> {
+    let (gw, upstream) = (ctx.gw, ctx.upstream);
+    // Capability checks that need no upstream.
+    if req.method.is_task_method() && !era.declares_tasks(&req) {
         return reply::rpc_error(
             StatusCode::BAD_REQUEST,
             Some(&req.id),
@@ -190,7 +267,7 @@ pub async fn dispatch(
     }
     if let Params::Listen(listen) = &req.params
         && listen.asks_task_ids
-        && !req.meta.caps.declares_tasks()
+        && !era.declares_tasks(&req)
     {
         return reply::rpc_error(
             StatusCode::BAD_REQUEST,
@@ -224,13 +301,13 @@ pub async fn dispatch(
         }
     };
 
-    // Methods the upstream does not declare answer 404, matching `server/discover`
-    // (docs/design.md §14 "Upstream sessions").
+    // Methods the upstream does not declare answer `-32601` (docs/design.md §14
+    // "Upstream sessions").
     if let Some(cap) = req.method.capability()
         && !info.capabilities.contains_key(cap)
     {
         return reply::rpc_error(
-            StatusCode::NOT_FOUND,
+            era.missing_method_status(),
             Some(&req.id),
             &RpcError::method_not_found(req.method.as_str()),
         );
@@ -238,97 +315,74 @@ pub async fn dispatch(
 
     // ---- limits (docs/design.md §8 "Flow control") ----
     // Order: capability → rate limits → params and ownership.
-    if let Err(t) = check_limits(gw, upstream, &principal, &req) {
+    if let Err(t) = check_limits(gw, upstream, &ctx.principal, &req) {
         return inline::render(&req.id, Reply::Failed(Failure::throttled(t)));
     }
     // ---- end limits ----
 
-    // Every awaited arm but `tasks/get` awaits its future boxed, so that
-    // the state of the largest (a `tools/call`) is not the size of every request's
-    // (see `serve_rpc`).
+    // Every awaited arm but `tasks/get` awaits its future boxed, so that the state of
+    // the largest (a `tools/call`) is not the size of every request's (ARCHITECTURE.md
+    // "The request path").
     let (req, params) = req.split();
     match params {
         Params::Discover => reply::json(
             StatusCode::OK,
             &protocol::response(&req.id, discover_result(&info)),
         ),
-        Params::TaskGet(task) => {
-            let r = gw
-                .engine
-                .get(&principal, upstream.name(), &task, &info.server_info);
-            task_reply(&req, r.await)
-        }
+        Params::TaskGet(task) => era.task_get(ctx, &req.id, task, &info).await,
         Params::TaskUpdate(update) => {
             let r = gw
                 .engine
-                .update(&principal, upstream.name(), update, &info.server_info);
-            task_reply(&req, Box::pin(r).await)
+                .update(&ctx.principal, upstream.name(), update, &info.server_info);
+            task_reply(&req.id, Box::pin(r).await)
         }
-        Params::TaskCancel(task) => {
-            let r = gw
-                .engine
-                .cancel(&principal, upstream.name(), &task, &info.server_info);
-            task_reply(&req, Box::pin(r).await)
-        }
+        Params::TaskCancel(task) => Box::pin(era.task_cancel(ctx, &req.id, task, &info)).await,
         Params::Listen(listen) => {
-            super::subscriptions::open(upstream, &principal, &req.id, &listen, &info, gw)
+            super::subscriptions::open(upstream, &ctx.principal, &req.id, &listen, &info, gw)
         }
         Params::ToolsCall(p) => {
-            Box::pin(tools_call(
-                gw,
-                upstream,
-                principal,
-                req.with(p),
-                info.server_info.clone(),
-                received,
-            ))
-            .await
+            Box::pin(tools_call(ctx, req.with(p), info.server_info.clone(), era)).await
         }
         Params::Forward(fwd) => {
             if req.method == Method::ToolsList && !fwd.asks_page() {
-                // Served from the session's cache, outside the inline race: bounded by
-                // the same `sync_timeout_ms` here, or a stalled upstream would hold
-                // the request forever.
-                let listed = Box::pin(tokio::time::timeout_at(
-                    sync_deadline(gw, received),
-                    upstream.tools_list(&principal),
-                ));
-                let Ok(listed) = listed.await else {
-                    return sync_timed_out(gw, &req, upstream);
-                };
-                return match listed {
-                    Ok(crate::upstream::CallOutcome::Result(v)) => reply::json(
-                        StatusCode::OK,
-                        &protocol::response(
-                            &req.id,
-                            results::complete(Method::ToolsList, v, &info.server_info),
-                        ),
-                    ),
-                    Ok(crate::upstream::CallOutcome::Error(e)) => {
-                        error_200(&req, results::map_error(e))
-                    }
-                    Err(e) => {
-                        inline::upstream_failure(&req.id, upstream.name(), &e).into_response()
-                    }
-                };
+                return Box::pin(tools_list(ctx, &req.id, &info.server_info, era)).await;
             }
-            Box::pin(inline_or_resume(
-                gw,
-                upstream,
-                principal,
-                req.with(fwd),
-                info.server_info.clone(),
-                received,
-            ))
-            .await
+            Box::pin(forward(ctx, req.with(fwd), info.server_info.clone(), era)).await
         }
     }
 }
 
-/// Request rate, poll rate and queue room (docs/design.md §8 "Flow control"). A
-/// throttled poll costs no store read: the limiter runs before the task is resolved,
-/// and only for a well-formed id (a malformed one is rejected by `resolve` without a
-/// read).
+/// The first page of `tools/list`, from the session's cache, outside the inline race:
+/// bounded by the same `sync_timeout_ms` here, or a stalled upstream would hold the
+/// request forever.
+async fn tools_list<A: Answers>(
+    ctx: &Ctx<'_>,
+    id: &RequestId,
+    server_info: &Value,
+    era: &A,
+) -> Response<Body> {
+    let listed = tokio::time::timeout_at(
+        ctx.received + ctx.gw.cfg.tasks.sync_timeout,
+        ctx.upstream.tools_list(era.scope(&ctx.principal)),
+    );
+    match listed.await {
+        Err(_) => era.sync_timed_out(ctx, id).into_response(),
+        Ok(Ok(CallOutcome::Result(v))) => era.tools_listed(id, v, server_info),
+        Ok(Ok(CallOutcome::Error(e))) => {
+            reply::rpc_error(StatusCode::OK, Some(id), &era.list_error(e))
+        }
+        Ok(Err(e)) => upstream_failed(ctx, id, &e),
+    }
+}
+
+fn upstream_failed(ctx: &Ctx<'_>, id: &RequestId, e: &UpstreamError) -> Response<Body> {
+    inline::upstream_failure(id, ctx.upstream.name(), e).into_response()
+}
+
+/// Request rate, poll rate and queue room (docs/design.md §8 "Flow control"), for
+/// both eras. A throttled poll costs no store read: the limiter runs before the task
+/// is resolved, and only for a well-formed id (a malformed one is rejected by
+/// `resolve` without a read).
 fn check_limits(
     gw: &Gateway,
     upstream: &Upstream,
@@ -357,73 +411,52 @@ fn check_limits(
 
 /// The answer of a tasks method: its result written inside the JSON-RPC envelope
 /// (a `tasks/get` result serializes itself from the snapshot).
-fn task_reply<T: serde::Serialize>(req: &Request<()>, r: Result<T, Failure>) -> Response<Body> {
+fn task_reply<T: serde::Serialize>(id: &RequestId, r: Result<T, Failure>) -> Response<Body> {
     match r {
-        Ok(v) => reply::json(StatusCode::OK, &protocol::ResponseOf::new(&req.id, v)),
-        Err(f) => inline::render(&req.id, Reply::Failed(f)),
+        Ok(v) => reply::json(StatusCode::OK, &protocol::ResponseOf::new(id, v)),
+        Err(f) => inline::render(id, Reply::Failed(f)),
     }
 }
 
-/// A `tools/call` of a 2026 client: the engine decides ([`Engine::call_tool`]), the
-/// front renders (a task handle, an inline call held open, a relayed MRTR retry).
+/// A `tools/call`: the engine decides ([`Engine::call_tool`]), the era renders (a task
+/// handle, an inline call held open, a relayed MRTR retry).
 ///
 /// [`Engine::call_tool`]: crate::tasks::Engine::call_tool
-async fn tools_call(
-    gw: &Gateway,
-    upstream: &Arc<Upstream>,
-    principal: Principal,
+async fn tools_call<A: Answers>(
+    ctx: &Ctx<'_>,
     req: Request<ToolCallParams>,
     server_info: Value,
-    received: Instant,
+    era: &A,
 ) -> Response<Body> {
+    let gw = ctx.gw;
     let id = req.id.clone();
-    let caller = if req.meta.caps.declares_tasks() {
-        Caller::Tasks
-    } else {
-        Caller::Plain
-    };
     let call = ToolCallRequest {
-        upstream: upstream.clone(),
-        principal: principal.clone(),
+        upstream: ctx.upstream.clone(),
+        principal: ctx.principal.clone(),
+        caller: era.caller(&req),
         req,
         server_info: server_info.clone(),
-        caller,
-        received,
+        received: ctx.received,
         timing: gw.inline_timing(),
         holds: gw.holds.clone(),
     };
     match gw.engine.call_tool(call).await {
-        ToolReply::Reply(r) => inline::Final::of_call(&id, r, &server_info).into_response(),
+        ToolReply::Reply(Reply::Task(rec)) => era.task_created(ctx, &id, &rec, &server_info).await,
+        ToolReply::Reply(r) => Final::of(&id, r).into_response(),
         ToolReply::Inline { pending, req } => {
             let (req, params) = req.split();
-            let c = Inline {
-                engine: gw.engine.clone(),
-                upstream: upstream.clone(),
-                principal,
+            let call = HeldCall {
+                ctx,
                 req: req.with(params.fwd),
+                pending,
                 server_info,
-                timing: gw.inline_timing(),
-                holds: gw.holds.clone(),
-                received,
             };
-            inline::serve(c, pending).await
+            era.held(call).await
         }
         ToolReply::Elsewhere { replica, req } => {
-            relay::retry_at(gw, &replica, upstream, &principal, &req).await
+            relay::retry_at(gw, &replica, ctx.upstream, &ctx.principal, &req).await
         }
     }
-}
-
-/// When `sync_timeout_ms` runs out for a request that arrived at `received` (README
-/// "Tasks walkthrough": clients without the extension are held up to it).
-fn sync_deadline(gw: &Gateway, received: Instant) -> Instant {
-    received + gw.cfg.tasks.sync_timeout
-}
-
-/// The answer once `sync_timeout_ms` passed outside the inline race.
-fn sync_timed_out<P>(gw: &Gateway, req: &Request<P>, upstream: &Upstream) -> Response<Body> {
-    let after = gw.cfg.tasks.sync_timeout;
-    inline::Final::failed(&req.id, upstream.name(), CallFailure::SyncTimeout(after)).into_response()
 }
 
 impl Gateway {
@@ -435,34 +468,36 @@ impl Gateway {
     }
 }
 
-/// Serve inline, resuming a held call when the request is an MRTR retry.
-async fn inline_or_resume(
-    gw: &Gateway,
-    upstream: &Arc<Upstream>,
-    principal: Principal,
+/// Any other method the upstream answers: forwarded and held open, or resumed when
+/// it is an MRTR retry.
+async fn forward<A: Answers>(
+    ctx: &Ctx<'_>,
     req: Request<Forward>,
     server_info: Value,
-    received: Instant,
+    era: &A,
 ) -> Response<Body> {
-    let resumed = mrtr_retry(&gw.holds, upstream.name(), &principal, &req, &server_info);
-    let c = Inline {
-        engine: gw.engine.clone(),
-        upstream: upstream.clone(),
-        principal,
-        req,
-        server_info,
-        timing: gw.inline_timing(),
-        holds: gw.holds.clone(),
-        received,
-    };
-    match resumed {
-        None => inline::run(c).await,
-        Some(Retry::Answer(r)) => inline::render(&c.req.id, r),
-        Some(Retry::Elsewhere(replica)) => {
-            relay::retry_at(gw, &replica, &c.upstream, &c.principal, &c.req).await
+    let gw = ctx.gw;
+    let name = ctx.upstream.name();
+    let pending = match mrtr_retry(&gw.holds, name, &ctx.principal, &req, &server_info) {
+        None => {
+            let want_progress = req.meta.progress_token.is_some();
+            let mut spec = inputs::upstream_spec(req.method, &req.params, want_progress);
+            spec.session = era.session();
+            gw.engine.start_call(ctx.upstream, &ctx.principal, spec)
         }
-        Some(Retry::Resumed(pending)) => inline::serve(c, pending).await,
-    }
+        Some(Retry::Resumed(pending)) => pending,
+        Some(Retry::Answer(r)) => return inline::render(&req.id, r),
+        Some(Retry::Elsewhere(replica)) => {
+            return relay::retry_at(gw, &replica, ctx.upstream, &ctx.principal, &req).await;
+        }
+    };
+    let call = HeldCall {
+        ctx,
+        req,
+        pending,
+        server_info,
+    };
+    era.held(call).await
 }
 
 #[cfg(test)]

@@ -22,6 +22,7 @@ mod relay;
 pub mod relayed;
 pub mod reply;
 mod request_log;
+mod rpc;
 mod stack;
 pub mod subscriptions;
 pub mod wire;
@@ -65,7 +66,7 @@ use stack::{Async, Read, Req, Resp, RespFuture, StepLayer};
 ///    ([`http_checks::ReadBody`]);
 ///    — the era is decided here, once ([`era::DecideEra`]): a 2025-era request
 ///    goes on to `legacy/`'s session, then the same dispatch —
-/// 8. the JSON-RPC steps over the body, one service ([`dispatch::Rpc`]): parse
+/// 8. the JSON-RPC steps over the body, one service ([`rpc::Rpc`]): parse
 ///    → envelope → headers vs body → `_meta` → version → method (`wire.rs`) →
 ///    capability → rate limits → params and ownership (`dispatch.rs`). Each needs what
 ///    the one before parsed, so splitting them into layers would only pass the parsed
@@ -96,7 +97,7 @@ fn build(
         .layer(StepLayer(http_checks::Negotiate))
         .layer(StepLayer(Async(http_checks::ReadBody(gw.clone()))))
         .layer(StepLayer(Read(era::DecideEra)))
-        .service(dispatch::Rpc(gw))
+        .service(rpc::Rpc(gw))
 }
 
 /// The optional `server.metrics_listen` listener: `/metrics`, `/healthz`, `/readyz`,

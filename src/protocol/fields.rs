@@ -57,11 +57,6 @@ pub fn log_level(params: &Map<String, Value>) -> Option<usize> {
         .and_then(log_level_rank)
 }
 
-/// `params.uri` of a resource request, when a string.
-pub fn uri(params: Option<&Map<String, Value>>) -> Option<&str> {
-    params?.get("uri").and_then(Value::as_str)
-}
-
 /// `params.uri` of a notification (`notifications/resources/updated`), when a string.
 pub fn notified_uri(params: Option<&Value>) -> Option<&str> {
     params?.get("uri").and_then(Value::as_str)
@@ -85,27 +80,9 @@ pub fn cancelled_request(params: &Map<String, Value>) -> Option<&Value> {
     params.get("requestId")
 }
 
-/// `params.level` of `logging/setLevel`, with its rank, when it names a level.
-pub fn set_level(params: &Map<String, Value>) -> Option<(&str, usize)> {
-    params
-        .get("level")
-        .and_then(Value::as_str)
-        .and_then(|l| log_level_rank(l).map(|r| (l, r)))
-}
-
 /// The `method` of a JSON-RPC request value.
 pub fn method_of(request: &Value) -> Option<&str> {
     request.get("method").and_then(Value::as_str)
-}
-
-/// `params.cursor` of a list request: `Ok(None)` when absent or null, `Err` when not
-/// a string.
-pub fn cursor(params: &Map<String, Value>) -> Result<Option<&str>, ()> {
-    match params.get("cursor") {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(c)) => Ok(Some(c.as_str())),
-        Some(_) => Err(()),
-    }
 }
 
 /// A `CallToolResult` that says `isError: true`.
@@ -116,15 +93,6 @@ pub fn is_error_result(result: &Value) -> bool {
 /// `params.message` of `notifications/progress`.
 pub fn progress_message(params: &Map<String, Value>) -> Option<&str> {
     params.get("message").and_then(Value::as_str)
-}
-
-/// `params.name` of a request, when a string (the tool of a `tools/call`, the prompt
-/// of a `prompts/get`).
-pub fn tool_name_of(params: &Map<String, Value>) -> Option<String> {
-    params
-        .get("name")
-        .and_then(Value::as_str)
-        .map(str::to_string)
 }
 
 /// A tool's `name` in a `tools/list` result.

@@ -6,7 +6,7 @@
 use serde_json::{Map, Value};
 
 use super::Method;
-use super::params::Field;
+use super::params::{Field, Params, TaskRef};
 
 /// The params of a 2025-era `initialize` (MCP 2025-11-25 "Lifecycle",
 /// "Initialization"), parsed once; refused where the session opens.
@@ -34,6 +34,93 @@ impl InitializeParams {
                 Some(_) => Field::Invalid,
             },
         }
+    }
+}
+
+/// What only the 2025 era has, with its typed params (docs/design.md §22 "Clients of
+/// the 2025 era", §25).
+#[derive(Debug, Clone, PartialEq)]
+pub enum LegacyOnly {
+    Initialize(InitializeParams),
+    Ping,
+    /// `logging/setLevel`: session state, kept per client session.
+    SetLogLevel {
+        level: Field<String>,
+    },
+    /// `resources/subscribe` (`on`) or `resources/unsubscribe`.
+    Subscribe {
+        on: bool,
+        uri: Field<String>,
+    },
+    /// The blocking `tasks/result` of the 2025-11-25 dialect.
+    TaskResult(TaskRef),
+    /// `tasks/list` of the 2025-11-25 dialect; a `null` cursor is none.
+    TaskList {
+        cursor: Field<String>,
+    },
+}
+
+/// One 2025-era request, typed: a method both eras share, with the params the 2026
+/// path parses ([`Params::parse`]), one only this era has, or one the session does not
+/// serve.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LegacyRequest {
+    Shared(Method, Params),
+    Only(LegacyOnly),
+    /// `-32601`; `task_method` for a `tasks/*` method of a session without the task
+    /// dialect, which never had one (answered 404, as before the dialect existed).
+    NotFound {
+        task_method: bool,
+    },
+}
+
+impl LegacyRequest {
+    /// `params` without `_meta`; `dialect`: the session negotiated 2025-11-25.
+    pub fn parse(method: &str, mut params: Map<String, Value>, dialect: bool) -> Self {
+        match LegacyMethod::of(method) {
+            LegacyMethod::Initialize => {
+                Self::Only(LegacyOnly::Initialize(InitializeParams::parse(params)))
+            }
+            LegacyMethod::Ping => Self::Only(LegacyOnly::Ping),
+            LegacyMethod::SetLogLevel => Self::Only(LegacyOnly::SetLogLevel {
+                level: string(&mut params, "level"),
+            }),
+            LegacyMethod::Subscribe(on) => Self::Only(LegacyOnly::Subscribe {
+                on,
+                uri: string(&mut params, "uri"),
+            }),
+            LegacyMethod::Tasks(_) if !dialect => Self::NotFound { task_method: true },
+            LegacyMethod::Tasks(Some(LegacyTaskMethod::Get)) => {
+                Self::Shared(Method::TasksGet, Params::parse(Method::TasksGet, params))
+            }
+            LegacyMethod::Tasks(Some(LegacyTaskMethod::Cancel)) => Self::Shared(
+                Method::TasksCancel,
+                Params::parse(Method::TasksCancel, params),
+            ),
+            LegacyMethod::Tasks(Some(LegacyTaskMethod::Result)) => {
+                Self::Only(LegacyOnly::TaskResult(TaskRef::parse(&params)))
+            }
+            LegacyMethod::Tasks(Some(LegacyTaskMethod::List)) => {
+                let cursor = match params.remove("cursor") {
+                    None | Some(Value::Null) => Field::Absent,
+                    Some(Value::String(c)) => Field::Valid(c),
+                    Some(_) => Field::Invalid,
+                };
+                Self::Only(LegacyOnly::TaskList { cursor })
+            }
+            LegacyMethod::Tasks(None) | LegacyMethod::Unknown => {
+                Self::NotFound { task_method: false }
+            }
+            LegacyMethod::Forward(m) => Self::Shared(m, Params::parse(m, params)),
+        }
+    }
+}
+
+fn string(params: &mut Map<String, Value>, key: &str) -> Field<String> {
+    match params.remove(key) {
+        None => Field::Absent,
+        Some(Value::String(s)) => Field::Valid(s),
+        Some(_) => Field::Invalid,
     }
 }
 

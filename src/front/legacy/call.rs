@@ -192,11 +192,17 @@ fn final_of(c: &LegacyCall, r: JoinedCall) -> Final {
 
 /// `sync_timeout_ms` passed: `-32603` naming it.
 fn sync_timeout(c: &LegacyCall) -> Final {
+    sync_timeout_of(&c.id, c.sync_timeout)
+}
+
+/// `sync_timeout_ms` (`after`) passed for request `id` of a session: `-32603` naming
+/// it (the 2026 `-32021` names an extension this client cannot use).
+pub(super) fn sync_timeout_of(id: &RequestId, after: Duration) -> Final {
     Final::ok(protocol::error_response(
-        Some(&c.id),
+        Some(id),
         &RpcError::internal(format!(
             "the upstream call exceeded the gateway's sync_timeout_ms ({} ms) and was cancelled",
-            c.sync_timeout.as_millis()
+            after.as_millis()
         )),
     ))
 }

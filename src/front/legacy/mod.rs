@@ -30,19 +30,22 @@ use self::call::{DEFAULT_LOG_RANK, LegacyCall};
 use self::live::SubChange;
 use self::message::Message;
 use self::tasks::TaskSession;
+use super::dispatch::{self, Answers, Ctx, HeldCall};
 use super::gateway::Gateway;
 use super::inline::Final;
 use super::reply::{self, Body};
+use super::wire::ValidRequest;
 use crate::auth::Principal;
-use crate::protocol::legacy::{self as versions, LegacyMethod};
+use crate::protocol::legacy::{self as versions, LegacyOnly, LegacyRequest};
 use crate::protocol::meta::{ClientCaps, RequestMeta, log_level_rank};
-use crate::protocol::params::{Field, ToolCallParams};
+use crate::protocol::params::{Field, TaskRef, ToolCallParams};
 use crate::protocol::{self, Method, Request, RequestId, RpcError, TASKS_EXTENSION, error, fields};
 use crate::store::SessionRecord;
-use crate::tasks::call::{Caller, ToolCallRequest};
+use crate::store::TaskRecord;
+use crate::tasks::call::Caller;
 use crate::tasks::failure::Failure;
-use crate::tasks::outcome::{Reply, ToolReply};
-use crate::upstream::{CallOutcome, CallSpec, Scope, Upstream, UpstreamInfo};
+use crate::tasks::outcome::Reply;
+use crate::upstream::{Scope, Upstream, UpstreamInfo};
 
 use super::era::SESSION_HEADER;
 
@@ -405,44 +408,73 @@ impl Session<'_> {
         &self,
         id: RequestId,
         method: &str,
-        params: Map<String, Value>,
+        mut params: Map<String, Value>,
         stream: bool,
     ) -> Response<Body> {
+        // The client's `_meta` is the gateway's business: only its progress token is
+        // kept, and the upstream never sees it.
+        let progress_token = params
+            .remove("_meta")
+            .and_then(|m| fields::progress_token(&m));
+        let dialect = tasks::speaks_tasks(&self.rec.protocol_version);
+        let only = match LegacyRequest::parse(method, params, dialect) {
+            LegacyRequest::Shared(method, params) => {
+                let req = Request {
+                    id,
+                    method,
+                    params,
+                    meta: RequestMeta {
+                        protocol_version: self.rec.protocol_version.clone(),
+                        caps: ClientCaps(self.rec.client_capabilities.clone()),
+                        client_info: None,
+                        log_level: None,
+                        progress_token,
+                        trace: Default::default(),
+                    },
+                    idempotency_key: None,
+                };
+                let ctx = Ctx {
+                    gw: self.gw,
+                    upstream: self.upstream,
+                    principal: self.principal.clone(),
+                    received: self.received,
+                };
+                let era = SessionAnswers {
+                    s: self,
+                    stream,
+                    dialect,
+                };
+                return dispatch::serve(&ctx, req, &era).await;
+            }
+            LegacyRequest::Only(only) => Ok(only),
+            LegacyRequest::NotFound { task_method } => Err(task_method),
+        };
         // Every request counts against the principal's rate, as in the 2026 era.
         if let Err(t) = self.gw.limits.check_request(self.principal) {
             return throttled(&id, t);
         }
-        match LegacyMethod::of(method) {
-            LegacyMethod::Ping => call::json_answer(&id, json!({})),
-            LegacyMethod::Initialize => {
+        match only {
+            Ok(LegacyOnly::Ping) => call::json_answer(&id, json!({})),
+            Ok(LegacyOnly::Initialize(_)) => {
                 bad_request(Some(&id), "the session is initialized already")
             }
+            Ok(LegacyOnly::SetLogLevel { level }) => self.set_level(&id, level).await,
+            Ok(LegacyOnly::Subscribe { on, uri }) => self.subscribe(&id, uri, on).await,
+            Ok(LegacyOnly::TaskResult(task)) => self.task_session().result(id, task).await,
+            Ok(LegacyOnly::TaskList { cursor }) => self.task_session().list(&id, cursor).await,
             // The gateway's own tasks, never the upstream's: an upstream `tasks/list`
             // on a shared session would list other tenants' tasks. Sessions of an
             // earlier version have no task dialect (404, as before it existed).
-            LegacyMethod::Tasks(Some(m)) if tasks::speaks_tasks(&self.rec.protocol_version) => {
-                self.task_session().serve(id, m, &params).await
-            }
-            LegacyMethod::Tasks(_) if tasks::speaks_tasks(&self.rec.protocol_version) => {
-                reply::rpc_error(
-                    StatusCode::OK,
-                    Some(&id),
-                    &RpcError::method_not_found(method),
-                )
-            }
-            LegacyMethod::Tasks(_) => reply::rpc_error(
+            Err(true) => reply::rpc_error(
                 StatusCode::NOT_FOUND,
                 Some(&id),
                 &RpcError::method_not_found(method),
             ),
-            LegacyMethod::Unknown => reply::rpc_error(
+            Err(false) => reply::rpc_error(
                 StatusCode::OK,
                 Some(&id),
                 &RpcError::method_not_found(method),
             ),
-            LegacyMethod::SetLogLevel => self.set_level(&id, &params).await,
-            LegacyMethod::Subscribe(on) => self.subscribe(&id, &params, on).await,
-            LegacyMethod::Forward(m) => self.forward(id, m, params, stream).await,
         }
     }
 
@@ -454,138 +486,6 @@ impl Session<'_> {
         self.upstream.info().await.map_err(|e| {
             super::inline::upstream_failure(id, self.upstream.name(), &e).into_response()
         })
-    }
-
-    async fn forward(
-        &self,
-        id: RequestId,
-        method: Method,
-        mut params: Map<String, Value>,
-        stream: bool,
-    ) -> Response<Body> {
-        let info = match self.info(&id).await {
-            Ok(i) => i,
-            Err(r) => return r,
-        };
-        if let Some(cap) = method.capability()
-            && !info.capabilities.contains_key(cap)
-        {
-            return reply::rpc_error(
-                StatusCode::OK,
-                Some(&id),
-                &RpcError::method_not_found(method.as_str()),
-            );
-        }
-        if method.takes_queue_slot()
-            && let Err(t) = self.gw.limits.check_queue(
-                self.upstream.name(),
-                self.upstream.cfg.max_concurrency,
-                self.principal,
-            )
-        {
-            return throttled(&id, t);
-        }
-        let progress_token = params
-            .remove("_meta")
-            .and_then(|m| fields::progress_token(&m));
-        let dialect = tasks::speaks_tasks(&self.rec.protocol_version);
-        if method == Method::ToolsCall {
-            return self
-                .tools_call(id, info.server_info.clone(), params, progress_token, stream)
-                .await;
-        }
-        params.remove("task");
-        if method == Method::ToolsList && !params.contains_key("cursor") {
-            return match self.upstream.tools_list(self.scope()).await {
-                Ok(CallOutcome::Result(mut v)) => {
-                    if dialect {
-                        tasks::mark_tools(&self.upstream.cfg, &mut v);
-                    }
-                    call::json_answer(&id, v)
-                }
-                Ok(CallOutcome::Error(e)) => reply::rpc_error(StatusCode::OK, Some(&id), &e),
-                Err(e) => {
-                    super::inline::upstream_failure(&id, self.upstream.name(), &e).into_response()
-                }
-            };
-        }
-        let spec = CallSpec {
-            method: method.as_str().to_string(),
-            tool: fields::tool_name_of(&params),
-            params,
-            want_progress: progress_token.is_some(),
-            tenant: None,
-            session: Some(self.sid().to_string()),
-        };
-        let pending = self
-            .gw
-            .engine
-            .start_call(self.upstream, self.principal, spec);
-        let mark_tools = dialect && method == Method::ToolsList;
-        call::serve(self.held(id, progress_token, stream, mark_tools), pending).await
-    }
-
-    /// A `tools/call`: the engine decides ([`Engine::call_tool`]); a task is rendered in
-    /// the 2025-11-25 dialect, an inline call held open on this session.
-    ///
-    /// [`Engine::call_tool`]: crate::tasks::Engine::call_tool
-    async fn tools_call(
-        &self,
-        id: RequestId,
-        server_info: Value,
-        params: Map<String, Value>,
-        progress_token: Option<Value>,
-        stream: bool,
-    ) -> Response<Body> {
-        let params = ToolCallParams::parse(params);
-        // A 2025-11-25 task is the gateway's (docs/design.md §25); other versions have
-        // no task augmentation and ignore the field (MCP 2025-11-25 "Tasks", "Task
-        // Support and Handling"). Either way the upstream never sees it.
-        let caller =
-            if tasks::speaks_tasks(&self.rec.protocol_version) && params.task != Field::Absent {
-                Caller::SessionTask
-            } else {
-                Caller::Session(self.sid().to_string())
-            };
-        let call = ToolCallRequest {
-            upstream: self.upstream.clone(),
-            principal: self.principal.clone(),
-            req: Request {
-                id: id.clone(),
-                method: Method::ToolsCall,
-                params,
-                meta: RequestMeta {
-                    protocol_version: self.rec.protocol_version.clone(),
-                    caps: ClientCaps(self.rec.client_capabilities.clone()),
-                    client_info: None,
-                    log_level: None,
-                    progress_token: progress_token.clone(),
-                    trace: Default::default(),
-                },
-                idempotency_key: None,
-            },
-            server_info,
-            caller,
-            received: self.received,
-            timing: self.gw.inline_timing(),
-            holds: self.gw.holds.clone(),
-        };
-        match self.gw.engine.call_tool(call).await {
-            ToolReply::Reply(Reply::Task(rec)) => self.task_session().created(&id, &rec).await,
-            ToolReply::Reply(other) => Final::of(&id, other).into_response(),
-            ToolReply::Inline { pending, .. } => {
-                call::serve(self.held(id, progress_token, stream, false), pending).await
-            }
-            // Only an MRTR retry is relayed, and a session makes none.
-            ToolReply::Elsewhere { .. } => {
-                tracing::error!("a 2025-era tools/call was to be relayed");
-                reply::rpc_error(
-                    StatusCode::OK,
-                    Some(&id),
-                    &RpcError::internal("internal error"),
-                )
-            }
-        }
     }
 
     /// A call of this session held open until the upstream answers (`call.rs`).
@@ -620,8 +520,11 @@ impl Session<'_> {
 
     /// `logging/setLevel`: this session's level; the upstream is set to the most
     /// verbose level any session on its upstream session asked for.
-    async fn set_level(&self, id: &RequestId, params: &Map<String, Value>) -> Response<Body> {
-        let Some((level, rank)) = fields::set_level(params) else {
+    async fn set_level(&self, id: &RequestId, level: Field<String>) -> Response<Body> {
+        let Some((level, rank)) = level
+            .valid()
+            .and_then(|l| log_level_rank(l).map(|r| (l.as_str(), r)))
+        else {
             return invalid_params(id, "params.level must be a logging level");
         };
         let info = match self.info(id).await {
@@ -665,13 +568,8 @@ impl Session<'_> {
 
     /// `resources/subscribe` / `resources/unsubscribe`: kept in the session record,
     /// and subscribed upstream once per resource whoever asked.
-    async fn subscribe(
-        &self,
-        id: &RequestId,
-        params: &Map<String, Value>,
-        on: bool,
-    ) -> Response<Body> {
-        let Some(uri) = fields::uri(Some(params)) else {
+    async fn subscribe(&self, id: &RequestId, uri: Field<String>, on: bool) -> Response<Body> {
+        let Some(uri) = uri.valid().map(String::as_str) else {
             return invalid_params(id, "params.uri must be a string");
         };
         let info = match self.info(id).await {
@@ -729,6 +627,106 @@ impl Session<'_> {
             return store_unavailable(Some(id), &e);
         }
         call::json_answer(id, json!({}))
+    }
+}
+
+/// How a session's requests are answered where the eras differ (`dispatch.rs`): the
+/// upstream's answers as sent, `-32601` with 200, the 2025-11-25 task dialect, the
+/// session's held calls.
+struct SessionAnswers<'a> {
+    s: &'a Session<'a>,
+    /// The answer may become an SSE stream (not in a batch).
+    stream: bool,
+    /// The session negotiated 2025-11-25.
+    dialect: bool,
+}
+
+impl Answers for SessionAnswers<'_> {
+    /// Only a session with the dialect has a `tasks/*` method that reaches here.
+    fn declares_tasks(&self, _req: &ValidRequest) -> bool {
+        true
+    }
+
+    fn missing_method_status(&self) -> StatusCode {
+        StatusCode::OK
+    }
+
+    /// A 2025-11-25 task is the gateway's (docs/design.md §25); other versions have
+    /// no task augmentation and ignore the field (MCP 2025-11-25 "Tasks", "Task
+    /// Support and Handling"). Either way the upstream never sees it.
+    fn caller(&self, req: &Request<ToolCallParams>) -> Caller {
+        if self.dialect && req.params.task != Field::Absent {
+            Caller::SessionTask
+        } else {
+            Caller::Session(self.s.sid().to_string())
+        }
+    }
+
+    fn scope<'a>(&'a self, _principal: &'a Principal) -> Scope<'a> {
+        self.s.scope()
+    }
+
+    fn session(&self) -> Option<String> {
+        Some(self.s.sid().to_string())
+    }
+
+    fn tools_listed(
+        &self,
+        id: &RequestId,
+        mut list: Value,
+        _server_info: &Value,
+    ) -> Response<Body> {
+        if self.dialect {
+            tasks::mark_tools(&self.s.upstream.cfg, &mut list);
+        }
+        call::json_answer(id, list)
+    }
+
+    fn list_error(&self, e: RpcError) -> RpcError {
+        e
+    }
+
+    fn sync_timed_out(&self, ctx: &Ctx<'_>, id: &RequestId) -> Final {
+        call::sync_timeout_of(id, ctx.gw.cfg.tasks.sync_timeout)
+    }
+
+    async fn task_created(
+        &self,
+        _ctx: &Ctx<'_>,
+        id: &RequestId,
+        rec: &TaskRecord,
+        _server_info: &Value,
+    ) -> Response<Body> {
+        self.s.task_session().created(id, rec).await
+    }
+
+    async fn held(&self, call: HeldCall<'_>) -> Response<Body> {
+        let mark_tools = self.dialect && call.req.method == Method::ToolsList;
+        let (req, _) = call.req.split();
+        let c = self
+            .s
+            .held(req.id, req.meta.progress_token, self.stream, mark_tools);
+        call::serve(c, call.pending).await
+    }
+
+    async fn task_get(
+        &self,
+        _ctx: &Ctx<'_>,
+        id: &RequestId,
+        task: TaskRef,
+        _info: &UpstreamInfo,
+    ) -> Response<Body> {
+        self.s.task_session().get(id, &task).await
+    }
+
+    async fn task_cancel(
+        &self,
+        _ctx: &Ctx<'_>,
+        id: &RequestId,
+        task: TaskRef,
+        _info: &UpstreamInfo,
+    ) -> Response<Body> {
+        self.s.task_session().cancel(id, &task).await
     }
 }
 

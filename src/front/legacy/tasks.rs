@@ -23,7 +23,6 @@ use super::super::reply::{self, Body};
 use super::live::LegacyLive;
 use crate::auth::Principal;
 use crate::config::{TaskMode, UpstreamConfig};
-use crate::protocol::legacy::LegacyTaskMethod;
 use crate::protocol::params::{Field, TaskRef, TaskUpdate};
 use crate::protocol::{self, RequestId, RpcError, fields};
 use crate::store::{SessionRecord, TaskRecord, TaskStatus};
@@ -112,21 +111,6 @@ impl TaskSession<'_> {
         self.upstream.name()
     }
 
-    /// A `tasks/*` method of the dialect.
-    pub(super) async fn serve(
-        &self,
-        id: RequestId,
-        method: LegacyTaskMethod,
-        params: &Map<String, Value>,
-    ) -> Response<Body> {
-        match method {
-            LegacyTaskMethod::Get => self.get(&id, params).await,
-            LegacyTaskMethod::Result => self.result(id, params).await,
-            LegacyTaskMethod::List => self.list(&id, params).await,
-            LegacyTaskMethod::Cancel => self.cancel(&id, params).await,
-        }
-    }
-
     /// The answer to a task-augmented `tools/call` (MCP 2025-11-25 "Tasks", "Creating
     /// Tasks"), whose task the engine wrote durably before this: the
     /// `CreateTaskResult`, or for a replayed key whose task has ended, that task.
@@ -154,17 +138,10 @@ impl TaskSession<'_> {
             .await
     }
 
-    /// `tasks/get` (MCP 2025-11-25 "Tasks", "Getting Tasks"), poll-limited at the
-    /// advertised interval as a 2026 poll is (docs/design.md §8).
-    async fn get(&self, id: &RequestId, params: &Map<String, Value>) -> Response<Body> {
-        let task = TaskRef::parse(params);
-        if let Some(t) = task.task_id.valid()
-            && crate::tasks::ids::is_well_formed(t)
-            && let Err(t) = self.gw.limits.check_poll(self.principal, t)
-        {
-            return failed(id, Failure::throttled(t));
-        }
-        match self.snapshot(&task).await {
+    /// `tasks/get` (MCP 2025-11-25 "Tasks", "Getting Tasks"), after the poll limiter
+    /// every poll passes (`dispatch.rs`, docs/design.md §8).
+    pub(super) async fn get(&self, id: &RequestId, task: &TaskRef) -> Response<Body> {
+        match self.snapshot(task).await {
             Ok(rec) => {
                 self.gw.engine.note_seen(&rec);
                 json_answer(id, Value::Object(dialect::task(&rec)))
@@ -176,9 +153,8 @@ impl TaskSession<'_> {
     /// `tasks/cancel` (MCP 2025-11-25 "Tasks", "Cancelling Tasks"): the task is
     /// `cancelled` before the answer, which is the task; a terminal task is refused
     /// with `-32602`.
-    async fn cancel(&self, id: &RequestId, params: &Map<String, Value>) -> Response<Body> {
-        let task = TaskRef::parse(params);
-        let rec = match self.snapshot(&task).await {
+    pub(super) async fn cancel(&self, id: &RequestId, task: &TaskRef) -> Response<Body> {
+        let rec = match self.snapshot(task).await {
             Ok(r) => r,
             Err(f) => return failed(id, f),
         };
@@ -187,12 +163,12 @@ impl TaskSession<'_> {
         }
         let engine = &self.gw.engine;
         if let Err(f) = engine
-            .cancel(self.principal, self.name(), &task, &Value::Null)
+            .cancel(self.principal, self.name(), task, &Value::Null)
             .await
         {
             return failed(id, f);
         }
-        match self.snapshot(&task).await {
+        match self.snapshot(task).await {
             Ok(rec) if rec.status == TaskStatus::Cancelled => {
                 json_answer(id, Value::Object(dialect::task(&rec)))
             }
@@ -204,13 +180,14 @@ impl TaskSession<'_> {
 
     /// `tasks/list` (MCP 2025-11-25 "Tasks", "Listing Tasks"): the principal's own
     /// tasks on this endpoint, whichever era created them, a page at a time.
-    async fn list(&self, id: &RequestId, params: &Map<String, Value>) -> Response<Body> {
-        let Ok(cursor) = fields::cursor(params) else {
+    pub(super) async fn list(&self, id: &RequestId, cursor: Field<String>) -> Response<Body> {
+        if cursor == Field::Invalid {
             return error_200(
                 id,
                 &RpcError::invalid_params("params.cursor must be a string"),
             );
-        };
+        }
+        let cursor = cursor.valid().map(String::as_str);
         let page = self
             .gw
             .engine
@@ -236,8 +213,7 @@ impl TaskSession<'_> {
     /// `tasks/result` (MCP 2025-11-25 "Tasks", "Retrieving Task Results"): a terminal
     /// task's payload at once; otherwise an SSE stream held with keep-alives until the
     /// task ends, carrying its status notifications and its input requests.
-    async fn result(&self, id: RequestId, params: &Map<String, Value>) -> Response<Body> {
-        let task = TaskRef::parse(params);
+    pub(super) async fn result(&self, id: RequestId, task: TaskRef) -> Response<Body> {
         let rec = match self.snapshot(&task).await {
             Ok(r) => r,
             Err(f) => return failed(&id, f),
