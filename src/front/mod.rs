@@ -18,6 +18,7 @@ pub mod http_checks;
 pub mod inline;
 pub mod legacy;
 mod paths;
+mod pump;
 mod relay;
 pub mod relayed;
 pub mod reply;

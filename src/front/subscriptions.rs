@@ -5,14 +5,15 @@
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::Response;
 use serde_json::{Map, Value, json};
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::mpsc;
 
 use super::gateway::Gateway;
+use super::pump;
 use super::reply::{self, Body};
 use crate::auth::Principal;
 use crate::protocol::RequestId;
@@ -20,7 +21,7 @@ use crate::protocol::params::{ListenParams, TaskRef};
 use crate::protocol::{self, META_SUBSCRIPTION_ID};
 use crate::tasks::Change;
 use crate::tasks::snapshot;
-use crate::upstream::{TransportState, Upstream, UpstreamInfo};
+use crate::upstream::{SessionNotification, TransportState, Upstream, UpstreamInfo};
 
 /// List-changed filter flags asked for, with the server capability each needs: an
 /// upstream that does not declare the feature never sends its list changes, so the
@@ -85,10 +86,10 @@ pub fn open(
     let wanted_uris = filter.resource_subscriptions.clone().unwrap_or_default();
     let wanted_tasks = filter.task_ids.clone();
     let sub_id = id.clone();
-    let mut rx = upstream.session_notifications(principal);
+    let rx = upstream.session_notifications(principal);
     let up = upstream.clone();
     let who = principal.clone();
-    let mut task_rx = gw.engine.subscribe_changes();
+    let task_rx = gw.engine.subscribe_changes();
     let engine = gw.engine.clone();
     let keepalive = gw.cfg.server.keepalive;
     let (tx, out) = mpsc::channel::<Bytes>(32);
@@ -128,20 +129,25 @@ pub fn open(
             &sub_id,
         );
         if tx.send(reply::sse_event(&ack)).await.is_ok() {
-            relay(
-                &tx,
-                &mut rx,
-                &mut task_rx,
-                &engine,
-                &up,
-                &who,
-                &honoured,
-                &uris,
-                &task_ids,
-                &sub_id,
-                keepalive,
-            )
-            .await;
+            // Only a stream that follows tasks hears their changes.
+            let changes = (!task_ids.is_empty()).then_some(task_rx);
+            let listen = Listen {
+                engine: engine.clone(),
+                up: up.clone(),
+                who: who.clone(),
+                honoured,
+                uris: uris.clone(),
+                task_ids,
+                sub_id,
+                shown: Shown::new(),
+            };
+            let src = pump::Sources {
+                notes: rx,
+                changes,
+                followed: None,
+                ended: Box::pin(std::future::pending()),
+            };
+            pump::pump(listen, src, &tx, keepalive).await;
         }
         for uri in &uris {
             subscribe(&engine, &up, &who, "resources/unsubscribe", uri).await;
@@ -229,64 +235,66 @@ async fn send_snapshot(
     true
 }
 
-/// Forward what the subscription asked for until the client goes away.
-#[allow(clippy::too_many_arguments)]
-async fn relay(
-    tx: &mpsc::Sender<Bytes>,
-    rx: &mut broadcast::Receiver<crate::upstream::SessionNotification>,
-    task_rx: &mut broadcast::Receiver<Change>,
-    engine: &Arc<crate::tasks::Engine>,
-    up: &Arc<Upstream>,
-    who: &Principal,
-    honoured: &Map<String, Value>,
-    uris: &[String],
-    task_ids: &[String],
-    sub_id: &Value,
-    keepalive: Duration,
-) {
-    {
-        let mut shown = Shown::new();
-        let mut ticker = tokio::time::interval(keepalive);
-        ticker.tick().await;
-        loop {
-            tokio::select! {
-                n = rx.recv() => match n {
-                    Ok(n) => {
-                        let admitted = flag_for(&n.method)
-                            .is_some_and(|f| honoured.contains_key(f))
-                            || (n.method == "notifications/resources/updated"
-                                && crate::protocol::fields::notified_uri(n.params.as_ref())
-                                    .is_some_and(|u| uris.iter().any(|x| x == u)));
-                        if admitted && tx.send(reply::sse_event(&tagged(&n.method, n.params, sub_id))).await.is_err() {
-                            break;
-                        }
-                    }
-                    Err(broadcast::error::RecvError::Lagged(_)) => {}
-                    Err(broadcast::error::RecvError::Closed) => break,
-                },
-                t = task_rx.recv(), if !task_ids.is_empty() => {
-                    let (wanted, only_changed): (Vec<&String>, bool) = match t {
-                        Ok(Change::Task(id)) => (task_ids.iter().filter(|t| **t == id).collect(), false),
-                        // Changes were missed (the store's listener reconnected, or this
-                        // receiver fell behind), or the fan-out polls: read every task
-                        // again and tell what changed.
-                        Ok(Change::Resync) | Err(broadcast::error::RecvError::Lagged(_)) => {
-                            (task_ids.iter().collect(), true)
-                        }
-                        Err(broadcast::error::RecvError::Closed) => break,
-                    };
-                    for id in wanted {
-                        if !send_snapshot(tx, engine, up, who, id, sub_id, &mut shown, only_changed).await {
-                            return;
-                        }
-                    }
-                }
-                _ = ticker.tick() => {
-                    if tx.send(reply::sse_keepalive()).await.is_err() {
-                        break;
-                    }
-                }
-            }
+/// A `subscriptions/listen` stream: the notifications its filter admits and the
+/// snapshots of the caller's tasks it named, each tagged with the request's id.
+struct Listen {
+    engine: Arc<crate::tasks::Engine>,
+    up: Arc<Upstream>,
+    who: Principal,
+    honoured: Map<String, Value>,
+    uris: Vec<String>,
+    task_ids: Vec<String>,
+    sub_id: Value,
+    shown: Shown,
+}
+
+impl pump::Stream for Listen {
+    fn notification(&mut self, n: SessionNotification) -> Option<Value> {
+        let admitted = flag_for(&n.method).is_some_and(|f| self.honoured.contains_key(f))
+            || (n.method == "notifications/resources/updated"
+                && crate::protocol::fields::notified_uri(n.params.as_ref())
+                    .is_some_and(|u| self.uris.iter().any(|x| x == u)));
+        admitted.then(|| tagged(&n.method, n.params, &self.sub_id))
+    }
+
+    fn changed(&mut self, c: Result<Change, RecvError>) -> pump::Reread {
+        match c {
+            Ok(Change::Task(id)) => pump::Reread::Tasks {
+                ids: self
+                    .task_ids
+                    .iter()
+                    .filter(|t| **t == id)
+                    .cloned()
+                    .collect(),
+                only_changed: false,
+            },
+            // Changes were missed (the store's listener reconnected, or this receiver
+            // fell behind), or the fan-out polls: read every task again and tell what
+            // changed.
+            Ok(Change::Resync) | Err(RecvError::Lagged(_)) => pump::Reread::Tasks {
+                ids: self.task_ids.clone(),
+                only_changed: true,
+            },
+            Err(RecvError::Closed) => pump::Reread::Stop,
         }
+    }
+
+    /// The tasks are named when the stream opens.
+    fn follow(&mut self, _id: String) -> Option<String> {
+        None
+    }
+
+    async fn announce(&mut self, id: &str, only_changed: bool, tx: &mpsc::Sender<Bytes>) -> bool {
+        send_snapshot(
+            tx,
+            &self.engine,
+            &self.up,
+            &self.who,
+            id,
+            &self.sub_id,
+            &mut self.shown,
+            only_changed,
+        )
+        .await
     }
 }

@@ -18,9 +18,11 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::Response;
 use serde_json::Value;
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::mpsc;
 
 use super::super::gateway::Gateway;
+use super::super::pump;
 use super::super::reply::{self, Body};
 use super::live::SubChange;
 use crate::auth::Principal;
@@ -29,7 +31,7 @@ use crate::protocol::params::TaskRef;
 use crate::store::SessionRecord;
 use crate::tasks::failure::ErrorClass;
 use crate::tasks::{Change, Engine, dialect};
-use crate::upstream::{Scope, Upstream};
+use crate::upstream::{Scope, SessionNotification, Upstream};
 
 /// The list-changed notifications relayed (the upstream sends only those it declares).
 const LIST_CHANGED: [&str; 3] = [
@@ -55,104 +57,119 @@ pub(super) async fn open(
             super::aggregate::subscribe_upstream(gw, upstream, own, uri, true).await;
         }
     }
-    let mut notes = upstream.session_notifications(own);
+    let notes = upstream.session_notifications(own);
     // Held while the stream is open: the session is in use here (never evicted or
     // expired), and its end (DELETE, expiry) on this replica ends the stream.
     let activity = gw.engine.sessions().activity(&sid);
     let live = gw.legacy.clone();
-    let up = upstream.clone();
     let keepalive = gw.cfg.server.keepalive;
-    let engine = gw.engine.clone();
     // Only a 2025-11-25 session has tasks to announce: only its stream hears task
     // changes at all.
     let dialect_session = super::tasks::speaks_tasks(&rec.protocol_version);
     let opened = dialect_session.then(|| live.open_task_stream(&sid));
-    let (token, mut created) = match opened {
+    let (token, created) = match opened {
         Some((t, rx)) => (Some(t), Some(rx)),
         None => (None, None),
     };
-    let mut changes = dialect_session.then(|| engine.subscribe_changes());
-    // The unfinished tasks this stream follows and the status last announced for
-    // each, so each change is told once; it lives and dies with the stream.
-    let mut followed: HashMap<String, &'static str> = HashMap::new();
+    let changes = dialect_session.then(|| gw.engine.subscribe_changes());
+    let stream = SessionStream {
+        engine: gw.engine.clone(),
+        principal,
+        up: upstream.clone(),
+        live: live.clone(),
+        scope,
+        sid: sid.clone(),
+        followed: HashMap::new(),
+    };
     let (tx, out) = mpsc::channel::<Bytes>(32);
     tokio::spawn(async move {
         // However the stream ends, its channel for new tasks goes with it.
         let _closing = token.map(|t| StreamClose {
-            live: live.clone(),
-            session: sid.clone(),
+            live,
+            session: sid,
             token: t,
         });
-        let ended = activity.ended();
-        tokio::pin!(ended);
-        let mut ticker = tokio::time::interval(keepalive);
-        ticker.tick().await;
+        let src = pump::Sources {
+            notes,
+            changes,
+            followed: created,
+            ended: Box::pin(activity.ended()),
+        };
         // The headers go out at once with a first comment.
         if tx.send(reply::sse_keepalive()).await.is_err() {
             return;
         }
-        loop {
-            tokio::select! {
-                n = notes.recv() => match n {
-                    Ok(n) => {
-                        let wanted = LIST_CHANGED.contains(&n.method.as_str())
-                            || (n.method == "notifications/resources/updated"
-                                && crate::protocol::fields::notified_uri(n.params.as_ref())
-                                    .is_some_and(|u| live.subscribed(up.name(), &scope, &sid, u)));
-                        if wanted {
-                            let msg = protocol::notification(&n.method, n.params.unwrap_or_else(|| Value::Object(Default::default())));
-                            if tx.send(reply::sse_event(&msg)).await.is_err() {
-                                break;
-                            }
-                        }
-                    }
-                    Err(broadcast::error::RecvError::Lagged(_)) => {}
-                    Err(broadcast::error::RecvError::Closed) => break,
-                },
-                id = async { match created.as_mut() { Some(r) => r.recv().await, None => None } }, if created.is_some() => {
-                    let Some(id) = id else {
-                        created = None;
-                        continue;
-                    };
-                    if followed.len() < FOLLOWED_TASKS {
-                        // As its CreateTaskResult said: a change from here on is told.
-                        followed.insert(id.clone(), "working");
-                        if !announce(&engine, &principal, up.name(), &tx, &mut followed, &id).await {
-                            break;
-                        }
-                    }
-                }
-                c = async { match changes.as_mut() { Some(r) => r.recv().await, None => Err(broadcast::error::RecvError::Closed) } }, if changes.is_some() => {
-                    let ids: Vec<String> = match c {
-                        Ok(Change::Task(id)) if followed.contains_key(&id) => vec![id],
-                        Ok(Change::Task(_)) => continue,
-                        Ok(Change::Resync) | Err(broadcast::error::RecvError::Lagged(_)) => followed.keys().cloned().collect(),
-                        Err(broadcast::error::RecvError::Closed) => {
-                            changes = None;
-                            continue;
-                        }
-                    };
-                    let mut gone = false;
-                    for id in ids {
-                        if !announce(&engine, &principal, up.name(), &tx, &mut followed, &id).await {
-                            gone = true;
-                            break;
-                        }
-                    }
-                    if gone {
-                        break;
-                    }
-                }
-                () = &mut ended => break,
-                _ = ticker.tick() => {
-                    if tx.send(reply::sse_keepalive()).await.is_err() {
-                        break;
-                    }
-                }
-            }
-        }
+        pump::pump(stream, src, &tx, keepalive).await;
+        drop(activity);
     });
     reply::sse(out, ())
+}
+
+/// A session's GET stream: the list changes, the updates of the resources it
+/// subscribed to, and the status of the unfinished tasks it created here (with the
+/// status last announced for each, so each change is told once).
+struct SessionStream {
+    engine: Arc<Engine>,
+    principal: Principal,
+    up: Arc<Upstream>,
+    live: Arc<super::live::LegacyLive>,
+    scope: String,
+    sid: String,
+    followed: HashMap<String, &'static str>,
+}
+
+impl pump::Stream for SessionStream {
+    fn notification(&mut self, n: SessionNotification) -> Option<Value> {
+        let wanted = LIST_CHANGED.contains(&n.method.as_str())
+            || (n.method == "notifications/resources/updated"
+                && crate::protocol::fields::notified_uri(n.params.as_ref()).is_some_and(|u| {
+                    self.live
+                        .subscribed(self.up.name(), &self.scope, &self.sid, u)
+                }));
+        wanted.then(|| {
+            protocol::notification(
+                &n.method,
+                n.params
+                    .unwrap_or_else(|| Value::Object(Default::default())),
+            )
+        })
+    }
+
+    fn changed(&mut self, c: Result<Change, RecvError>) -> pump::Reread {
+        let ids = match c {
+            Ok(Change::Task(id)) if self.followed.contains_key(&id) => vec![id],
+            Ok(Change::Task(_)) => return pump::Reread::Nothing,
+            Ok(Change::Resync) | Err(RecvError::Lagged(_)) => {
+                self.followed.keys().cloned().collect()
+            }
+            Err(RecvError::Closed) => return pump::Reread::Detach,
+        };
+        pump::Reread::Tasks {
+            ids,
+            only_changed: true,
+        }
+    }
+
+    /// As its CreateTaskResult said: a change from here on is told.
+    fn follow(&mut self, id: String) -> Option<String> {
+        if self.followed.len() >= FOLLOWED_TASKS {
+            return None;
+        }
+        self.followed.insert(id.clone(), "working");
+        Some(id)
+    }
+
+    async fn announce(&mut self, id: &str, _only_changed: bool, tx: &mpsc::Sender<Bytes>) -> bool {
+        announce(
+            &self.engine,
+            &self.principal,
+            self.up.name(),
+            tx,
+            &mut self.followed,
+            id,
+        )
+        .await
+    }
 }
 
 /// Forgets a GET stream's channel for new tasks when the stream ends.
