@@ -12,6 +12,7 @@ pub mod method;
 pub mod param_headers;
 pub mod params;
 pub mod results;
+pub mod task_shapes;
 pub mod trace;
 pub mod upstream_info;
 

@@ -5,6 +5,7 @@
 
 use serde_json::{Map, Value, json};
 
+use crate::protocol::task_shapes::{ErrorObject, HeldRequest, ToolResult};
 use crate::protocol::{META_RELATED_TASK, RpcError, error};
 use crate::store::{TaskRecord, TaskStatus};
 
@@ -20,10 +21,7 @@ pub fn status(rec: &TaskRecord) -> &'static str {
 }
 
 fn is_error_result(result: Option<&Value>) -> bool {
-    result
-        .and_then(|r| r.get("isError"))
-        .and_then(Value::as_bool)
-        .unwrap_or(false)
+    result.is_some_and(|r| ToolResult::read(r).is_error)
 }
 
 /// The `Task` object (MCP 2025-11-25 "Tasks", "Data Types", "Task"): `ttl` and
@@ -107,16 +105,11 @@ fn stored_error(e: Option<&Value>) -> RpcError {
     let Some(e) = e else {
         return RpcError::internal("task failed");
     };
-    let code = e
-        .get("code")
-        .and_then(Value::as_i64)
-        .unwrap_or(error::INTERNAL_ERROR);
-    let message = e
-        .get("message")
-        .and_then(Value::as_str)
-        .unwrap_or("task failed");
+    let e = ErrorObject::read(e);
+    let code = e.code.unwrap_or(error::INTERNAL_ERROR);
+    let message = e.message.unwrap_or("task failed");
     let err = RpcError::new(code, message);
-    match e.get("data") {
+    match e.data {
         Some(d) => err.with_data(d.clone()),
         None => err,
     }
@@ -126,8 +119,9 @@ fn stored_error(e: Option<&Value>) -> RpcError {
 /// and the `related-task` key in its params' `_meta` (MCP 2025-11-25 "Tasks", "Input
 /// Required Status"). `request` is the stored `{method, params}`.
 pub fn input_request(task_id: &str, id: &str, request: &Value) -> Option<Value> {
-    let method = request.get("method").and_then(Value::as_str)?;
-    let mut params = match request.get("params") {
+    let held = HeldRequest::read(request);
+    let method = held.method?;
+    let mut params = match held.params {
         Some(Value::Object(p)) => p.clone(),
         _ => Map::new(),
     };

@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 
 use crate::protocol::meta::InputKind;
 use crate::protocol::params::Forward;
+use crate::protocol::task_shapes::ElicitationParams;
 use crate::protocol::{ClientCaps, Method, RpcError};
 use crate::upstream::{CallSpec, InputAnswer, InputRequest};
 
@@ -62,8 +63,7 @@ pub fn missing_capability(
     }
     if kind == InputKind::Elicitation {
         let mode = params
-            .and_then(|p| p.get("mode"))
-            .and_then(Value::as_str)
+            .and_then(|p| ElicitationParams::read(p).mode)
             .unwrap_or("form");
         if !caps.elicitation_allows_mode(mode) {
             return Some(RpcError::missing_capability(

@@ -24,6 +24,7 @@ use super::events::Pending;
 use crate::auth::Principal;
 use crate::protocol::params::{Forward, UpstreamParams};
 use crate::protocol::results::add_server_info;
+use crate::protocol::task_shapes::{HeldRequest, InputAnswerShape};
 use crate::protocol::{Method, RpcError};
 use crate::store::now_ms;
 use crate::upstream::{InputAnswer, InputRequest};
@@ -104,16 +105,16 @@ fn invalid_state() -> RpcError {
 
 /// Whether an answer has the shape its request kind needs.
 fn answer_is_valid(request: &Value, answer: &Value) -> bool {
-    let Some(obj) = answer.as_object() else {
+    if !answer.is_object() {
         return false;
-    };
-    match request.get("method").and_then(Value::as_str) {
-        Some("elicitation/create") => matches!(
-            obj.get("action").and_then(Value::as_str),
-            Some("accept" | "decline" | "cancel")
-        ),
-        Some("roots/list") => obj.get("roots").is_some_and(Value::is_array),
-        Some("sampling/createMessage") => obj.contains_key("content"),
+    }
+    let shape = InputAnswerShape::read(answer);
+    match HeldRequest::read(request).method {
+        Some("elicitation/create") => {
+            matches!(shape.action, Some("accept" | "decline" | "cancel"))
+        }
+        Some("roots/list") => shape.has_roots,
+        Some("sampling/createMessage") => shape.has_content,
         _ => true,
     }
 }

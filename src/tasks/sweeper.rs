@@ -12,6 +12,7 @@ use super::Engine;
 use super::driver::{conclude, conclude_at, fail};
 use crate::config::as_millis;
 use crate::protocol::RpcError;
+use crate::protocol::task_shapes::ErrorObject;
 use crate::store::{OPERATION_LIMIT, StoreError, TaskRecord, TaskStatus, now_ms};
 
 /// Why the orphan sweep failed a task.
@@ -227,12 +228,13 @@ fn expired_unread(rec: &TaskRecord) {
         TaskStatus::Completed => crate::metrics::expired_unread(rec.status.as_str()),
         TaskStatus::Failed => {
             crate::metrics::expired_unread(rec.status.as_str());
-            let error = rec.error.as_ref();
-            let code = error.and_then(|e| e.get("code")).and_then(|c| c.as_i64());
-            let message = error
-                .and_then(|e| e.get("message"))
-                .and_then(|m| m.as_str())
+            let error = rec
+                .error
+                .as_ref()
+                .map(ErrorObject::read)
                 .unwrap_or_default();
+            let code = error.code;
+            let message = error.message.unwrap_or_default();
             tracing::warn!(
                 tenant = %rec.tenant,
                 subject = %rec.subject,

@@ -30,6 +30,7 @@ use super::outcome::{Reply, answer_of};
 use crate::auth::Principal;
 use crate::limits::gate::Permit;
 use crate::protocol::legacy::LegacyTaskMethod;
+use crate::protocol::task_shapes::{ToolResult, UpstreamTask};
 use crate::protocol::{META_RELATED_TASK, RpcError};
 use crate::store::{Created, RequestRoute, StoreError, TaskStatus, UpstreamTaskRoute, now_ms};
 use crate::upstream::{
@@ -73,15 +74,12 @@ struct Created2025 {
 }
 
 fn created_task(v: &Value) -> Option<Created2025> {
-    let t = v.get("task")?;
+    let t = UpstreamTask::created(v)?;
     Some(Created2025 {
-        task_id: t.get("taskId")?.as_str()?.to_string(),
-        ttl_ms: t.get("ttl").and_then(Value::as_u64),
-        poll: t.get("pollInterval").and_then(Value::as_u64),
-        status_message: t
-            .get("statusMessage")
-            .and_then(Value::as_str)
-            .map(str::to_string),
+        task_id: t.task_id?.to_string(),
+        ttl_ms: t.ttl_ms,
+        poll: t.poll_interval_ms,
+        status_message: t.status_message.map(str::to_string),
     })
 }
 
@@ -124,8 +122,7 @@ fn terminal_outcome(status: &str, message: &str, r: CallOutcome) -> CallOutcome 
                     o.remove("_meta");
                 }
             }
-            let is_tool_result = v.get("content").is_some_and(Value::is_array);
-            match (status, is_tool_result) {
+            match (status, ToolResult::read(&v).has_content) {
                 ("completed", _) => CallOutcome::Result(v),
                 (_, true) => {
                     if let Some(o) = v.as_object_mut() {
@@ -293,21 +290,18 @@ async fn follow(
             }
         };
         failures = 0;
-        if let Some(p) = task.get("pollInterval").and_then(Value::as_u64) {
+        let shown = UpstreamTask::read(&task);
+        if let Some(p) = shown.poll_interval_ms {
             poll = bounded_poll(&engine, Some(p));
         }
-        let message = task
-            .get("statusMessage")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string();
+        let message = shown.status_message.unwrap_or_default().to_string();
         if !message.is_empty() && message != last_message {
             let mut p = Map::new();
             p.insert("message".into(), Value::from(message.clone()));
             let _ = events.send(CallEvent::Progress(p)).await;
         }
         last_message = message;
-        let status = task.get("status").and_then(Value::as_str).unwrap_or("");
+        let status = shown.status.unwrap_or("");
         match status {
             "working" => tokio::time::sleep(poll).await,
             // The upstream delivers its request through `tasks/result`, which returns
