@@ -20,8 +20,8 @@ use super::gateway::Gateway;
 use super::reply::{self, Body};
 use crate::auth::percent_decode_lossy;
 use crate::store::{OwnerCursor, TaskStatus};
-use crate::tasks::admin::{MAX_PAGE, TaskQuery};
-use crate::tasks::purge::PurgeError;
+use crate::tasks::PurgeError;
+use crate::tasks::{MAX_PAGE, TaskQuery};
 
 /// The page size when the request names none.
 const DEFAULT_PAGE: usize = 50;

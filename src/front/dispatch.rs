@@ -13,8 +13,9 @@ use http::{Response, StatusCode};
 use serde_json::{Map, Value, json};
 use tokio::time::Instant;
 
+use super::answer::{self, Final};
 use super::gateway::Gateway;
-use super::inline::{self, Final, Inline, InlineTiming};
+use super::inline::{self, Inline, InlineTiming};
 use super::relay;
 use super::reply::{self, Body};
 use super::wire::ValidRequest;
@@ -24,11 +25,10 @@ use crate::protocol::{
     self, Method, PROTOCOL_VERSION, Request, RequestId, RpcError, TASKS_EXTENSION, results,
 };
 use crate::store::TaskRecord;
-use crate::tasks::call::{Caller, Retry, ToolCallRequest, mrtr_retry};
-use crate::tasks::events::Pending;
-use crate::tasks::failure::{CallFailure, Failure};
-use crate::tasks::inputs;
-use crate::tasks::outcome::{Reply, ToolReply};
+use crate::tasks::Pending;
+use crate::tasks::{CallFailure, Failure};
+use crate::tasks::{Caller, Retry, ToolCallRequest, mrtr_retry};
+use crate::tasks::{Reply, ToolReply};
 use crate::upstream::{CallOutcome, Scope, Upstream, UpstreamError, UpstreamInfo};
 
 /// `server/discover` synthesised from the upstream's `initialize` result (MCP 2026-07-28
@@ -180,7 +180,7 @@ impl Answers for Modern {
     ) -> Response<Body> {
         reply::json(
             StatusCode::OK,
-            &protocol::response(id, crate::tasks::snapshot::create_result(rec, server_info)),
+            &protocol::response(id, crate::tasks::create_result(rec, server_info)),
         )
     }
 
@@ -296,7 +296,7 @@ pub(super) async fn serve<A: Answers>(ctx: &Ctx<'_>, req: ValidRequest, era: &A)
         match Box::pin(upstream.info()).await {
             Ok(i) => i,
             Err(e) => {
-                return inline::upstream_failure(&req.id, upstream.name(), &e).into_response();
+                return answer::upstream_failure(&req.id, upstream.name(), &e).into_response();
             }
         }
     };
@@ -316,7 +316,7 @@ pub(super) async fn serve<A: Answers>(ctx: &Ctx<'_>, req: ValidRequest, era: &A)
     // ---- limits (docs/design.md §8 "Flow control") ----
     // Order: capability → rate limits → params and ownership.
     if let Err(t) = check_limits(gw, upstream, &ctx.principal, &req) {
-        return inline::render(&req.id, Reply::Failed(Failure::throttled(t)));
+        return answer::render(&req.id, Reply::Failed(Failure::throttled(t)));
     }
     // ---- end limits ----
 
@@ -376,7 +376,7 @@ async fn tools_list<A: Answers>(
 }
 
 fn upstream_failed(ctx: &Ctx<'_>, id: &RequestId, e: &UpstreamError) -> Response<Body> {
-    inline::upstream_failure(id, ctx.upstream.name(), e).into_response()
+    answer::upstream_failure(id, ctx.upstream.name(), e).into_response()
 }
 
 /// Request rate, poll rate and queue room (docs/design.md §8 "Flow control"), for
@@ -393,7 +393,7 @@ fn check_limits(
     limits.check_request(principal)?;
     if let Params::TaskGet(task) = &req.params {
         if let Some(id) = task.task_id.valid()
-            && crate::tasks::ids::is_well_formed(id)
+            && crate::tasks::is_well_formed(id)
         {
             limits.check_poll(principal, id)?;
         }
@@ -414,7 +414,7 @@ fn check_limits(
 fn task_reply<T: serde::Serialize>(id: &RequestId, r: Result<T, Failure>) -> Response<Body> {
     match r {
         Ok(v) => reply::json(StatusCode::OK, &protocol::ResponseOf::new(id, v)),
-        Err(f) => inline::render(id, Reply::Failed(f)),
+        Err(f) => answer::render(id, Reply::Failed(f)),
     }
 }
 
@@ -481,12 +481,12 @@ async fn forward<A: Answers>(
     let pending = match mrtr_retry(&gw.holds, name, &ctx.principal, &req, &server_info) {
         None => {
             let want_progress = req.meta.progress_token.is_some();
-            let mut spec = inputs::upstream_spec(req.method, &req.params, want_progress);
+            let mut spec = crate::tasks::upstream_spec(req.method, &req.params, want_progress);
             spec.session = era.session();
             gw.engine.start_call(ctx.upstream, &ctx.principal, spec)
         }
         Some(Retry::Resumed(pending)) => pending,
-        Some(Retry::Answer(r)) => return inline::render(&req.id, r),
+        Some(Retry::Answer(r)) => return answer::render(&req.id, r),
         Some(Retry::Elsewhere(replica)) => {
             return relay::retry_at(gw, &replica, ctx.upstream, &ctx.principal, &req).await;
         }

@@ -23,10 +23,10 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::inline::{CallGuard, Final};
+use super::answer::{CallGuard, Final};
 use super::reply::{self, Body};
-use crate::tasks::events::{Event, Notice, Pending, Timers};
-use crate::tasks::outcome::JoinedCall;
+use crate::tasks::JoinedCall;
+use crate::tasks::{Event, Notice, Pending, Timers};
 use crate::upstream::InputRequest;
 
 /// What the site wants done with a batch of the upstream's input requests.

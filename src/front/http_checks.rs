@@ -12,6 +12,7 @@ use http_body_util::{BodyExt, Limited};
 use serde_json::json;
 
 use super::gateway::Gateway;
+use super::headers::{Repeated, single};
 use super::reply::{self, method_not_allowed};
 use super::stack::{AsyncStep, LogFields, ReadRequest, Req, Resp, Step};
 use crate::config::ServerConfig;
@@ -59,25 +60,6 @@ impl HostReject {
             reason: reason.into(),
         }
     }
-}
-
-/// A header that must appear at most once appeared more than once.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Repeated;
-
-/// The one value of a header that must not repeat: `Ok(None)` when absent,
-/// `Err(Repeated)` when it appears more than once (a proxy and the gateway could each
-/// read a different copy, so a repeat is never resolved by picking one).
-pub fn single(
-    headers: &HeaderMap,
-    name: impl http::header::AsHeaderName,
-) -> Result<Option<&HeaderValue>, Repeated> {
-    let mut all = headers.get_all(name).iter();
-    let first = all.next();
-    if all.next().is_some() {
-        return Err(Repeated);
-    }
-    Ok(first)
 }
 
 /// The authority the request names: `Host` on HTTP/1.x, which must appear exactly once

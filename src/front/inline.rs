@@ -11,112 +11,29 @@
 //! `sync_timeout_ms` counts from the request's arrival and is raced in both phases:
 //! while headers are still held it answers HTTP 400 `-32021`, once the SSE stream is
 //! open `-32021` is the final event; either way the upstream call is cancelled. How
-//! a call that produced no answer is reported is decided in [`crate::tasks::failure`].
+//! a call that produced no answer is reported is decided in the engine (`tasks/failure.rs`).
 
 use std::sync::Arc;
 
-use http::{Response, StatusCode};
+use http::Response;
 use serde_json::{Map, Value};
 use tokio::time::Instant;
 
+use super::answer::Final;
 use super::held;
-use super::reply::{self, Body};
+use super::reply::Body;
 use crate::auth::Principal;
 use crate::protocol::meta::log_level_rank;
 use crate::protocol::params::Forward;
 use crate::protocol::{self, Request};
+use crate::tasks::CallFailure;
 use crate::tasks::Engine;
-use crate::tasks::events::{Notice, Pending};
-use crate::tasks::failure::{CallFailure, ErrorClass, failure};
-pub use crate::tasks::inputs::InlineTiming;
-use crate::tasks::inputs::{self, InputVerdict};
-use crate::tasks::mrtr::Holds;
-use crate::tasks::outcome::{JoinedCall, Reply, answer_of};
-use crate::upstream::{InputRequest, Upstream, UpstreamError};
-
-/// The final answer for the client: HTTP status + JSON-RPC message.
-pub struct Final {
-    pub status: StatusCode,
-    pub message: Value,
-    /// `Retry-After` seconds (only for calls that were never sent).
-    pub retry_after_s: Option<u64>,
-}
-
-impl Final {
-    pub(super) fn ok(message: Value) -> Self {
-        Self {
-            status: StatusCode::OK,
-            message,
-            retry_after_s: None,
-        }
-    }
-
-    /// The answer to a call that produced no upstream answer; status and error come
-    /// from the one classification in [`failure`].
-    pub fn failed(id: &Value, upstream: &str, f: CallFailure<'_>) -> Self {
-        Self::of(id, Reply::Failed(failure(upstream, f)))
-    }
-
-    /// Render an engine [`Reply`] that is no task handle to request `id` (a handle's
-    /// answer names the upstream: [`Final::of_call`]).
-    pub fn of(id: &Value, r: Reply) -> Self {
-        Self::of_call(id, r, &Value::Null)
-    }
-
-    /// Render an engine [`Reply`] to a request of the upstream whose `serverInfo` is
-    /// `server_info`: every answer is HTTP 200 but an error whose retry class says
-    /// otherwise; a task handle is the 2026 `CreateTaskResult`.
-    pub fn of_call(id: &Value, r: Reply, server_info: &Value) -> Self {
-        match r {
-            Reply::Complete(Ok(v)) | Reply::InputRequired(v) => Self::ok(protocol::response(id, v)),
-            Reply::Task(rec) => Self::ok(protocol::response(
-                id,
-                crate::tasks::snapshot::create_result(&rec, server_info),
-            )),
-            Reply::Complete(Err(e)) => {
-                crate::telemetry::record_rpc_error(e.code);
-                Self::ok(protocol::error_response(Some(id), &e))
-            }
-            Reply::Failed(f) => {
-                crate::telemetry::record_rpc_error(f.error.code);
-                let (status, retry_after_s) = match f.class {
-                    ErrorClass::Outcome => (StatusCode::OK, None),
-                    ErrorClass::RetryLater(s) => (StatusCode::SERVICE_UNAVAILABLE, Some(s)),
-                    ErrorClass::Refused => (StatusCode::BAD_REQUEST, None),
-                    ErrorClass::Throttled(t) => {
-                        crate::metrics::throttled(t.reason.as_str());
-                        let status = match t.reason {
-                            crate::limits::Reason::QueueFull => StatusCode::SERVICE_UNAVAILABLE,
-                            _ => StatusCode::TOO_MANY_REQUESTS,
-                        };
-                        (status, Some(t.retry_after_s()))
-                    }
-                };
-                Self {
-                    status,
-                    message: protocol::error_response(Some(id), &f.error),
-                    retry_after_s,
-                }
-            }
-        }
-    }
-
-    pub fn into_response(self) -> Response<Body> {
-        let mut r = reply::json(self.status, &self.message);
-        if let Some(s) = self.retry_after_s
-            && let Ok(v) = http::HeaderValue::from_str(&s.max(1).to_string())
-        {
-            r.headers_mut().insert(http::header::RETRY_AFTER, v);
-        }
-        r
-    }
-}
-
-/// Map an upstream transport failure to the client-facing answer (the retry-safety
-/// rule lives in `tasks::failure`).
-pub fn upstream_failure(id: &Value, upstream: &str, err: &UpstreamError) -> Final {
-    Final::failed(id, upstream, CallFailure::Upstream(err))
-}
+use crate::tasks::Holds;
+pub use crate::tasks::InlineTiming;
+use crate::tasks::{InputVerdict, screen as screen_inputs};
+use crate::tasks::{JoinedCall, Reply, answer_of};
+use crate::tasks::{Notice, Pending};
+use crate::upstream::{InputRequest, Upstream};
 
 /// A progress or log notification for the client, or `None` when the request did not
 /// opt in (MCP 2026-07-28 "Progress": a `progressToken`; "Logging": a `logLevel`).
@@ -163,34 +80,6 @@ pub async fn run(c: Inline) -> Response<Body> {
     serve(c, pending).await
 }
 
-/// Aborts the call when dropped unless disarmed; clones share the state, so the SSE
-/// body can own one while the forwarder disarms another when it holds the call.
-#[derive(Clone)]
-pub(super) struct CallGuard(Arc<parking_lot::Mutex<Option<tokio::task::AbortHandle>>>);
-
-impl CallGuard {
-    pub(super) fn new(h: tokio::task::AbortHandle) -> Self {
-        Self(Arc::new(parking_lot::Mutex::new(Some(h))))
-    }
-    pub(super) fn disarm(&self) {
-        {
-            let mut g = self.0.lock();
-            *g = None;
-        }
-    }
-}
-
-impl Drop for CallGuard {
-    fn drop(&mut self) {
-        // Only the last clone decides.
-        if Arc::strong_count(&self.0) == 1
-            && let Some(h) = self.0.lock().take()
-        {
-            h.abort();
-        }
-    }
-}
-
 /// Wait for a running call and answer inline (JSON, or SSE once it takes longer
 /// than `keepalive_ms` or the client asked for notifications): the one held-call
 /// responder (`held.rs`), with what a 2026 client makes of each event.
@@ -226,7 +115,7 @@ impl held::Site for Inline {
         match screen(self, batch) {
             InputVerdict::Missing(err) => held::Inputs::Done(Final::of(
                 &self.req.id,
-                Reply::Failed(crate::tasks::failure::Failure::refused(err)),
+                Reply::Failed(crate::tasks::Failure::refused(err)),
             )),
             InputVerdict::Relay(batch) => held::Inputs::Hold(batch),
             InputVerdict::Refused => held::Inputs::Nothing,
@@ -242,12 +131,7 @@ impl held::Site for Inline {
 }
 
 fn screen(c: &Inline, batch: Vec<InputRequest>) -> InputVerdict {
-    inputs::screen(&c.req.meta.caps, c.req.method, c.upstream.name(), batch)
-}
-
-/// The HTTP response for an engine [`Reply`] to request `id`.
-pub fn render(id: &Value, r: Reply) -> Response<Body> {
-    Final::of(id, r).into_response()
+    screen_inputs(&c.req.meta.caps, c.req.method, c.upstream.name(), batch)
 }
 
 fn final_of(c: &Inline, r: JoinedCall) -> Final {

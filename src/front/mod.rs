@@ -8,11 +8,13 @@
 //! `stack.rs` (the step machinery), `gateway.rs` (the shared state) and `reply.rs`.
 
 mod admin;
+mod answer;
 pub mod conn;
 pub mod dispatch;
 mod era;
 mod gateway;
 mod head_clock;
+mod headers;
 mod held;
 pub mod http_checks;
 pub mod inline;

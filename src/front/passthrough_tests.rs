@@ -19,9 +19,9 @@ use super::relayed::decode_retry;
 use super::wire::{self, Incoming};
 use crate::protocol::params::{Field, Forward, Params};
 use crate::protocol::{Method, PROTOCOL_VERSION, ValidRequest};
-use crate::tasks::fingerprint::fingerprint;
-use crate::tasks::inputs::upstream_spec;
-use crate::tasks::mrtr::params_fingerprint;
+use crate::tasks::fingerprint;
+use crate::tasks::params_fingerprint;
+use crate::tasks::upstream_spec;
 use crate::upstream::legacy_messages;
 
 /// Number texts as sent, and as the parse spells them.

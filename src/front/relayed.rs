@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use super::gateway::Gateway;
 use super::relay::{RelayedReply, RelayedRetry, invalid_state};
 use crate::auth::Principal;
-use crate::tasks::replica::MrtrHandler;
+use crate::tasks::MrtrHandler;
 
 /// What serves retries relayed to this replica (installed on the engine at start).
 pub fn handler(gw: Weak<Gateway>) -> MrtrHandler {

@@ -20,7 +20,6 @@ use crate::protocol::RequestId;
 use crate::protocol::params::{ListenParams, TaskRef};
 use crate::protocol::{self, META_SUBSCRIPTION_ID};
 use crate::tasks::Change;
-use crate::tasks::snapshot;
 use crate::upstream::{SessionNotification, TransportState, Upstream, UpstreamInfo};
 
 /// List-changed filter flags asked for, with the server capability each needs: an
@@ -221,7 +220,7 @@ async fn send_snapshot(
         return true;
     };
     let info = up.identity();
-    let detailed = snapshot::detailed(&rec, &info.server_info);
+    let detailed = crate::tasks::detailed(&rec, &info.server_info);
     let hash = shown_hash(&detailed);
     if shown.insert(id.to_string(), hash) == Some(hash) && only_changed {
         return true;

@@ -94,8 +94,8 @@ enum HeaderFault {
 }
 
 fn header_str(headers: &HeaderMap, name: &str) -> Result<Option<String>, HeaderFault> {
-    match super::http_checks::single(headers, name) {
-        Err(super::http_checks::Repeated) => Err(HeaderFault::Repeated),
+    match super::headers::single(headers, name) {
+        Err(super::headers::Repeated) => Err(HeaderFault::Repeated),
         Ok(None) => Ok(None),
         Ok(Some(v)) => decode_header_value(v.as_bytes())
             .map(Some)

@@ -17,7 +17,7 @@ use super::failure::Failure;
 use super::fingerprint::fingerprint;
 use super::inputs::{self, InlineTiming, InputVerdict};
 use super::mrtr::{Holds, Resumed};
-use super::outcome::{Reply, ToolReply, answer_of};
+use super::outcome::{Reply, answer_of};
 use super::promote::Promotion;
 use super::{Engine, ids};
 use crate::auth::Principal;
@@ -298,6 +298,29 @@ fn tool_call(r: ToolCallRequest, tool: String, promotion: Promotion, session: bo
         timing: r.timing,
         holds: r.holds,
         answer_undeclared: session,
+    }
+}
+
+/// What [`Engine::call_tool`] decided for one `tools/call`.
+pub enum ToolReply {
+    /// The answer: inline, a task handle, an MRTR round, or a refusal.
+    Reply(Reply),
+    /// The call runs inline and the caller waits for it: the front's held-call
+    /// responder of the caller's era serves it (JSON, then SSE with keep-alives).
+    Inline {
+        pending: Pending,
+        req: Request<ToolCallParams>,
+    },
+    /// An MRTR retry whose call another replica holds: relay it there.
+    Elsewhere {
+        replica: String,
+        req: Request<ToolCallParams>,
+    },
+}
+
+impl From<Reply> for ToolReply {
+    fn from(r: Reply) -> Self {
+        Self::Reply(r)
     }
 }
 

@@ -22,8 +22,8 @@
 //!   `replica_state.rs` the `Replica` part it works with.
 //! - `terminal_cache.rs`: terminal snapshots read before, answered without the store.
 //! - `fingerprint.rs`: order-free fingerprints of JSON values.
-//! - `snapshot.rs`: the wire shapes; `dialect.rs` the same records in the 2025-11-25
-//!   task dialect.
+//! - `snapshot.rs`: the wire shapes (the 2025-11-25 dialect's are the front's:
+//!   `front/legacy/dialect.rs`).
 //! - `mrtr.rs`: multi round-trip requests for clients that get no task.
 //! - `inputs.rs`: screening upstream input requests; `failure.rs`: the retry class
 //!   of a call that produced no answer; `outcome.rs`: the reply type.
@@ -31,7 +31,6 @@
 pub mod admin;
 pub mod call;
 pub mod clock;
-pub mod dialect;
 pub mod driver;
 pub mod events;
 pub mod failure;
@@ -73,6 +72,21 @@ use crate::upstream::{
 
 pub use repo::{Change, Observer, Transition};
 pub use sessions::{ActiveGuard, SessionError, SessionRepo};
+
+// The engine's surface for the layers above (the front names nothing else of it:
+// tests/layering.rs): what a request hands the engine and what it gets back.
+pub use admin::{MAX_PAGE, TaskQuery};
+pub use call::{Caller, Retry, ToolCallRequest, ToolReply, mrtr_retry};
+pub use events::{Event, Notice, Pending, Timers};
+pub use failure::{CallFailure, ErrorClass, Failure, failure as failure_of};
+pub use fingerprint::fingerprint;
+pub use ids::is_well_formed;
+pub use inputs::{InlineTiming, InputVerdict, answer_undeclared, screen, upstream_spec};
+pub use mrtr::{Holds, params_fingerprint};
+pub use outcome::{JoinedCall, Reply, answer_of};
+pub use purge::PurgeError;
+pub use replica::MrtrHandler;
+pub use snapshot::{create_result, detailed, task_fields};
 
 /// Shared state of the tasks engine.
 pub struct Engine {

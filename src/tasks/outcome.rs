@@ -5,10 +5,8 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::events::Pending;
 use super::failure::{CallFailure, Failure, failure};
-use crate::protocol::params::ToolCallParams;
-use crate::protocol::{Method, Request, RpcError, results};
+use crate::protocol::{Method, RpcError, results};
 use crate::store::TaskRecord;
 use crate::upstream::{CallOutcome, UpstreamError};
 
@@ -39,28 +37,5 @@ pub fn answer_of(method: Method, upstream: &str, server_info: &Value, r: JoinedC
         Ok(Ok(CallOutcome::Error(e))) => Reply::Complete(Err(results::map_error(e))),
         Ok(Err(e)) => Reply::Failed(failure(upstream, CallFailure::Upstream(&e))),
         Err(_) => Reply::Failed(failure(upstream, CallFailure::Ended)),
-    }
-}
-
-/// What [`Engine::call_tool`](super::Engine::call_tool) decided for one `tools/call`.
-pub enum ToolReply {
-    /// The answer: inline, a task handle, an MRTR round, or a refusal.
-    Reply(Reply),
-    /// The call runs inline and the caller waits for it: the front's held-call
-    /// responder of the caller's era serves it (JSON, then SSE with keep-alives).
-    Inline {
-        pending: Pending,
-        req: Request<ToolCallParams>,
-    },
-    /// An MRTR retry whose call another replica holds: relay it there.
-    Elsewhere {
-        replica: String,
-        req: Request<ToolCallParams>,
-    },
-}
-
-impl From<Reply> for ToolReply {
-    fn from(r: Reply) -> Self {
-        Self::Reply(r)
     }
 }

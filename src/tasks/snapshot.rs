@@ -15,7 +15,7 @@ use crate::store::{TaskRecord, TaskStatus};
 /// The `Task` fields every shape of either dialect shares: `status` as that dialect
 /// shows it, and the ttl and poll interval under that dialect's names
 /// (`dialect.rs` renders the 2025-11-25 ones).
-pub(super) fn task_fields(
+pub fn task_fields(
     rec: &TaskRecord,
     status: &str,
     ttl_key: &str,

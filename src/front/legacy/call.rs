@@ -19,16 +19,16 @@ use http::{Response, StatusCode};
 use serde_json::{Map, Value};
 use tokio::time::Instant;
 
+use super::super::answer::{Final, upstream_failure};
 use super::super::held;
-use super::super::inline::{Final, upstream_failure};
 use super::super::reply::{self, Body};
 use super::live::LegacyLive;
 use crate::protocol::meta::ClientCaps;
 use crate::protocol::{self, RequestId, RpcError};
-use crate::tasks::events::{Notice, Pending};
-use crate::tasks::failure::CallFailure;
-use crate::tasks::inputs::answer_undeclared;
-use crate::tasks::outcome::JoinedCall;
+use crate::tasks::CallFailure;
+use crate::tasks::JoinedCall;
+use crate::tasks::answer_undeclared;
+use crate::tasks::{Notice, Pending};
 use crate::upstream::{CallOutcome, InputAnswer, InputRequest, Upstream};
 
 /// A session never asked for a level hears `info` and above: another session's

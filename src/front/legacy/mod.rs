@@ -13,6 +13,7 @@
 
 mod aggregate;
 mod call;
+mod dialect;
 pub(super) mod live;
 mod message;
 mod stream;
@@ -30,9 +31,9 @@ use self::call::{DEFAULT_LOG_RANK, LegacyCall};
 use self::live::SubChange;
 use self::message::Message;
 use self::tasks::TaskSession;
+use super::answer::Final;
 use super::dispatch::{self, Answers, Ctx, HeldCall};
 use super::gateway::Gateway;
-use super::inline::Final;
 use super::reply::{self, Body};
 use super::wire::ValidRequest;
 use crate::auth::Principal;
@@ -42,9 +43,9 @@ use crate::protocol::params::{Field, TaskRef, ToolCallParams};
 use crate::protocol::{self, Method, Request, RequestId, RpcError, TASKS_EXTENSION, error, fields};
 use crate::store::SessionRecord;
 use crate::store::TaskRecord;
-use crate::tasks::call::Caller;
-use crate::tasks::failure::Failure;
-use crate::tasks::outcome::Reply;
+use crate::tasks::Caller;
+use crate::tasks::Failure;
+use crate::tasks::Reply;
 use crate::upstream::{Scope, Upstream, UpstreamInfo};
 
 use super::era::SESSION_HEADER;
@@ -203,10 +204,10 @@ async fn initialize(
         .await;
     let rec = match opened {
         Ok(r) => r,
-        Err(crate::tasks::sessions::SessionError::Refused { retry_after }) => {
+        Err(crate::tasks::SessionError::Refused { retry_after }) => {
             return throttled(&id, crate::limits::Throttled::legacy_sessions(retry_after));
         }
-        Err(crate::tasks::sessions::SessionError::Store(e)) => {
+        Err(crate::tasks::SessionError::Store(e)) => {
             return store_unavailable(Some(&id), &e);
         }
     };
@@ -484,7 +485,7 @@ impl Session<'_> {
             return Err(refused);
         }
         self.upstream.info().await.map_err(|e| {
-            super::inline::upstream_failure(id, self.upstream.name(), &e).into_response()
+            super::answer::upstream_failure(id, self.upstream.name(), &e).into_response()
         })
     }
 

@@ -24,13 +24,14 @@ use tokio::sync::mpsc;
 use super::super::gateway::Gateway;
 use super::super::pump;
 use super::super::reply::{self, Body};
+use super::dialect;
 use super::live::SubChange;
 use crate::auth::Principal;
 use crate::protocol;
 use crate::protocol::params::TaskRef;
 use crate::store::SessionRecord;
-use crate::tasks::failure::ErrorClass;
-use crate::tasks::{Change, Engine, dialect};
+use crate::tasks::ErrorClass;
+use crate::tasks::{Change, Engine};
 use crate::upstream::{Scope, SessionNotification, Upstream};
 
 /// The list-changed notifications relayed (the upstream sends only those it declares).

@@ -17,19 +17,19 @@ use serde_json::{Map, Value, json};
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::time::Instant;
 
+use super::super::answer::Final;
 use super::super::gateway::Gateway;
-use super::super::inline::Final;
 use super::super::reply::{self, Body};
+use super::dialect;
 use super::live::LegacyLive;
 use crate::auth::Principal;
 use crate::config::{TaskMode, UpstreamConfig};
 use crate::protocol::params::{Field, TaskRef, TaskUpdate};
 use crate::protocol::{self, RequestId, RpcError, fields};
 use crate::store::{SessionRecord, TaskRecord, TaskStatus};
-use crate::tasks::dialect;
-use crate::tasks::failure::{ErrorClass, Failure};
-use crate::tasks::outcome::Reply;
+use crate::tasks::Reply;
 use crate::tasks::{Change, Engine};
+use crate::tasks::{ErrorClass, Failure};
 use crate::upstream::{InputAnswer, Upstream};
 
 /// The one 2025-era version with the task dialect (MCP 2025-11-25 "Tasks").

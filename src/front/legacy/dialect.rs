@@ -12,7 +12,7 @@ use crate::store::{TaskRecord, TaskStatus};
 /// The status a 2025-11-25 client sees. A `CallToolResult` with `isError: true` is
 /// `failed` there (MCP 2025-11-25 "Tasks", "Task Status"), while the record and the
 /// 2026 rendering keep `completed` (docs/design.md §4).
-pub fn status(rec: &TaskRecord) -> &'static str {
+pub(super) fn status(rec: &TaskRecord) -> &'static str {
     if rec.status == TaskStatus::Completed && is_error_result(rec.result.as_ref()) {
         "failed"
     } else {
@@ -26,14 +26,14 @@ fn is_error_result(result: Option<&Value>) -> bool {
 
 /// The `Task` object (MCP 2025-11-25 "Tasks", "Data Types", "Task"): `ttl` and
 /// `pollInterval` in milliseconds under their 2025 names.
-pub fn task(rec: &TaskRecord) -> Map<String, Value> {
-    super::snapshot::task_fields(rec, status(rec), "ttl", "pollInterval")
+pub(super) fn task(rec: &TaskRecord) -> Map<String, Value> {
+    crate::tasks::task_fields(rec, status(rec), "ttl", "pollInterval")
 }
 
 /// The `CreateTaskResult` made from the engine's flat 2026 handle (MCP 2025-11-25
 /// "Tasks", "Creating Tasks"): `{task: Task}`, without the 2026 `resultType` and the
 /// server identity in `_meta`.
-pub fn create_result_of_handle(handle: &Value) -> Value {
+pub(super) fn create_result_of_handle(handle: &Value) -> Value {
     let mut t = Map::with_capacity(7);
     for (from, to) in [
         ("taskId", "taskId"),
@@ -53,13 +53,13 @@ pub fn create_result_of_handle(handle: &Value) -> Value {
 
 /// The `CreateTaskResult` of a task the gateway just created for a 2025-11-25
 /// session: the 2026 handle's fields under their 2025 names.
-pub fn create_result(rec: &TaskRecord) -> Value {
-    create_result_of_handle(&super::snapshot::create_result(rec, &Value::Null))
+pub(super) fn create_result(rec: &TaskRecord) -> Value {
+    create_result_of_handle(&crate::tasks::create_result(rec, &Value::Null))
 }
 
 /// `notifications/tasks/status`: the whole `Task`, without the `related-task` key
 /// (MCP 2025-11-25 "Tasks", "Task Notifications").
-pub fn status_notification(rec: &TaskRecord) -> Value {
+pub(super) fn status_notification(rec: &TaskRecord) -> Value {
     crate::protocol::notification("notifications/tasks/status", Value::Object(task(rec)))
 }
 
@@ -73,7 +73,7 @@ fn related(task_id: &str) -> Value {
 /// 2025-11-25 "Tasks", "Result Retrieval", "Related Task Metadata"). A failed call
 /// answers its JSON-RPC error; a cancelled one, which never returned, `-32603`
 /// saying so.
-pub fn payload(rec: &TaskRecord) -> Result<Value, RpcError> {
+pub(super) fn payload(rec: &TaskRecord) -> Result<Value, RpcError> {
     match rec.status {
         TaskStatus::Completed => {
             let mut result = match rec.result.clone() {
@@ -118,7 +118,7 @@ fn stored_error(e: Option<&Value>) -> RpcError {
 /// An input request of the task as a request to the client, with the gateway's id
 /// and the `related-task` key in its params' `_meta` (MCP 2025-11-25 "Tasks", "Input
 /// Required Status"). `request` is the stored `{method, params}`.
-pub fn input_request(task_id: &str, id: &str, request: &Value) -> Option<Value> {
+pub(super) fn input_request(task_id: &str, id: &str, request: &Value) -> Option<Value> {
     let held = HeldRequest::read(request);
     let method = held.method?;
     let mut params = match held.params {
@@ -141,7 +141,7 @@ pub fn input_request(task_id: &str, id: &str, request: &Value) -> Option<Value> 
 
 /// A terminal task `tasks/cancel` refuses (MCP 2025-11-25 "Tasks", "Task
 /// Cancellation": `-32602`).
-pub fn cancel_refused(rec: &TaskRecord) -> RpcError {
+pub(super) fn cancel_refused(rec: &TaskRecord) -> RpcError {
     RpcError::invalid_params(format!(
         "Cannot cancel task: already in terminal status '{}'",
         status(rec)
