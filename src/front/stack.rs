@@ -102,15 +102,16 @@ where
 }
 
 /// Marks a [`Step`] over a [`ReadRequest`], one that runs after the body read, for
-/// [`StepLayer`].
+/// [`StepLayer`]. Such a step only decides: its [`Step::after`] is not run, so the
+/// inner service's future is returned as it is, without a box of its own (every
+/// request passes it).
 #[derive(Clone)]
 pub(super) struct Read<T>(pub(super) T);
 
 impl<T, S> Service<ReadRequest> for StepService<Read<T>, S>
 where
-    T: Step<ReadRequest>,
-    S: Service<ReadRequest, Response = Resp, Error = Infallible>,
-    S::Future: Send + 'static,
+    T: Step<ReadRequest, Kept = ()>,
+    S: Service<ReadRequest, Response = Resp, Error = Infallible, Future = RespFuture>,
 {
     type Response = Resp;
     type Error = Infallible;
@@ -120,16 +121,19 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: ReadRequest) -> Self::Future {
-        run_step(&self.step.0, &mut self.inner, req)
+    fn call(&mut self, mut req: ReadRequest) -> Self::Future {
+        match self.step.0.before(&mut req) {
+            Ok(()) => self.inner.call(req),
+            Err(answer) => Box::pin(std::future::ready(Ok(answer))),
+        }
     }
 }
 
 /// Run `step`, then the rest of the stack unless the step answered.
-fn run_step<R, T, S>(step: &T, inner: &mut S, mut req: R) -> RespFuture
+fn run_step<T, S>(step: &T, inner: &mut S, mut req: Req) -> RespFuture
 where
-    T: Step<R>,
-    S: Service<R, Response = Resp, Error = Infallible>,
+    T: Step,
+    S: Service<Req, Response = Resp, Error = Infallible>,
     S::Future: Send + 'static,
 {
     let kept = match step.before(&mut req) {
