@@ -6,6 +6,7 @@
 
 pub mod error;
 pub mod legacy;
+pub mod loose;
 pub mod meta;
 pub mod method;
 pub mod param_headers;
