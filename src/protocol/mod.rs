@@ -5,6 +5,7 @@
 //! introduction: payload fidelity).
 
 pub mod error;
+pub mod initialize;
 pub mod legacy;
 pub mod loose;
 pub mod meta;
@@ -12,6 +13,7 @@ pub mod method;
 pub mod param_headers;
 pub mod params;
 pub mod results;
+pub mod tool_results;
 pub mod trace;
 pub mod upstream_info;
 
