@@ -9,6 +9,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use serde::Deserialize;
 use serde_json::Value;
 
 /// What went wrong before an answer came back, or the API's refusal.
@@ -68,17 +69,62 @@ pub async fn call(
         .to_bytes();
     let value: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     if !(200..300).contains(&status) {
-        let message = value
-            .get("error_description")
-            .or_else(|| value.get("error"))
-            .and_then(Value::as_str)
-            .map_or_else(
-                || String::from_utf8_lossy(&body).into_owned(),
-                str::to_string,
-            );
+        let message = refusal_message(&value, &body);
         return Err(AdminClientError::Refused { status, message });
     }
     Ok(value)
+}
+
+/// What a refusal says: its body's [`Refusal::message`], else the whole body.
+fn refusal_message(value: &Value, body: &[u8]) -> String {
+    value
+        .as_object()
+        .and_then(|m| Refusal::deserialize(m).ok())
+        .and_then(Refusal::message)
+        .unwrap_or_else(|| String::from_utf8_lossy(body).into_owned())
+}
+
+/// The members of a refusal's body (an object) that [`call`] reports: the operator API
+/// answers errors in the OAuth style, `error` and an optional `error_description`.
+#[derive(Deserialize)]
+struct Refusal {
+    #[serde(default)]
+    error_description: Member,
+    #[serde(default)]
+    error: Member,
+}
+
+impl Refusal {
+    /// `error_description` when there is one (`null` included), else `error`; the one
+    /// chosen is the message only if it is a string (otherwise the caller shows the
+    /// whole body).
+    fn message(self) -> Option<String> {
+        match self.error_description {
+            Member::Missing => self.error,
+            described => described,
+        }
+        .into_text()
+    }
+}
+
+/// A member of a [`Refusal`]: a string, anything else, or not there at all.
+#[derive(Default, Deserialize)]
+#[serde(untagged)]
+enum Member {
+    Text(String),
+    Other(serde::de::IgnoredAny),
+    #[default]
+    #[serde(skip)]
+    Missing,
+}
+
+impl Member {
+    fn into_text(self) -> Option<String> {
+        match self {
+            Member::Text(s) => Some(s),
+            Member::Other(_) | Member::Missing => None,
+        }
+    }
 }
 
 /// Rows of strings as columns padded to their widest cell.
@@ -201,6 +247,41 @@ pub fn purge_table(report: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refusals_say_what_the_lookups_did() {
+        fn by_lookup(value: &Value, body: &[u8]) -> String {
+            value
+                .get("error_description")
+                .or_else(|| value.get("error"))
+                .and_then(Value::as_str)
+                .map_or_else(
+                    || String::from_utf8_lossy(body).into_owned(),
+                    str::to_string,
+                )
+        }
+        let bodies = [
+            r#"{"error":"invalid_token","error_description":"token expired"}"#,
+            r#"{"error":"invalid_token"}"#,
+            r#"{"error":"invalid_token","error_description":null}"#,
+            r#"{"error":"invalid_token","error_description":5}"#,
+            r#"{"error":5}"#,
+            r#"{"error":{"code":1},"error_description":["x"]}"#,
+            r#"{}"#,
+            r#"["invalid_token"]"#,
+            r#""invalid_token""#,
+            "<html>bad gateway</html>",
+            "",
+        ];
+        for body in bodies {
+            let value: Value = serde_json::from_slice(body.as_bytes()).unwrap_or(Value::Null);
+            assert_eq!(
+                refusal_message(&value, body.as_bytes()),
+                by_lookup(&value, body.as_bytes()),
+                "{body}"
+            );
+        }
+    }
 
     #[test]
     fn columns_align_to_the_widest_cell() {

@@ -9,7 +9,10 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Limited};
 use jsonwebtoken::{Algorithm, AlgorithmFamily, DecodingKey};
 use parking_lot::RwLock;
+use serde::Deserialize;
 use serde_json::Value;
+
+use crate::protocol::loose::Object;
 
 /// Largest JWKS document accepted (file or HTTP body).
 const MAX_JWKS_BYTES: usize = 1024 * 1024;
@@ -85,10 +88,10 @@ pub(crate) fn parse_jwks(bytes: &[u8]) -> Result<KeySet, String> {
         return Err(format!("JWKS larger than {MAX_JWKS_BYTES} bytes"));
     }
     let doc: Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
-    let keys = doc
-        .get("keys")
-        .and_then(Value::as_array)
-        .ok_or_else(|| "no \"keys\" array".to_string())?;
+    // JSON first, then the shape, so the two keep their own errors. The keys move out
+    // of the parsed document; each is then read by `parse_jwk`.
+    let Object(JwkSet { keys }) =
+        serde_json::from_value(doc).map_err(|_| "no \"keys\" array".to_string())?;
     let mut set = KeySet::default();
     for (i, jwk) in keys.iter().enumerate() {
         match parse_jwk(jwk) {
@@ -101,6 +104,12 @@ pub(crate) fn parse_jwks(bytes: &[u8]) -> Result<KeySet, String> {
         return Err("no usable RSA or EC P-256 signature key".into());
     }
     Ok(set)
+}
+
+/// A JWKS document: an object whose `keys` is an array.
+#[derive(Deserialize)]
+struct JwkSet {
+    keys: Vec<Value>,
 }
 
 fn parse_jwk(jwk: &Value) -> Result<Option<KeyEntry>, &'static str> {
@@ -387,4 +396,41 @@ async fn fetch(client: &JwksClient, uri: &http::Uri) -> Result<Vec<u8>, String> 
     tokio::time::timeout(FETCH_TIMEOUT, work)
         .await
         .map_err(|_| format!("JWKS fetch timed out after {FETCH_TIMEOUT:?}"))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_jwks;
+
+    #[test]
+    fn a_document_without_a_keys_array_says_so() {
+        for doc in [
+            "{}",
+            r#"{"keys": null}"#,
+            r#"{"keys": {"kty": "RSA"}}"#,
+            r#"{"keys": "[]"}"#,
+            r#"[{"keys": []}]"#,
+            r#"[[]]"#,
+            "5",
+            "null",
+        ] {
+            assert_eq!(
+                parse_jwks(doc.as_bytes()).err().as_deref(),
+                Some("no \"keys\" array"),
+                "{doc}"
+            );
+        }
+        assert!(parse_jwks(b"{").is_err_and(|e| e.starts_with("not JSON: ")));
+        // An empty or unusable list is a list: the error is about its keys.
+        for doc in [
+            r#"{"keys": []}"#,
+            r#"{"keys": "x", "keys": [5, "k", null]}"#,
+        ] {
+            assert_eq!(
+                parse_jwks(doc.as_bytes()).err().as_deref(),
+                Some("no usable RSA or EC P-256 signature key"),
+                "{doc}"
+            );
+        }
+    }
 }

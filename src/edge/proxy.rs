@@ -18,7 +18,9 @@ use pingora_load_balancing::selection::consistent::KetamaHashing;
 use pingora_load_balancing::{Backend, LoadBalancer};
 use pingora_proxy::{ProxyHttp, Session};
 
-use super::route::{Route, route_request};
+use super::route::{
+    METHOD_HEADER, NAME_HEADER, PROTOCOL_VERSION_HEADER, Route, SESSION_HEADER, route_request,
+};
 
 /// How long the edge waits for the next byte from a replica. Above the replicas'
 /// SSE keep-alive (`server.keepalive_ms`, default 15 s) and their longest silent
@@ -227,12 +229,13 @@ impl ProxyHttp for EdgeProxy {
         }
         let h = |name: &str| req.headers.get(name).map(|v| v.as_bytes());
         let text = |name: &str| req.headers.get(name).and_then(|v| v.to_str().ok());
-        ctx.span = crate::telemetry::edge_span(text("mcp-method"), text("mcp-name"), &req.headers);
+        ctx.span =
+            crate::telemetry::edge_span(text(METHOD_HEADER), text(NAME_HEADER), &req.headers);
         ctx.route = route_request(
-            h("mcp-protocol-version"),
-            h("mcp-session-id"),
-            h("mcp-method"),
-            h("mcp-name"),
+            h(PROTOCOL_VERSION_HEADER),
+            h(SESSION_HEADER),
+            h(METHOD_HEADER),
+            h(NAME_HEADER),
         );
         // Keep the body (up to pingora's retry buffer) so a request a replica refused
         // unprocessed can go to another one.
@@ -383,7 +386,7 @@ impl ProxyHttp for EdgeProxy {
         let req = session.req_header();
         let mcp_method = req
             .headers
-            .get("mcp-method")
+            .get(METHOD_HEADER)
             .and_then(|v| v.to_str().ok())
             .unwrap_or("-");
         let replica = ctx

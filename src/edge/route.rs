@@ -39,6 +39,13 @@ impl Route {
     }
 }
 
+/// The request headers the route is decided by (as `http` spells header names, in
+/// lower case): `MCP-Protocol-Version`, `Mcp-Session-Id`, `Mcp-Method`, `Mcp-Name`.
+pub(crate) const PROTOCOL_VERSION_HEADER: &str = "mcp-protocol-version";
+pub(crate) const SESSION_HEADER: &str = "mcp-session-id";
+pub(crate) const METHOD_HEADER: &str = "mcp-method";
+pub(crate) const NAME_HEADER: &str = "mcp-name";
+
 /// The longest session id the edge hashes; a longer one is no id the gateway minted
 /// (the replica answers it 404).
 const MAX_SESSION_ID: usize = 128;

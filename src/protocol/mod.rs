@@ -6,13 +6,16 @@
 
 pub mod error;
 pub mod fields;
+pub mod initialize;
 pub mod legacy;
+pub mod loose;
 pub mod meta;
 pub mod method;
 pub mod param_headers;
 pub mod params;
 pub mod results;
 pub mod task_shapes;
+pub mod tool_results;
 pub mod trace;
 pub mod upstream_info;
 

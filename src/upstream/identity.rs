@@ -22,6 +22,7 @@ use serde_json::{Map, json};
 use tokio::sync::watch;
 
 use super::UpstreamInfo;
+use crate::protocol::initialize;
 use crate::protocol::param_headers::ToolHeaders;
 
 /// The last known identity of one upstream; shared by all its transports.
@@ -120,10 +121,7 @@ impl Identity {
 
 /// Whether `info` advertises 2025-11-25 tasks for `tools/call`.
 pub fn advertises_tasks(info: &UpstreamInfo) -> bool {
-    info.capabilities
-        .get("tasks")
-        .and_then(|t| t.pointer("/requests/tools/call"))
-        .is_some_and(serde_json::Value::is_object)
+    initialize::advertises_tool_call_tasks(&info.capabilities)
 }
 
 /// The identity of an upstream that never completed `initialize`: its configured name,

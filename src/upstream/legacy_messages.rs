@@ -4,6 +4,7 @@
 use serde_json::{Map, Value, json};
 
 use super::{CallOutcome, UpstreamInfo};
+use crate::protocol::initialize::InitializeResult;
 use crate::protocol::{LEGACY_OFFER_VERSION, RpcError};
 
 /// Versions the gateway can speak upstream, newest first. Whatever older version the
@@ -30,31 +31,22 @@ pub fn initialized_notification() -> Value {
 
 /// Parse an `initialize` result; refuses versions the gateway cannot speak.
 pub fn parse_initialize_result(result: &Value) -> Result<UpstreamInfo, String> {
-    let obj = result
-        .as_object()
+    let result = InitializeResult::of(result)
         .ok_or_else(|| "initialize result is not an object".to_string())?;
-    let version = obj
-        .get("protocolVersion")
-        .and_then(Value::as_str)
+    let version = result
+        .protocol_version()
         .ok_or_else(|| "initialize result has no protocolVersion".to_string())?;
     if !LEGACY_VERSIONS.contains(&version) {
         return Err(format!(
             "upstream answered unsupported protocol version {version}"
         ));
     }
-    let capabilities = obj
-        .get("capabilities")
-        .and_then(Value::as_object)
-        .cloned()
-        .unwrap_or_default();
-    let server_info = obj
-        .get("serverInfo")
+    let capabilities = result.capabilities().cloned().unwrap_or_default();
+    let server_info = result
+        .server_info()
         .cloned()
         .unwrap_or_else(|| json!({"name": "unknown", "version": "0"}));
-    let instructions = obj
-        .get("instructions")
-        .and_then(Value::as_str)
-        .map(str::to_string);
+    let instructions = result.instructions().map(str::to_string);
     Ok(UpstreamInfo {
         protocol_version: version.to_string(),
         capabilities,

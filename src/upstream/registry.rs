@@ -24,6 +24,7 @@ use super::{
 use crate::auth::Principal;
 use crate::config::{Isolation, UpstreamConfig, UpstreamTransport};
 use crate::protocol::param_headers::ToolHeaders;
+use crate::protocol::tool_results::{self, ToolsList};
 use crate::protocol::{Method, RpcError};
 use crate::telemetry;
 
@@ -417,7 +418,7 @@ impl Upstream {
         let r = transport.call(spec, events).instrument(span.clone()).await;
         let outcome = match &r {
             Ok(CallOutcome::Result(v)) => {
-                if v.get("isError").and_then(Value::as_bool) == Some(true) {
+                if tool_results::is_tool_error(v) {
                     telemetry::record_error(&span, "tool_error");
                 }
                 "ok"
@@ -488,13 +489,9 @@ impl Upstream {
     /// The upstream's `execution.taskSupport` for a tool, from the cached tools list.
     pub async fn tool_task_support(&self, principal: &Principal, tool: &str) -> Option<String> {
         let list = self.cached_tools(principal.into()).await.ok()?.ok()?;
-        list.get("tools")?
-            .as_array()?
-            .iter()
-            .find(|t| t.get("name").and_then(Value::as_str) == Some(tool))?
-            .get("execution")?
-            .get("taskSupport")?
-            .as_str()
+        ToolsList::of(&list)
+            .find(tool)?
+            .task_support()
             .map(str::to_string)
     }
 

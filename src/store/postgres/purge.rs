@@ -7,6 +7,7 @@
 //! the caller's tenant in it) are found by the tenant's bytes in the record and
 //! decoded before they are deleted.
 
+use serde::Deserialize;
 use serde_json::Value;
 
 use super::statements::{
@@ -14,6 +15,7 @@ use super::statements::{
     RemoveRoutes, RouteCandidates,
 };
 use super::{PgError, PgStore};
+use crate::protocol::loose::{Loose, Object};
 use crate::store::idempotency;
 use crate::store::{Purged, PurgedTask, TaskStatus};
 
@@ -34,14 +36,35 @@ fn needle(tenant: &str) -> Vec<u8> {
     n
 }
 
+/// What [`names_tenant`] reads of a stored route or relay. A member of another type
+/// names no tenant.
+#[derive(Deserialize)]
+struct TenantOf {
+    #[serde(default)]
+    tenant: Loose<String>,
+    #[serde(default)]
+    request: Loose<Object<RequestTenant>>,
+}
+
+#[derive(Deserialize)]
+struct RequestTenant {
+    #[serde(default)]
+    tenant: Loose<String>,
+}
+
 /// Whether a stored route or relay names `tenant`: a route's own `tenant`, or the
 /// caller's tenant of a relayed MRTR retry (`request.tenant`).
 fn names_tenant(bytes: &[u8], tenant: &str) -> bool {
+    // Through a `Value` first, as the records were always read: a repeated member
+    // counts once (the last), where a struct read from the bytes would refuse it.
     let Ok(v) = serde_json::from_slice::<Value>(bytes) else {
         return false;
     };
-    v.get("tenant").and_then(Value::as_str) == Some(tenant)
-        || v.pointer("/request/tenant").and_then(Value::as_str) == Some(tenant)
+    let Ok(Object(record)) = Object::<TenantOf>::deserialize(&v) else {
+        return false;
+    };
+    let request_tenant = record.request.0.and_then(|Object(r)| r.tenant.0);
+    record.tenant.0.as_deref() == Some(tenant) || request_tenant.as_deref() == Some(tenant)
 }
 
 /// The ids (column 0) of at most `left` candidate rows whose record (column 1) names
@@ -217,5 +240,37 @@ mod tests {
         assert!(!names_tenant(br#"{"args":{"tenant":"a"}}"#, "a"));
         assert!(!names_tenant(b"not json", "a"));
         assert_eq!(needle("a\"b"), br#""tenant":"a\"b""#.to_vec());
+    }
+
+    #[test]
+    fn odd_records_match_as_the_lookups_did() {
+        fn by_lookup(bytes: &[u8], tenant: &str) -> bool {
+            let Ok(v) = serde_json::from_slice::<Value>(bytes) else {
+                return false;
+            };
+            v.get("tenant").and_then(Value::as_str) == Some(tenant)
+                || v.pointer("/request/tenant").and_then(Value::as_str) == Some(tenant)
+        }
+        let records = [
+            r#"{"tenant":"a","request":{"tenant":"b"}}"#,
+            r#"{"tenant":"b","request":{"tenant":"a"}}"#,
+            r#"{"tenant":5,"request":{"tenant":"a"}}"#,
+            r#"{"tenant":"a","request":5}"#,
+            r#"{"tenant":"a","request":["a"]}"#,
+            r#"{"tenant":null,"request":[{"tenant":"a"}]}"#,
+            r#"{"request":{"tenant":["a"]}}"#,
+            r#"{"request":null}"#,
+            r#"{"tenant":"b","tenant":"a"}"#,
+            r#"["a"]"#,
+            r#""a""#,
+            "null",
+        ];
+        for r in records {
+            assert_eq!(
+                names_tenant(r.as_bytes(), "a"),
+                by_lookup(r.as_bytes(), "a"),
+                "{r}"
+            );
+        }
     }
 }

@@ -23,7 +23,10 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use parking_lot::Mutex;
+use serde::Deserialize;
 use serde_json::{Value, json};
+
+use crate::protocol::loose::{Loose, Object};
 
 /// Pids of children spawned by *this* process that are still alive. `kill_leftovers`
 /// never touches them, even if it is (wrongly) called after pools have started.
@@ -192,20 +195,42 @@ pub(super) fn record_as(
     }
 }
 
+/// A pid record as [`record_as`] writes it; `upstream` and `program` are there for
+/// whoever reads the directory, not read back. A record missing a member the check
+/// needs, or holding one of another type (a `null` start time the child's stat could
+/// not give), is no record: its group is left alone.
+#[derive(Deserialize)]
+struct RecordFile {
+    pid: u32,
+    starttime: u64,
+    session: i64,
+    /// Missing or `null` before recorders were recorded; anything else must be one.
+    #[serde(default)]
+    recorder: Option<Object<RecorderFile>>,
+}
+
+#[derive(Deserialize)]
+struct RecorderFile {
+    pid: u32,
+    /// `null` when the recorder's stat could not be read; of any other type, as good
+    /// as that.
+    #[serde(default)]
+    starttime: Loose<u64>,
+}
+
 fn parse_record(bytes: &[u8]) -> Option<PidRecord> {
+    // Through a `Value` first, as the records were always read: a repeated member
+    // counts once (the last), where a struct read from the bytes would refuse it.
     let v: Value = serde_json::from_slice(bytes).ok()?;
-    let recorder = match v.get("recorder") {
-        None | Some(Value::Null) => None,
-        Some(r) => Some(Recorder {
-            pid: u32::try_from(r.get("pid")?.as_u64()?).ok()?,
-            starttime: r.get("starttime").and_then(Value::as_u64),
-        }),
-    };
+    let Object(file) = Object::<RecordFile>::deserialize(&v).ok()?;
     Some(PidRecord {
-        pid: u32::try_from(v.get("pid")?.as_u64()?).ok()?,
-        starttime: v.get("starttime")?.as_u64()?,
-        session: v.get("session")?.as_i64()?,
-        recorder,
+        pid: file.pid,
+        starttime: file.starttime,
+        session: file.session,
+        recorder: file.recorder.map(|Object(r)| Recorder {
+            pid: r.pid,
+            starttime: r.starttime.into_inner(),
+        }),
     })
 }
 
@@ -355,6 +380,108 @@ mod tests {
         assert_eq!(s.session, 77);
         assert_eq!(s.starttime, 98765);
         assert!(parse_stat("garbage").is_none());
+    }
+
+    /// The record as it was read before the typed one, by lookups.
+    fn by_lookup(bytes: &[u8]) -> Option<PidRecord> {
+        let v: Value = serde_json::from_slice(bytes).ok()?;
+        let recorder = match v.get("recorder") {
+            None | Some(Value::Null) => None,
+            Some(r) => Some(Recorder {
+                pid: u32::try_from(r.get("pid")?.as_u64()?).ok()?,
+                starttime: r.get("starttime").and_then(Value::as_u64),
+            }),
+        };
+        Some(PidRecord {
+            pid: u32::try_from(v.get("pid")?.as_u64()?).ok()?,
+            starttime: v.get("starttime")?.as_u64()?,
+            session: v.get("session")?.as_i64()?,
+            recorder,
+        })
+    }
+
+    #[test]
+    fn records_read_as_the_lookups_did() {
+        let written = r#"{"pid":41,"starttime":9,"session":-3,"upstream":"u","program":"p","recorder":{"pid":7,"starttime":11}}"#;
+        assert_eq!(
+            parse_record(written.as_bytes()),
+            Some(PidRecord {
+                pid: 41,
+                starttime: 9,
+                session: -3,
+                recorder: Some(Recorder {
+                    pid: 7,
+                    starttime: Some(11)
+                }),
+            })
+        );
+        let numbers = [
+            "",
+            "0",
+            "41",
+            "-0",
+            "-1",
+            "1.0",
+            "1e2",
+            "4294967296",
+            "18446744073709551616",
+            "9223372036854775808",
+            "null",
+            r#""41""#,
+            "[41]",
+            "{}",
+        ];
+        let recorders = [
+            "",
+            "null",
+            r#"{"pid":7}"#,
+            r#"{"pid":7,"starttime":null}"#,
+            r#"{"pid":7,"starttime":"11"}"#,
+            r#"{"pid":7,"starttime":-0}"#,
+            r#"{"pid":7,"starttime":1e3}"#,
+            r#"{"pid":-7,"starttime":11}"#,
+            r#"{"starttime":11}"#,
+            "[7, 11]",
+            "7",
+            r#""r""#,
+        ];
+        let mut texts = vec![
+            "[41, 9, -3]".to_string(),
+            "41".into(),
+            "not json".into(),
+            r#"{"pid":1,"pid":2,"starttime":3,"session":4}"#.into(),
+        ];
+        for n in numbers {
+            for (i, r) in recorders.iter().enumerate() {
+                let member = |name: &str, v: &str| {
+                    if v.is_empty() {
+                        String::new()
+                    } else {
+                        format!(r#","{name}":{v}"#)
+                    }
+                };
+                // Each member in turn takes the odd number; the others stay valid.
+                let (pid, start, session) = match i % 3 {
+                    0 => (n, "9", "-3"),
+                    1 => ("41", n, "-3"),
+                    _ => ("41", "9", n),
+                };
+                texts.push(format!(
+                    r#"{{"upstream":"u"{}{}{}{}}}"#,
+                    member("pid", pid),
+                    member("starttime", start),
+                    member("session", session),
+                    member("recorder", r)
+                ));
+            }
+        }
+        for text in texts {
+            assert_eq!(
+                parse_record(text.as_bytes()),
+                by_lookup(text.as_bytes()),
+                "{text}"
+            );
+        }
     }
 
     #[test]
