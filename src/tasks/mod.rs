@@ -5,7 +5,8 @@
 //!
 //! The engine is made of parts with private state (ARCHITECTURE.md "The engine's
 //! parts"): the task repository (`repo.rs`), the live calls (`live.rs`) and the
-//! replica (`replica_state.rs`); what needs several of them is an `Engine` method.
+//! replica (`replica_state.rs`), held by the [`Engine`] type (`engine.rs`); what needs
+//! several of them is an `Engine` method.
 //!
 //! - `events.rs`: one upstream call and its events as one stream.
 //! - `promote.rs`: the promotion decision (which deadline, which mode).
@@ -33,6 +34,7 @@ pub mod call;
 pub mod clock;
 pub mod dialect;
 pub mod driver;
+mod engine;
 pub mod events;
 pub mod failure;
 pub mod fingerprint;
@@ -71,45 +73,13 @@ use crate::upstream::{
     UpstreamSet,
 };
 
+pub use engine::Engine;
 pub use repo::{Change, Observer, Transition};
 pub use sessions::{ActiveGuard, SessionError, SessionRepo};
 
-/// Shared state of the tasks engine.
-pub struct Engine {
-    /// The store, and every write and durable read of a task (`repo.rs`).
-    tasks: repo::TaskRepo,
-    cfg: Arc<Config>,
-    /// This gateway's flow control (owned by the gateway, not the process).
-    limits: Arc<Limits>,
-    /// The promoted calls running in this process (`live.rs`).
-    calls: live::LiveCalls,
-    /// This replica's seat, lease and relays on a shared store (`replica.rs`).
-    replica: replica_state::Replica,
-    /// An operator drained this replica (`admin.rs`): no new upstream calls.
-    admin_drained: std::sync::atomic::AtomicBool,
-    /// The 2025-era client sessions (`sessions.rs`).
-    sessions: SessionRepo,
-    /// The upstreams, once started: a takeover re-attaches to upstream tasks through
-    /// them (`upstream_task.rs`).
-    upstreams: std::sync::OnceLock<Arc<crate::upstream::UpstreamSet>>,
-    /// Each tenant's calls and creations in flight here, and the purge fence
-    /// (`tenant_calls.rs`, `purge.rs`).
-    tenant_calls: tenant_calls::TenantCalls,
-}
-
 impl Engine {
     pub fn new(store: Arc<dyn TaskStore>, cfg: Arc<Config>, limits: Arc<Limits>) -> Arc<Self> {
-        Arc::new(Self {
-            replica: replica_state::Replica::new(cfg.replica_id()),
-            sessions: SessionRepo::new(store.clone(), &cfg.legacy),
-            tasks: repo::TaskRepo::new(store),
-            cfg,
-            limits,
-            calls: live::LiveCalls::default(),
-            upstreams: std::sync::OnceLock::new(),
-            admin_drained: std::sync::atomic::AtomicBool::new(false),
-            tenant_calls: tenant_calls::TenantCalls::default(),
-        })
+        Arc::new(engine::assemble(store, cfg, limits))
     }
 
     /// The 2025-era client sessions (docs/design.md §22 "Clients of the 2025 era").
