@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use super::driver::conclude;
 use super::failure::Failure;
 use super::repo::Lookup;
+use super::terminal::conclude;
 use super::{Engine, ids, snapshot};
 use crate::auth::Principal;
 use crate::config::as_millis;

@@ -55,6 +55,7 @@ pub mod sessions;
 pub mod snapshot;
 pub mod sweeper;
 mod tenant_calls;
+mod terminal;
 mod terminal_cache;
 pub mod upstream_task;
 

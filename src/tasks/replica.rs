@@ -27,8 +27,8 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::driver::{conclude, fail};
 pub use super::replica_state::MrtrHandler;
+use super::terminal::{conclude, fail};
 use super::{Engine, Transition};
 use crate::config::as_millis;
 use crate::protocol::RpcError;

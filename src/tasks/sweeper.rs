@@ -9,7 +9,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::Engine;
-use super::driver::{conclude, conclude_at, fail};
+use super::terminal::{conclude, conclude_at, fail};
 use crate::config::as_millis;
 use crate::protocol::RpcError;
 use crate::protocol::task_shapes::ErrorObject;
