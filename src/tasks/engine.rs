@@ -33,7 +33,7 @@ pub struct Engine {
     /// The 2025-era client sessions (`sessions.rs`).
     pub(super) sessions: SessionRepo,
     /// The upstreams, once started: a takeover re-attaches to upstream tasks through
-    /// them (`upstream_task.rs`).
+    /// them (`follow.rs`).
     pub(super) upstreams: OnceLock<Arc<UpstreamSet>>,
     /// Each tenant's calls and creations in flight here, and the purge fence
     /// (`tenant_calls.rs`, `purge.rs`).

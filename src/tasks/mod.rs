@@ -38,6 +38,7 @@ mod engine;
 pub mod events;
 pub mod failure;
 pub mod fingerprint;
+mod follow;
 pub mod ids;
 pub mod inputs;
 mod list;
@@ -302,6 +303,18 @@ impl Engine {
             engine.call_upstream(&up, &p, spec, ev_tx).await
         });
         events::Pending::new(call, events, self.input_gather())
+    }
+
+    /// A `required` upstream task tool called by a 2025-era session without task
+    /// augmentation: the upstream task is followed inline, as one long call
+    /// (`follow.rs`).
+    pub fn start_upstream_task_inline(
+        self: &Arc<Self>,
+        upstream: &Arc<Upstream>,
+        principal: &Principal,
+        call: CallSpec,
+    ) -> events::Pending {
+        follow::start_inline(self, upstream, principal, call)
     }
 
     /// Whether the store takes writes (a failed write or flush turns it off until a

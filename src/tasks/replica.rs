@@ -271,7 +271,7 @@ impl Engine {
             .await?;
         for t in &taken {
             if let Some(route) = &t.adopted {
-                self.follow_adopted(route).await;
+                super::follow::follow_adopted(self, route).await;
                 continue;
             }
             self.tasks.notify(Transition {

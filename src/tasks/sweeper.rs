@@ -47,7 +47,7 @@ impl Engine {
         let routes = self.tasks.routes().await?;
         let mut failed = 0;
         for route in &routes {
-            match self.reattach(upstreams, route).await {
+            match super::follow::reattach(self, upstreams, route).await {
                 Ok(true) => continue,
                 Ok(false) => {}
                 Err(e) => {
