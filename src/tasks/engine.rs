@@ -1,8 +1,9 @@
 //! The `Engine` type: the parts it is made of (ARCHITECTURE.md "The engine's parts").
 //! It is defined below the files that do the engine's work, so that one which needs
-//! most of the engine can take `&Engine` without naming `mod.rs`, the engine's surface
-//! (ARCHITECTURE.md "Layers": a type whose behaviour is spread over its module's files
-//! sits in a file of its own below them, `mod.rs` the public surface on top).
+//! most of the engine can take `&Engine` without naming `mod.rs`, whose `impl Engine`
+//! is the engine's surface and names those files (ARCHITECTURE.md "Layers": a type
+//! whose behaviour is spread over its module's files sits in a file of its own below
+//! them, `mod.rs` the public surface on top).
 
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};
