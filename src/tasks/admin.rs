@@ -4,10 +4,12 @@
 //! a task's arguments, result, error or input requests (the front renders
 //! [`TaskSummary`], never the record).
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::Engine;
-use crate::store::{OwnerCursor, StoreError, TaskRecord, TaskStatus, TenantCount, now_ms};
+use super::engine::Engine;
+use super::methods::cancel_record;
+use super::repo::TaskRepo;
+use crate::store::{OwnerCursor, StoreError, TaskRecord, TaskStatus, now_ms};
 
 /// The longest page the operator API serves.
 pub const MAX_PAGE: usize = 500;
@@ -67,119 +69,100 @@ pub struct TaskPage {
     pub next: Option<OwnerCursor>,
 }
 
-impl Engine {
-    /// One page of `q.tenant`'s tasks in creation order. Without a status, the five
-    /// status pages are merged (each read up to `limit` past the cursor): still
-    /// O(page).
-    pub async fn admin_list(&self, q: &TaskQuery) -> Result<TaskPage, StoreError> {
-        let limit = q.limit.clamp(1, MAX_PAGE);
-        let statuses: &[TaskStatus] = match &q.status {
-            Some(s) => std::slice::from_ref(s),
-            None => &TaskStatus::ALL,
-        };
-        let mut scanned = Vec::new();
-        for status in statuses {
-            let page = self
-                .tasks
-                .list_tenant(&q.tenant, *status, q.after.as_ref(), limit)
-                .await?;
-            scanned.extend(page);
-        }
-        scanned.sort_by(|a, b| {
-            (a.created_at_ms, a.task_id.as_bytes()).cmp(&(b.created_at_ms, b.task_id.as_bytes()))
-        });
-        scanned.truncate(limit);
-        let next = (scanned.len() == limit)
-            .then(|| scanned.last())
-            .flatten()
-            .map(|r| OwnerCursor {
-                created_at_ms: r.created_at_ms,
-                task_id: r.task_id.clone(),
-            });
-        let born_by = q.min_age_ms.map(|age| now_ms().saturating_sub(age));
-        let tasks = scanned
-            .iter()
-            .filter(|r| q.upstream.as_ref().is_none_or(|u| &r.upstream == u))
-            .filter(|r| q.tool.as_ref().is_none_or(|t| &r.tool == t))
-            .filter(|r| born_by.is_none_or(|at| r.created_at_ms <= at))
-            .map(TaskSummary::from)
-            .collect();
-        Ok(TaskPage { tasks, next })
-    }
-
-    /// One task, whoever owns it.
-    pub async fn admin_show(&self, task_id: &str) -> Result<Option<TaskSummary>, StoreError> {
-        Ok(self
-            .tasks
-            .get(task_id)
-            .await?
-            .as_ref()
-            .map(TaskSummary::from))
-    }
-
-    /// Cancel a task for an operator: the same durable cancel as the owner's (the
-    /// upstream gets `notifications/cancelled`), with a status message naming the
-    /// operator, and an audit line. `None` when no such task exists.
-    pub async fn admin_cancel(
-        &self,
-        task_id: &str,
-        operator: &str,
-    ) -> Result<Option<TaskSummary>, StoreError> {
-        let Some(rec) = self.tasks.get(task_id).await? else {
-            return Ok(None);
-        };
-        let before = rec.status;
-        let after = self
-            .cancel_record(&rec, &format!("cancelled by operator {operator}"))
+/// One page of `q.tenant`'s tasks in creation order. Without a status, the five
+/// status pages are merged (each read up to `limit` past the cursor): still O(page).
+pub(super) async fn admin_list(tasks: &TaskRepo, q: &TaskQuery) -> Result<TaskPage, StoreError> {
+    let limit = q.limit.clamp(1, MAX_PAGE);
+    let statuses: &[TaskStatus] = match &q.status {
+        Some(s) => std::slice::from_ref(s),
+        None => &TaskStatus::ALL,
+    };
+    let mut scanned = Vec::new();
+    for status in statuses {
+        let page = tasks
+            .list_tenant(&q.tenant, *status, q.after.as_ref(), limit)
             .await?;
+        scanned.extend(page);
+    }
+    scanned.sort_by(|a, b| {
+        (a.created_at_ms, a.task_id.as_bytes()).cmp(&(b.created_at_ms, b.task_id.as_bytes()))
+    });
+    scanned.truncate(limit);
+    let next = (scanned.len() == limit)
+        .then(|| scanned.last())
+        .flatten()
+        .map(|r| OwnerCursor {
+            created_at_ms: r.created_at_ms,
+            task_id: r.task_id.clone(),
+        });
+    let born_by = q.min_age_ms.map(|age| now_ms().saturating_sub(age));
+    let tasks = scanned
+        .iter()
+        .filter(|r| q.upstream.as_ref().is_none_or(|u| &r.upstream == u))
+        .filter(|r| q.tool.as_ref().is_none_or(|t| &r.tool == t))
+        .filter(|r| born_by.is_none_or(|at| r.created_at_ms <= at))
+        .map(TaskSummary::from)
+        .collect();
+    Ok(TaskPage { tasks, next })
+}
+
+/// One task, whoever owns it.
+pub(super) async fn admin_show(
+    tasks: &TaskRepo,
+    task_id: &str,
+) -> Result<Option<TaskSummary>, StoreError> {
+    Ok(tasks.get(task_id).await?.as_ref().map(TaskSummary::from))
+}
+
+/// Cancel a task for an operator: the same durable cancel as the owner's (the upstream
+/// gets `notifications/cancelled`), with a status message naming the operator, and an
+/// audit line. `None` when no such task exists.
+pub(super) async fn admin_cancel(
+    engine: &Engine,
+    task_id: &str,
+    operator: &str,
+) -> Result<Option<TaskSummary>, StoreError> {
+    let Some(rec) = engine.tasks.get(task_id).await? else {
+        return Ok(None);
+    };
+    let before = rec.status;
+    let after = cancel_record(engine, &rec, &format!("cancelled by operator {operator}")).await?;
+    tracing::warn!(
+        target: "taskgate::audit",
+        operator,
+        task = task_id,
+        tenant = %rec.tenant,
+        subject = %rec.subject,
+        tool = %rec.tool,
+        from = before.as_str(),
+        to = after.as_str(),
+        "operator cancelled a task"
+    );
+    Ok(engine
+        .tasks
+        .get(task_id)
+        .await?
+        .as_ref()
+        .map(TaskSummary::from))
+}
+
+/// Stop admitting new upstream calls (or admit them again), for a rolling deploy: the
+/// task plane is still served, and the probes say "not ready" so the edge takes this
+/// replica out.
+pub(super) fn set_drained(drained: &AtomicBool, on: bool, operator: &str) {
+    let was = drained.swap(on, Ordering::SeqCst);
+    if was != on {
         tracing::warn!(
             target: "taskgate::audit",
             operator,
-            task = task_id,
-            tenant = %rec.tenant,
-            subject = %rec.subject,
-            tool = %rec.tool,
-            from = before.as_str(),
-            to = after.as_str(),
-            "operator cancelled a task"
+            drained = on,
+            "operator {} this replica",
+            if on { "drained" } else { "undrained" }
         );
-        Ok(self
-            .tasks
-            .get(task_id)
-            .await?
-            .as_ref()
-            .map(TaskSummary::from))
     }
+}
 
-    /// How many tasks each tenant holds, by status.
-    pub async fn tenant_counts(&self) -> Result<Vec<TenantCount>, StoreError> {
-        self.tasks.tenant_counts().await
-    }
-
-    /// Stop admitting new upstream calls (or admit them again), for a rolling
-    /// deploy: the task plane is still served, and the probes say "not ready" so
-    /// the edge takes this replica out.
-    pub fn set_drained(&self, on: bool, operator: &str) {
-        let was = self.admin_drained.swap(on, Ordering::SeqCst);
-        if was != on {
-            tracing::warn!(
-                target: "taskgate::audit",
-                operator,
-                drained = on,
-                "operator {} this replica",
-                if on { "drained" } else { "undrained" }
-            );
-        }
-    }
-
-    /// Whether an operator drained this replica.
-    pub fn drained(&self) -> bool {
-        self.admin_drained.load(Ordering::Relaxed)
-    }
-
-    /// Whether this replica takes new upstream calls: it holds its lease and no
-    /// operator drained it.
-    pub fn accepting_calls(&self) -> bool {
-        self.lease_held() && !self.drained()
-    }
+/// Whether an operator drained this replica.
+pub(super) fn drained(drained: &AtomicBool) -> bool {
+    drained.load(Ordering::Relaxed)
 }

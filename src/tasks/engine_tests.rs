@@ -752,11 +752,21 @@ async fn the_sweep_fails_an_orphaned_task_exactly_once() {
     old_running.started_at_ms = now - 60_000;
     r.store.put_route(&old_running).await.expect("put route");
 
-    assert_eq!(r.engine.resolve_orphans().await.expect("sweep"), 1);
+    assert_eq!(
+        super::sweeper::resolve_orphans(&r.engine)
+            .await
+            .expect("sweep"),
+        1
+    );
     assert_eq!(r.status("tsk_orphan").await, TaskStatus::Failed);
     assert_eq!(r.status("tsk_young").await, TaskStatus::Working);
     assert_eq!(r.status(&running).await, TaskStatus::Working);
-    assert_eq!(r.engine.resolve_orphans().await.expect("sweep"), 0);
+    assert_eq!(
+        super::sweeper::resolve_orphans(&r.engine)
+            .await
+            .expect("sweep"),
+        0
+    );
     let left: Vec<_> = r
         .store
         .routes()

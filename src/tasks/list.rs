@@ -6,9 +6,11 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
 use super::failure::Failure;
+use super::ids;
 use super::methods::unavailable;
-use super::{Engine, ids};
+use super::repo::TaskRepo;
 use crate::auth::Principal;
+use crate::limits::Limits;
 use crate::protocol::RpcError;
 use crate::store::{OwnerCursor, TaskRecord, now_ms};
 
@@ -44,70 +46,68 @@ fn invalid_cursor() -> Failure {
     Failure::outcome(RpcError::invalid_params("invalid cursor"))
 }
 
-impl Engine {
-    /// One page of the principal's tasks on `upstream` (docs/design.md §25): records
-    /// unexpired, terminal ones only once durable (like [`Engine::owner_snapshot`]),
-    /// with the adaptive poll interval, and the opaque cursor for the next page —
-    /// `Some` only when more may follow. A `cursor` this gateway did not write is
-    /// `-32602` "invalid cursor"; a store that does not answer is the retry-later
-    /// class of the other `tasks/*` methods.
-    pub async fn list_owned(
-        &self,
-        principal: &Principal,
-        upstream: &str,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> Result<(Vec<TaskRecord>, Option<String>), Failure> {
-        let limit = limit.max(1);
-        let mut after = match cursor {
-            None => None,
-            Some(c) => Some(decode_cursor(c).ok_or_else(invalid_cursor)?),
-        };
-        let mut page: Vec<TaskRecord> = Vec::new();
-        let mut next = None;
-        for read in 1..=MAX_READS {
-            // One more than the page still needs, to learn whether more may follow.
-            let want = limit - page.len();
-            let batch = self
-                .tasks
-                .list_owned(
-                    &principal.tenant,
-                    &principal.subject,
-                    upstream,
-                    after.as_ref(),
-                    want + 1,
-                )
-                .await
-                .map_err(unavailable)?;
-            let more = batch.len() > want;
-            let now = now_ms();
-            for rec in batch.into_iter().take(want) {
-                after = Some(OwnerCursor {
-                    created_at_ms: rec.created_at_ms,
-                    task_id: rec.task_id.clone(),
-                });
-                // Never served past the ttl, swept or not (docs/design.md §11).
-                if rec.expires_at_ms > now {
-                    page.push(rec);
-                }
-            }
-            if !more {
-                break;
-            }
-            if page.len() == limit || read == MAX_READS {
-                // The next page resumes after the last record read: those between it
-                // and the page's last are expired.
-                next = after.take();
-                break;
+/// One page of the principal's tasks on `upstream` (docs/design.md §25): records
+/// unexpired, terminal ones only once durable (like
+/// [`owner_snapshot`](super::methods::owner_snapshot)), with the adaptive poll
+/// interval, and the opaque cursor for the next page — `Some` only when more may
+/// follow. A `cursor` this gateway did not write is `-32602` "invalid cursor"; a store
+/// that does not answer is the retry-later class of the other `tasks/*` methods.
+pub(super) async fn list_owned(
+    tasks: &TaskRepo,
+    limits: &Limits,
+    principal: &Principal,
+    upstream: &str,
+    cursor: Option<&str>,
+    limit: usize,
+) -> Result<(Vec<TaskRecord>, Option<String>), Failure> {
+    let limit = limit.max(1);
+    let mut after = match cursor {
+        None => None,
+        Some(c) => Some(decode_cursor(c).ok_or_else(invalid_cursor)?),
+    };
+    let mut page: Vec<TaskRecord> = Vec::new();
+    let mut next = None;
+    for read in 1..=MAX_READS {
+        // One more than the page still needs, to learn whether more may follow.
+        let want = limit - page.len();
+        let batch = tasks
+            .list_owned(
+                &principal.tenant,
+                &principal.subject,
+                upstream,
+                after.as_ref(),
+                want + 1,
+            )
+            .await
+            .map_err(unavailable)?;
+        let more = batch.len() > want;
+        let now = now_ms();
+        for rec in batch.into_iter().take(want) {
+            after = Some(OwnerCursor {
+                created_at_ms: rec.created_at_ms,
+                task_id: rec.task_id.clone(),
+            });
+            // Never served past the ttl, swept or not (docs/design.md §11).
+            if rec.expires_at_ms > now {
+                page.push(rec);
             }
         }
-        self.tasks.durable_all(&page).await.map_err(unavailable)?;
-        for rec in &mut page {
-            // As a `tasks/get` shows it, and remembered as advertised (§8).
-            self.limits.adapt(principal, rec);
+        if !more {
+            break;
         }
-        Ok((page, next.as_ref().map(encode_cursor)))
+        if page.len() == limit || read == MAX_READS {
+            // The next page resumes after the last record read: those between it
+            // and the page's last are expired.
+            next = after.take();
+            break;
+        }
     }
+    tasks.durable_all(&page).await.map_err(unavailable)?;
+    for rec in &mut page {
+        // As a `tasks/get` shows it, and remembered as advertised (§8).
+        limits.adapt(principal, rec);
+    }
+    Ok((page, next.as_ref().map(encode_cursor)))
 }
 
 #[cfg(test)]
@@ -121,6 +121,7 @@ mod tests {
     use crate::store::memory::MemoryStore;
     use crate::store::test_records::{route, task};
     use crate::store::{StoreError, TaskStatus, TaskStore};
+    use crate::tasks::Engine;
     use crate::tasks::failure::ErrorClass;
 
     #[test]

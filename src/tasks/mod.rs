@@ -4,18 +4,27 @@
 //! the front renders; it names nothing of HTTP.
 //!
 //! The engine is made of parts with private state (ARCHITECTURE.md "The engine's
-//! parts"): the task repository (`repo.rs`), the live calls (`live.rs`) and the
-//! replica (`replica_state.rs`); what needs several of them is an `Engine` method.
+//! parts"): the task repository (`repo.rs`), the live calls (`live.rs`), the tenants'
+//! calls (`tenant_calls.rs`), the replica (`replica_state.rs`) and the sessions
+//! (`sessions.rs`), held by the [`Engine`] type (`engine.rs`). This file is the
+//! engine's surface: each method below hands its work to the file that does it,
+//! passing the parts that work needs (the whole engine where it touches most of them,
+//! or runs on in a task of its own).
 //!
+//! - `admission.rs`: every upstream call (the tenant's fence, the admission gate).
 //! - `events.rs`: one upstream call and its events as one stream.
 //! - `promote.rs`: the promotion decision (which deadline, which mode).
 //! - `call.rs`: the deadline race and durable creation before the handle goes out.
 //! - `driver.rs`: a promoted call running in the background (progress, input, result).
+//! - `upstream_task.rs` and `follow.rs`: a tool the upstream runs as its own task, and
+//!   following that task.
 //! - `methods.rs`: the `tasks/*` methods and the ownership check; `list.rs` a page of
 //!   a principal's tasks (`tasks/list` of the 2025-11-25 dialect).
 //! - `admin.rs`: what the operator API asks (lists by tenant, operator cancels,
-//!   draining).
-//! - `sweeper.rs`: expiry, tombstones, idle sessions and restart recovery.
+//!   draining); `purge.rs` a tenant purge.
+//! - `sweeper.rs`: expiry, tombstones, idle sessions and restart recovery;
+//!   `terminal.rs` the bookkeeping of a move to a terminal state.
+//! - `identities.rs`: the upstreams' identities and tool header maps across restarts.
 //! - `sessions.rs`: the 2025-era client sessions (`SessionRepo`, a part of its own).
 //! - `seen.rs`: read marks, for counting outcomes nobody collected.
 //! - `replica.rs`: being one of several replicas (leases, takeover, relays, fan-out);
@@ -29,12 +38,16 @@
 //!   of a call that produced no answer; `outcome.rs`: the reply type.
 
 pub mod admin;
+mod admission;
 pub mod call;
 pub mod clock;
 pub mod driver;
+mod engine;
 pub mod events;
 pub mod failure;
 pub mod fingerprint;
+mod follow;
+mod identities;
 pub mod ids;
 pub mod inputs;
 mod list;
@@ -52,24 +65,32 @@ pub mod sessions;
 pub mod snapshot;
 pub mod sweeper;
 mod tenant_calls;
+mod terminal;
 mod terminal_cache;
 pub mod upstream_task;
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
-use tokio::sync::broadcast;
+use serde_json::Value;
+use tokio::sync::{broadcast, mpsc};
+use tokio_util::sync::CancellationToken;
 
 use crate::auth::Principal;
 use crate::config::Config;
 use crate::limits::Limits;
+use crate::protocol::Request;
 use crate::protocol::param_headers::ToolHeaders;
-use crate::store::{StoreError, TaskRecord, TaskStore};
+use crate::protocol::params::{Forward, TaskRef, TaskUpdate};
+use crate::store::cluster::{Cluster, Seat};
+use crate::store::{StoreError, TaskRecord, TaskStore, TenantCount};
 use crate::upstream::{
     CallEvent, CallOutcome, CallSpec, QueuePosition, Upstream, UpstreamError, UpstreamInfo,
     UpstreamSet,
 };
 
+pub use engine::Engine;
 pub use repo::{Change, Observer, Transition};
 pub use sessions::{ActiveGuard, SessionError, SessionRepo};
 
@@ -88,42 +109,10 @@ pub use purge::PurgeError;
 pub use replica::MrtrHandler;
 pub use snapshot::{create_result, detailed, task_fields};
 
-/// Shared state of the tasks engine.
-pub struct Engine {
-    /// The store, and every write and durable read of a task (`repo.rs`).
-    tasks: repo::TaskRepo,
-    cfg: Arc<Config>,
-    /// This gateway's flow control (owned by the gateway, not the process).
-    limits: Arc<Limits>,
-    /// The promoted calls running in this process (`live.rs`).
-    calls: live::LiveCalls,
-    /// This replica's seat, lease and relays on a shared store (`replica.rs`).
-    replica: replica_state::Replica,
-    /// An operator drained this replica (`admin.rs`): no new upstream calls.
-    admin_drained: std::sync::atomic::AtomicBool,
-    /// The 2025-era client sessions (`sessions.rs`).
-    sessions: SessionRepo,
-    /// The upstreams, once started: a takeover re-attaches to upstream tasks through
-    /// them (`upstream_task.rs`).
-    upstreams: std::sync::OnceLock<Arc<crate::upstream::UpstreamSet>>,
-    /// Each tenant's calls and creations in flight here, and the purge fence
-    /// (`tenant_calls.rs`, `purge.rs`).
-    tenant_calls: tenant_calls::TenantCalls,
-}
-
+/// The engine's surface: every method hands its work to the file that does it.
 impl Engine {
     pub fn new(store: Arc<dyn TaskStore>, cfg: Arc<Config>, limits: Arc<Limits>) -> Arc<Self> {
-        Arc::new(Self {
-            replica: replica_state::Replica::new(cfg.replica_id()),
-            sessions: SessionRepo::new(store.clone(), &cfg.legacy),
-            tasks: repo::TaskRepo::new(store),
-            cfg,
-            limits,
-            calls: live::LiveCalls::default(),
-            upstreams: std::sync::OnceLock::new(),
-            admin_drained: std::sync::atomic::AtomicBool::new(false),
-            tenant_calls: tenant_calls::TenantCalls::default(),
-        })
+        Arc::new(engine::assemble(store, cfg, limits))
     }
 
     /// The 2025-era client sessions (docs/design.md §22 "Clients of the 2025 era").
@@ -136,122 +125,46 @@ impl Engine {
         self.tasks.observe(f);
     }
 
-    /// How long a batch of upstream input requests stays open for more
-    /// (`input_gather_ms`).
-    fn input_gather(&self) -> std::time::Duration {
-        self.cfg.tasks.input_gather
-    }
-
     /// A durable flush, timed for `taskgate_store_flush_duration_seconds`.
     pub async fn flush(&self) -> Result<(), StoreError> {
         self.tasks.flush().await
     }
 
-    /// The upstream identities earlier runs stored, by upstream name (what the task
-    /// plane shows until an upstream answers again). A read error is logged and counts
-    /// as nothing stored: the identity is only ever a fallback.
+    // For the call race, the driver and the upstream-task calls (`call.rs`,
+    // `driver.rs`, `upstream_task.rs`), which add methods of their own.
+
+    /// How long a batch of upstream input requests stays open for more
+    /// (`input_gather_ms`).
+    fn input_gather(&self) -> Duration {
+        self.cfg.tasks.input_gather
+    }
+
+    /// A task record changed: tell this replica's subscribers and the other replicas.
+    fn changed(&self, task_id: &str) {
+        replica::changed(&self.tasks, &self.replica, task_id);
+    }
+
+    // Upstream identities and tool header maps (`identities.rs`).
+
+    /// The upstream identities earlier runs stored, by upstream name.
     pub async fn stored_identities(&self) -> HashMap<String, UpstreamInfo> {
-        let mut out = HashMap::new();
-        for u in &self.cfg.upstreams {
-            match self.tasks.upstream_identity(&u.name).await {
-                Ok(Some(info)) => {
-                    out.insert(u.name.clone(), info);
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    tracing::warn!(upstream = %u.name, error = %e, "reading the stored upstream identity failed");
-                }
-            }
-        }
-        out
+        identities::stored_identities(&self.tasks, &self.cfg).await
     }
 
-    /// Keep every upstream's identity durable: each change is written (only when it
-    /// differs from the stored record) and flushed in the background. Nothing waits
-    /// for it; losing one to a crash only means the previous identity is shown until
-    /// the upstream answers again.
+    /// Keep every upstream's identity durable, written and flushed in the background.
     pub fn persist_identities(self: &Arc<Self>, upstreams: &UpstreamSet) {
-        for u in upstreams.iter() {
-            let mut changes = u.identity_changes();
-            let name = u.name().to_string();
-            let engine = self.clone();
-            tokio::spawn(async move {
-                while changes.changed().await.is_ok() {
-                    let Some(info) = changes.borrow_and_update().clone() else {
-                        continue;
-                    };
-                    engine.store_identity(&name, &info).await;
-                }
-            });
-        }
+        identities::persist_identities(self, upstreams);
     }
 
-    /// The tools' `Mcp-Param-*` header maps earlier runs stored, by upstream name (what
-    /// the front checks `tools/call` headers against until a new `tools/list`). A read
-    /// error is logged and counts as nothing stored: the headers are then not checked
-    /// until the upstream lists its tools again.
+    /// The tools' `Mcp-Param-*` header maps earlier runs stored, by upstream name.
     pub async fn stored_tool_headers(&self) -> HashMap<String, ToolHeaders> {
-        let mut out = HashMap::new();
-        for u in &self.cfg.upstreams {
-            match self.tasks.upstream_tool_headers(&u.name).await {
-                Ok(Some(headers)) => {
-                    out.insert(u.name.clone(), headers);
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    tracing::warn!(upstream = %u.name, error = %e, "reading the stored tool header map failed");
-                }
-            }
-        }
-        out
+        identities::stored_tool_headers(&self.tasks, &self.cfg).await
     }
 
     /// Keep every upstream's tool header map durable, as
     /// [`persist_identities`](Self::persist_identities) does the identity.
     pub fn persist_tool_headers(self: &Arc<Self>, upstreams: &UpstreamSet) {
-        for u in upstreams.iter() {
-            let mut changes = u.tool_header_changes();
-            let name = u.name().to_string();
-            let engine = self.clone();
-            tokio::spawn(async move {
-                while changes.changed().await.is_ok() {
-                    let Some(headers) = changes.borrow_and_update().clone() else {
-                        continue;
-                    };
-                    engine.store_tool_headers(&name, &headers).await;
-                }
-            });
-        }
-    }
-
-    async fn store_tool_headers(&self, name: &str, headers: &ToolHeaders) {
-        match self.tasks.put_upstream_tool_headers(name, headers).await {
-            Ok(false) => {}
-            Ok(true) => {
-                tracing::info!(upstream = %name, "tool header map stored");
-                if let Err(e) = self.flush().await {
-                    tracing::warn!(upstream = %name, error = %e, "flushing the tool header map failed");
-                }
-            }
-            Err(e) => {
-                tracing::warn!(upstream = %name, error = %e, "storing the tool header map failed");
-            }
-        }
-    }
-
-    async fn store_identity(&self, name: &str, info: &UpstreamInfo) {
-        match self.tasks.put_upstream_identity(name, info).await {
-            Ok(false) => {}
-            Ok(true) => {
-                tracing::info!(upstream = %name, "upstream identity stored");
-                if let Err(e) = self.flush().await {
-                    tracing::warn!(upstream = %name, error = %e, "flushing the upstream identity failed");
-                }
-            }
-            Err(e) => {
-                tracing::warn!(upstream = %name, error = %e, "storing the upstream identity failed");
-            }
-        }
+        identities::persist_tool_headers(self, upstreams);
     }
 
     /// Mark the gateway as stopping: a promoted call that ends because its upstream is
@@ -265,54 +178,27 @@ impl Engine {
         self.calls.shutting_down()
     }
 
-    /// Every upstream call goes through here: first a slot of the upstream's
-    /// admission gate (fair queueing; the queue position is reported on `events`
-    /// while waiting), then the call in the principal's isolation scope. Dropping the
-    /// future leaves the queue or cancels the call.
+    // Upstream calls (`admission.rs`, `follow.rs`).
+
+    /// Every upstream call goes through here: the tenant's purge fence, a slot of the
+    /// upstream's admission gate, then the call in the principal's isolation scope.
+    /// Dropping the future leaves the queue or cancels the call.
     pub async fn call_upstream(
         &self,
         upstream: &Upstream,
         principal: &Principal,
         spec: CallSpec,
-        events: tokio::sync::mpsc::Sender<CallEvent>,
+        events: mpsc::Sender<CallEvent>,
     ) -> Result<CallOutcome, UpstreamError> {
-        // A purge of the tenant refuses the call before it is sent, and cancels it
-        // (dropping it cancels it upstream) while it runs (docs/design.md §27
-        // "Tenant purge").
-        let Some(in_flight) = self.tenant_calls.enter(&principal.tenant) else {
-            return Err(UpstreamError::Unavailable {
-                upstream: upstream.name().to_string(),
-                reason: "the tenant's data is being purged".into(),
-            });
-        };
-        let call = async {
-            let report = |pos: Option<usize>| {
-                let q = pos.map_or(QueuePosition::Admitted, QueuePosition::Waiting);
-                let _ = events.try_send(CallEvent::Queue(q));
-            };
-            let admitted = self
-                .limits
-                .admit(
-                    upstream.name(),
-                    upstream.cfg.max_concurrency,
-                    principal,
-                    report,
-                )
-                .await;
-            let Ok(_permit) = admitted else {
-                return Err(UpstreamError::QueueFull {
-                    upstream: upstream.name().to_string(),
-                });
-            };
-            upstream.call(principal, spec, events).await
-        };
-        tokio::select! {
-            r = call => r,
-            () = in_flight.cancelled() => Err(UpstreamError::Broken {
-                upstream: upstream.name().to_string(),
-                reason: "cancelled by an operator purging the tenant's data".into(),
-            }),
-        }
+        admission::call_upstream(
+            &self.tenant_calls,
+            &self.limits,
+            upstream,
+            principal,
+            spec,
+            events,
+        )
+        .await
     }
 
     /// Start an inline call for `req` in its own task (admission included); the
@@ -321,11 +207,9 @@ impl Engine {
         self: &Arc<Self>,
         upstream: &Arc<Upstream>,
         principal: &Principal,
-        req: &crate::protocol::Request<crate::protocol::params::Forward>,
+        req: &Request<Forward>,
     ) -> events::Pending {
-        let want_progress = req.meta.progress_token.is_some();
-        let spec = inputs::upstream_spec(req.method, &req.params, want_progress);
-        self.start_call(upstream, principal, spec)
+        admission::start_inline(self, upstream, principal, req)
     }
 
     /// Start the upstream call `spec` in its own task (a 2025-era session's request,
@@ -336,16 +220,21 @@ impl Engine {
         principal: &Principal,
         spec: CallSpec,
     ) -> events::Pending {
-        let (ev_tx, events) = tokio::sync::mpsc::channel::<CallEvent>(32);
-        let up = upstream.clone();
-        let p = principal.clone();
-        let engine = self.clone();
-        // In the request's span, so the upstream call's client span is its child.
-        let call = crate::telemetry::spawn_in_current_span(async move {
-            engine.call_upstream(&up, &p, spec, ev_tx).await
-        });
-        events::Pending::new(call, events, self.input_gather())
+        admission::start_call(self, upstream, principal, spec)
     }
+
+    /// A `required` upstream task tool called by a 2025-era session without task
+    /// augmentation: the upstream task is followed inline, as one long call.
+    pub fn start_upstream_task_inline(
+        self: &Arc<Self>,
+        upstream: &Arc<Upstream>,
+        principal: &Principal,
+        call: CallSpec,
+    ) -> events::Pending {
+        follow::start_inline(self, upstream, principal, call)
+    }
+
+    // Read marks and the change stream (`repo.rs`, `seen.rs`).
 
     /// Whether the store takes writes (a failed write or flush turns it off until a
     /// probe gets through): `/readyz` and `/livez` report it.
@@ -374,10 +263,216 @@ impl Engine {
         self.tasks.subscribe()
     }
 
-    /// A task record changed: tell this replica's subscribers and the other replicas.
-    fn changed(&self, task_id: &str) {
-        self.tasks.changed_here(task_id);
-        self.replica.publish(task_id);
+    // The `tasks/*` methods (`methods.rs`, `list.rs`).
+
+    /// Resolve `params.taskId` for `principal` on `upstream`: owned and unexpired, else
+    /// the one "not found" (docs/design.md §7 "Ownership").
+    pub async fn resolve(
+        &self,
+        principal: &Principal,
+        upstream: &str,
+        task: &TaskRef,
+    ) -> Result<Arc<TaskRecord>, failure::Failure> {
+        methods::resolve(&self.tasks, principal, upstream, task).await
+    }
+
+    pub async fn get<'a>(
+        &self,
+        principal: &Principal,
+        upstream: &str,
+        task: &TaskRef,
+        server_info: &'a Value,
+    ) -> Result<snapshot::GetResult<'a>, failure::Failure> {
+        methods::get(
+            &self.tasks,
+            &self.limits,
+            principal,
+            upstream,
+            task,
+            server_info,
+        )
+        .await
+    }
+
+    /// The one read of a task shown to its owner, by `tasks/get` or on a listen stream:
+    /// owned and unexpired ([`Engine::resolve`]), durable if terminal, and with the
+    /// poll interval adapted. The caller notes the read ([`Engine::note_seen`]) once
+    /// the owner has it.
+    pub async fn owner_snapshot(
+        &self,
+        principal: &Principal,
+        upstream: &str,
+        task: &TaskRef,
+    ) -> Result<Arc<TaskRecord>, failure::Failure> {
+        methods::owner_snapshot(&self.tasks, &self.limits, principal, upstream, task).await
+    }
+
+    /// Relay each answer for an outstanding key to the upstream (MCP Tasks extension,
+    /// "Task Update Requests").
+    pub async fn update(
+        &self,
+        principal: &Principal,
+        upstream: &str,
+        update: TaskUpdate,
+        server_info: &Value,
+    ) -> Result<Value, failure::Failure> {
+        methods::update(self, principal, upstream, update, server_info).await
+    }
+
+    /// Record the intent durably, stop the upstream call, acknowledge (MCP Tasks
+    /// extension, "Task Cancellation"; docs/design.md §6 "Cancel").
+    pub async fn cancel(
+        &self,
+        principal: &Principal,
+        upstream: &str,
+        task: &TaskRef,
+        server_info: &Value,
+    ) -> Result<Value, failure::Failure> {
+        methods::cancel(self, principal, upstream, task, server_info).await
+    }
+
+    /// One page of the principal's tasks on `upstream` (docs/design.md §25), with the
+    /// opaque cursor for the next page.
+    pub async fn list_owned(
+        &self,
+        principal: &Principal,
+        upstream: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<(Vec<TaskRecord>, Option<String>), failure::Failure> {
+        list::list_owned(
+            &self.tasks,
+            &self.limits,
+            principal,
+            upstream,
+            cursor,
+            limit,
+        )
+        .await
+    }
+
+    // The operator API (`admin.rs`, `purge.rs`; docs/design.md §24).
+
+    /// One page of `q.tenant`'s tasks in creation order.
+    pub async fn admin_list(&self, q: &admin::TaskQuery) -> Result<admin::TaskPage, StoreError> {
+        admin::admin_list(&self.tasks, q).await
+    }
+
+    /// One task, whoever owns it.
+    pub async fn admin_show(
+        &self,
+        task_id: &str,
+    ) -> Result<Option<admin::TaskSummary>, StoreError> {
+        admin::admin_show(&self.tasks, task_id).await
+    }
+
+    /// Cancel a task for an operator, as its owner's cancel does, with an audit line.
+    /// `None` when no such task exists.
+    pub async fn admin_cancel(
+        &self,
+        task_id: &str,
+        operator: &str,
+    ) -> Result<Option<admin::TaskSummary>, StoreError> {
+        admin::admin_cancel(self, task_id, operator).await
+    }
+
+    /// How many tasks each tenant holds, by status.
+    pub async fn tenant_counts(&self) -> Result<Vec<TenantCount>, StoreError> {
+        self.tasks.tenant_counts().await
+    }
+
+    /// Stop admitting new upstream calls (or admit them again), for a rolling deploy.
+    pub fn set_drained(&self, on: bool, operator: &str) {
+        admin::set_drained(&self.admin_drained, on, operator);
+    }
+
+    /// Whether an operator drained this replica.
+    pub fn drained(&self) -> bool {
+        admin::drained(&self.admin_drained)
+    }
+
+    /// Whether this replica takes new upstream calls: it holds its lease and no
+    /// operator drained it.
+    pub fn accepting_calls(&self) -> bool {
+        self.lease_held() && !self.drained()
+    }
+
+    /// Purge `tenant` for `operator` (named in the audit lines, docs/design.md §27
+    /// "Tenant purge"). Safe to run again, also after a failure or a crash.
+    pub async fn admin_purge(
+        &self,
+        tenant: &str,
+        operator: &str,
+    ) -> Result<purge::PurgeReport, purge::PurgeError> {
+        purge::admin_purge(self, tenant, operator).await
+    }
+
+    // Replicas on a shared store (`replica.rs`, docs/design.md §18).
+
+    /// This replica's id (`server.replica_id` or its default).
+    pub fn replica_id(&self) -> &str {
+        self.replica.id()
+    }
+
+    /// Whether this replica may take calls: always with one gateway; on a shared
+    /// store, while its lease is renewed.
+    pub fn lease_held(&self) -> bool {
+        self.replica.lease_held()
+    }
+
+    /// The epoch of this replica's seat (`None` with one gateway): a call started
+    /// under another epoch is no longer this replica's.
+    pub(super) fn epoch(&self) -> Option<i64> {
+        self.replica.epoch()
+    }
+
+    /// Take a seat on a shared store: a new epoch and a lease. Call before recovery
+    /// (which then resolves this replica's earlier epochs only).
+    pub async fn join_cluster(&self, cluster: Arc<dyn Cluster>) -> Result<Seat, StoreError> {
+        self.replica.join(cluster).await
+    }
+
+    /// Install what runs an MRTR retry relayed to this replica.
+    pub fn on_relayed_mrtr(&self, h: replica::MrtrHandler) {
+        self.replica.set_mrtr_handler(h);
+    }
+
+    /// Start the lease, relay, publish and listen loops (nothing with one gateway).
+    pub fn spawn_cluster(self: &Arc<Self>, shutdown: CancellationToken) {
+        replica::spawn_cluster(self, shutdown);
+    }
+
+    /// Relay an MRTR retry to the live seat of `replica_id` and wait for its reply.
+    /// `None` when the replica is gone or did not answer within `wait`.
+    pub async fn relay_mrtr(
+        &self,
+        replica_id: &str,
+        request: Value,
+        wait: Duration,
+    ) -> Option<Value> {
+        replica::relay_mrtr(&self.replica, replica_id, request, wait).await
+    }
+
+    // Expiry and recovery (`sweeper.rs`).
+
+    /// Resolve request routes left by a previous process: their tasks fail with a
+    /// reason, or follow again the upstream task they followed (docs/design.md §10
+    /// "Restart", §25). The number of tasks failed.
+    pub async fn recover(
+        self: &Arc<Self>,
+        upstreams: &Arc<UpstreamSet>,
+    ) -> Result<usize, StoreError> {
+        sweeper::recover(self, upstreams).await
+    }
+
+    /// One sweep: expiry, tombstones, idle legacy sessions, orphaned routes and the
+    /// calls of lost replicas. The number of tasks expired.
+    pub async fn sweep(self: &Arc<Self>) -> Result<usize, StoreError> {
+        sweeper::sweep(self).await
+    }
+
+    pub fn spawn_sweeper(self: &Arc<Self>, shutdown: CancellationToken) {
+        sweeper::spawn_sweeper(self, shutdown);
     }
 }
 

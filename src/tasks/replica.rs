@@ -27,9 +27,13 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::driver::{conclude, fail};
+use super::engine::Engine;
+use super::follow::follow_adopted;
+use super::live::LiveCalls;
 pub use super::replica_state::MrtrHandler;
-use super::{Engine, Transition};
+use super::replica_state::Replica;
+use super::repo::{TaskRepo, Transition};
+use super::terminal::{conclude, fail};
 use crate::config::as_millis;
 use crate::protocol::RpcError;
 use crate::store::StoreError;
@@ -86,371 +90,359 @@ fn payload(p: &impl Serialize) -> Vec<u8> {
     serde_json::to_vec(p).unwrap_or_default()
 }
 
-impl Engine {
-    /// This replica's id (`server.replica_id` or its default).
-    pub fn replica_id(&self) -> &str {
-        self.replica.id()
-    }
+/// A task record changed: tell this replica's subscribers and the other replicas.
+pub(super) fn changed(tasks: &TaskRepo, replica: &Replica, task_id: &str) {
+    tasks.changed_here(task_id);
+    replica.publish(task_id);
+}
 
-    /// Whether this replica may take calls: always with one gateway; on a shared
-    /// store, while its lease is renewed.
-    pub fn lease_held(&self) -> bool {
-        self.replica.lease_held()
-    }
-
-    /// The epoch of this replica's seat (`None` with one gateway): a call started
-    /// under another epoch is no longer this replica's.
-    pub(super) fn epoch(&self) -> Option<i64> {
-        self.replica.epoch()
-    }
-
-    fn cluster(&self) -> Option<&Arc<dyn Cluster>> {
-        self.replica.cluster()
-    }
-
-    /// Take a seat on a shared store: a new epoch and a lease. Call before recovery
-    /// (which then resolves this replica's earlier epochs only).
-    pub async fn join_cluster(&self, cluster: Arc<dyn Cluster>) -> Result<Seat, StoreError> {
-        self.replica.join(cluster).await
-    }
-
-    /// Install what runs an MRTR retry relayed to this replica.
-    pub fn on_relayed_mrtr(&self, h: MrtrHandler) {
-        self.replica.set_mrtr_handler(h);
-    }
-
-    /// Start the lease, relay, publish and listen loops (nothing with one gateway).
-    pub fn spawn_cluster(self: &Arc<Self>, shutdown: CancellationToken) {
-        let Some(cluster) = self.cluster().cloned() else {
-            return;
-        };
-        tokio::spawn(self.clone().lease_loop(cluster.clone(), shutdown.clone()));
-        tokio::spawn(self.clone().relay_loop(cluster.clone(), shutdown.clone()));
-        let (tx, rx) = mpsc::unbounded_channel();
-        self.replica.publish_to(tx);
-        tokio::spawn(publish_loop(
-            cluster.clone(),
-            self.replica.id().to_string(),
-            rx,
-            shutdown.clone(),
-        ));
-        let (ev_tx, mut events) = mpsc::channel(256);
-        cluster.listen(
-            self.replica.id().to_string(),
-            self.cfg.tasks.poll_interval,
-            ev_tx,
-        );
-        let engine = self.clone();
-        tokio::spawn(async move {
-            loop {
-                let ev = tokio::select! {
-                    () = shutdown.cancelled() => return,
-                    ev = events.recv() => ev,
-                };
-                match ev {
-                    None => return,
-                    Some(ClusterEvent::Changed(ids)) => {
-                        for id in ids {
-                            engine.tasks.changed_here(&id);
-                        }
-                    }
-                    Some(ClusterEvent::Resync) => engine.tasks.resync_here(),
-                    Some(ClusterEvent::Wake) => engine.replica.wake(),
-                }
-            }
-        });
-    }
-
-    /// Renew the lease every `lease_renew_ms`, and count it lost by this replica's own
-    /// monotonic clock (docs/design.md §18 "Replicas"): the database set
-    /// `lease_until` no earlier than the moment a renewal was sent, so the lease surely
-    /// holds until `sent + lease_ms` of the last renewal that succeeded, and not surely
-    /// one instant longer. At that instant the lease is lost, whether or not a renewal
-    /// is still waiting on a stalled connection: a partitioned replica stops before any
-    /// other replica may take its calls over, not when some database operation times
-    /// out. A lease counted lost is never resumed: the replica comes back under a new
-    /// epoch, so the calls it stopped go to the takeover.
-    async fn lease_loop(self: Arc<Self>, cluster: Arc<dyn Cluster>, shutdown: CancellationToken) {
-        let every = self.cfg.store.lease_renew.max(Duration::from_millis(1));
-        let lease = self.cfg.store.lease;
-        let joined = self.replica.joined();
-        // `Some(until)` while the lease is held: the watchdog's deadline.
-        let mut held_until = Some(joined + lease);
-        let mut last_sent = joined;
+/// Start the lease, relay, publish and listen loops (nothing with one gateway).
+pub(super) fn spawn_cluster(engine: &Arc<Engine>, shutdown: CancellationToken) {
+    let Some(cluster) = engine.replica.cluster().cloned() else {
+        return;
+    };
+    tokio::spawn(lease_loop(
+        engine.clone(),
+        cluster.clone(),
+        shutdown.clone(),
+    ));
+    tokio::spawn(relay_loop(
+        engine.clone(),
+        cluster.clone(),
+        shutdown.clone(),
+    ));
+    let (tx, rx) = mpsc::unbounded_channel();
+    engine.replica.publish_to(tx);
+    tokio::spawn(publish_loop(
+        cluster.clone(),
+        engine.replica.id().to_string(),
+        rx,
+        shutdown.clone(),
+    ));
+    let (ev_tx, mut events) = mpsc::channel(256);
+    cluster.listen(
+        engine.replica.id().to_string(),
+        engine.cfg.tasks.poll_interval,
+        ev_tx,
+    );
+    let engine = engine.clone();
+    tokio::spawn(async move {
         loop {
-            tokio::select! {
+            let ev = tokio::select! {
                 () = shutdown.cancelled() => return,
-                () = tokio::time::sleep_until(last_sent + every) => {}
-                () = watchdog(held_until) => {
-                    self.lose_lease("not renewed within lease_ms by this replica's clock");
+                ev = events.recv() => ev,
+            };
+            match ev {
+                None => return,
+                Some(ClusterEvent::Changed(ids)) => {
+                    for id in ids {
+                        engine.tasks.changed_here(&id);
+                    }
+                }
+                Some(ClusterEvent::Resync) => engine.tasks.resync_here(),
+                Some(ClusterEvent::Wake) => engine.replica.wake(),
+            }
+        }
+    });
+}
+
+/// Renew the lease every `lease_renew_ms`, and count it lost by this replica's own
+/// monotonic clock (docs/design.md §18 "Replicas"): the database set `lease_until` no
+/// earlier than the moment a renewal was sent, so the lease surely holds until
+/// `sent + lease_ms` of the last renewal that succeeded, and not surely one instant
+/// longer. At that instant the lease is lost, whether or not a renewal is still
+/// waiting on a stalled connection: a partitioned replica stops before any other
+/// replica may take its calls over, not when some database operation times out. A
+/// lease counted lost is never resumed: the replica comes back under a new epoch, so
+/// the calls it stopped go to the takeover.
+async fn lease_loop(engine: Arc<Engine>, cluster: Arc<dyn Cluster>, shutdown: CancellationToken) {
+    let (replica, calls) = (&engine.replica, &engine.calls);
+    let every = engine.cfg.store.lease_renew.max(Duration::from_millis(1));
+    let lease = engine.cfg.store.lease;
+    let joined = replica.joined();
+    // `Some(until)` while the lease is held: the watchdog's deadline.
+    let mut held_until = Some(joined + lease);
+    let mut last_sent = joined;
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep_until(last_sent + every) => {}
+            () = watchdog(held_until) => {
+                lose_lease(replica, calls, "not renewed within lease_ms by this replica's clock");
+                held_until = None;
+            }
+        }
+        let Some(seat) = replica.seat() else {
+            continue;
+        };
+        if let Some(until) = held_until {
+            let sent = Instant::now();
+            last_sent = sent;
+            // Bounded by the deadline: past it, no answer can keep the lease.
+            let renewed = tokio::select! {
+                r = cluster.renew(&seat) => Some(r),
+                () = tokio::time::sleep_until(until) => None,
+            };
+            match renewed {
+                Some(Ok(true)) => held_until = Some(sent + lease),
+                Some(Ok(false)) => {
+                    lose_lease(replica, calls, "the lease ran out before it was renewed");
+                    held_until = None;
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "renewing the lease failed; retrying");
+                    continue;
+                }
+                None => {
+                    lose_lease(
+                        replica,
+                        calls,
+                        "no renewal answered within lease_ms by this replica's clock",
+                    );
                     held_until = None;
                 }
             }
-            let Some(seat) = self.replica.seat() else {
-                continue;
-            };
-            if let Some(until) = held_until {
-                let sent = Instant::now();
-                last_sent = sent;
-                // Bounded by the deadline: past it, no answer can keep the lease.
-                let renewed = tokio::select! {
-                    r = cluster.renew(&seat) => Some(r),
-                    () = tokio::time::sleep_until(until) => None,
-                };
-                match renewed {
-                    Some(Ok(true)) => held_until = Some(sent + lease),
-                    Some(Ok(false)) => {
-                        self.lose_lease("the lease ran out before it was renewed");
-                        held_until = None;
-                    }
-                    Some(Err(e)) => {
-                        tracing::warn!(error = %e, "renewing the lease failed; retrying");
-                        continue;
-                    }
-                    None => {
-                        self.lose_lease(
-                            "no renewal answered within lease_ms by this replica's clock",
-                        );
-                        held_until = None;
-                    }
-                }
-            }
-            if held_until.is_none() {
-                // A new epoch, so every call of the old one is the takeover's. The
-                // store's operation limit bounds the attempt; the next one follows
-                // `lease_renew_ms` later.
-                let sent = Instant::now();
-                last_sent = sent;
-                let registered = tokio::select! {
-                    () = shutdown.cancelled() => return,
-                    r = cluster.register(self.replica.id()) => r,
-                };
-                match registered {
-                    Ok(new) => {
-                        tracing::warn!(replica = %new.replica_id, epoch = new.epoch, "registered again with a new epoch");
-                        self.replica.reseat(new);
-                        held_until = Some(sent + lease);
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "registering a new epoch failed; retrying")
-                    }
-                }
-            }
         }
-    }
-
-    /// Stop taking calls and stop the calls in flight here: once the lease may have
-    /// run out another replica may fail their tasks, and their writes are fenced.
-    fn lose_lease(&self, why: &str) {
-        if self.replica.lose_lease() {
-            crate::metrics::lease_lost();
-            tracing::error!(reason = why, "replica lease lost: not taking calls");
-        }
-        self.calls.abort_all();
-    }
-
-    /// Fail the tasks of calls whose replica lost its lease, or re-attach here to the
-    /// upstream tasks they followed in HTTP sessions (docs/design.md §25). Exactly one
-    /// replica resolves each call.
-    pub(super) async fn take_over(self: &Arc<Self>) -> Result<usize, StoreError> {
-        let Some(cluster) = self.cluster() else {
-            return Ok(0);
-        };
-        let retention = as_millis(self.cfg.tasks.result_retention);
-        let err = RpcError::internal(LOST);
-        let taken = cluster
-            .take_over(&mut |rec| {
-                if rec.status.is_terminal() {
-                    return false;
-                }
-                let e = err.clone().with_data(json!({ "upstream": rec.upstream }));
-                fail(rec, &e);
-                conclude(rec, retention);
-                true
-            })
-            .await?;
-        for t in &taken {
-            if let Some(route) = &t.adopted {
-                self.follow_adopted(route).await;
-                continue;
-            }
-            self.tasks.notify(Transition {
-                task_id: &t.record.task_id,
-                from: Some(t.from),
-                to: Some(t.record.status),
-                created_at_ms: t.record.created_at_ms,
-            });
-            self.changed(&t.record.task_id);
-            tracing::warn!(task = %t.record.task_id, upstream = %t.record.upstream, "{LOST}: task failed");
-        }
-        Ok(taken.len())
-    }
-
-    /// Stop the upstream call of `task_id`: here if it runs here, else by a relay to
-    /// the replica holding it.
-    pub(super) async fn stop_call(&self, task_id: &str) {
-        if self.calls.abort(task_id) {
-            return;
-        }
-        self.relay_to_holder(task_id, RelayKind::Cancel, b"null".to_vec())
-            .await;
-    }
-
-    /// Hand an input answer to the upstream call of `task_id`, wherever it runs.
-    pub(super) async fn deliver_input(&self, task_id: &str, key: &str, answer: Value) {
-        let Err(answer) = self.calls.offer_answer(task_id, key, answer) else {
-            return;
-        };
-        let input = InputRelay {
-            key: key.to_string(),
-            answer,
-        };
-        self.relay_to_holder(task_id, RelayKind::Input, payload(&input))
-            .await;
-    }
-
-    async fn relay_to_holder(&self, task_id: &str, kind: RelayKind, payload: Vec<u8>) {
-        let Some(cluster) = self.cluster() else {
-            return;
-        };
-        let holder = match cluster.holder(task_id).await {
-            Ok(Some(h)) => h,
-            Ok(None) => return,
-            Err(e) => {
-                tracing::warn!(task = task_id, error = %e, "finding the replica holding a call failed");
-                return;
-            }
-        };
-        if self.replica.seat().as_ref() == Some(&holder) {
-            return;
-        }
-        let relay = Relay {
-            kind,
-            task_id: Some(task_id.to_string()),
-            payload,
-        };
-        if let Err(e) = cluster.send_relay(&holder, &relay).await {
-            tracing::warn!(task = task_id, error = %e, kind = kind.as_str(), "relaying to the replica holding a call failed");
-        }
-    }
-
-    /// Relay an MRTR retry to the live seat of `replica_id` and wait for its reply (the
-    /// opaque `request` and reply are the front's). `None` when the replica is gone or
-    /// did not answer within `wait`.
-    pub async fn relay_mrtr(
-        &self,
-        replica_id: &str,
-        request: Value,
-        wait: Duration,
-    ) -> Option<Value> {
-        let cluster = self.cluster()?;
-        let me = self.replica.seat()?;
-        let to = match cluster.seat_of(replica_id).await {
-            Ok(Some(s)) => s,
-            Ok(None) => return None,
-            Err(e) => {
-                tracing::warn!(replica = replica_id, error = %e, "finding an MRTR holder failed");
-                return None;
-            }
-        };
-        let corr = correlation_id();
-        let rx = self.replica.await_reply(&corr);
-        let relay = Relay {
-            kind: RelayKind::Mrtr,
-            task_id: None,
-            payload: payload(&MrtrRelay {
-                corr: corr.clone(),
-                reply_to: SeatWire {
-                    replica_id: me.replica_id.clone(),
-                    epoch: me.epoch,
-                },
-                request,
-            }),
-        };
-        let sent = cluster.send_relay(&to, &relay).await;
-        let reply = match sent {
-            Ok(()) => tokio::time::timeout(wait, rx)
-                .await
-                .ok()
-                .and_then(Result::ok),
-            Err(e) => {
-                tracing::warn!(replica = replica_id, error = %e, "relaying an MRTR retry failed");
-                None
-            }
-        };
-        self.replica.stop_waiting(&corr);
-        reply
-    }
-
-    async fn relay_loop(self: Arc<Self>, cluster: Arc<dyn Cluster>, shutdown: CancellationToken) {
-        loop {
-            tokio::select! {
+        if held_until.is_none() {
+            // A new epoch, so every call of the old one is the takeover's. The store's
+            // operation limit bounds the attempt; the next one follows
+            // `lease_renew_ms` later.
+            let sent = Instant::now();
+            last_sent = sent;
+            let registered = tokio::select! {
                 () = shutdown.cancelled() => return,
-                () = tokio::time::sleep(RELAY_POLL) => {}
-                () = self.replica.woken() => {}
-            }
-            let Some(seat) = self.replica.seat() else {
-                continue;
+                r = cluster.register(replica.id()) => r,
             };
-            let relays = match cluster.take_relays(&seat).await {
-                Ok(r) => r,
-                Err(e) => {
-                    tracing::debug!(error = %e, "taking relays failed");
-                    continue;
+            match registered {
+                Ok(new) => {
+                    tracing::warn!(replica = %new.replica_id, epoch = new.epoch, "registered again with a new epoch");
+                    replica.reseat(new);
+                    held_until = Some(sent + lease);
                 }
-            };
-            for r in relays {
-                self.on_relay(&cluster, r).await;
+                Err(e) => {
+                    tracing::warn!(error = %e, "registering a new epoch failed; retrying")
+                }
             }
         }
     }
+}
 
-    async fn on_relay(self: &Arc<Self>, cluster: &Arc<dyn Cluster>, taken: TakenRelay) {
-        let relayed = match read_relay(&taken.relay) {
-            Ok(r) => r,
-            Err(why) => return dead_letter(&taken, &why),
+/// Stop taking calls and stop the calls in flight here: once the lease may have run
+/// out another replica may fail their tasks, and their writes are fenced.
+fn lose_lease(replica: &Replica, calls: &LiveCalls, why: &str) {
+    if replica.lose_lease() {
+        crate::metrics::lease_lost();
+        tracing::error!(reason = why, "replica lease lost: not taking calls");
+    }
+    calls.abort_all();
+}
+
+/// Fail the tasks of calls whose replica lost its lease, or re-attach here to the
+/// upstream tasks they followed in HTTP sessions (docs/design.md §25). Exactly one
+/// replica resolves each call.
+pub(super) async fn take_over(engine: &Arc<Engine>) -> Result<usize, StoreError> {
+    let Some(cluster) = engine.replica.cluster() else {
+        return Ok(0);
+    };
+    let retention = as_millis(engine.cfg.tasks.result_retention);
+    let err = RpcError::internal(LOST);
+    let taken = cluster
+        .take_over(&mut |rec| {
+            if rec.status.is_terminal() {
+                return false;
+            }
+            let e = err.clone().with_data(json!({ "upstream": rec.upstream }));
+            fail(rec, &e);
+            conclude(rec, retention);
+            true
+        })
+        .await?;
+    for t in &taken {
+        if let Some(route) = &t.adopted {
+            follow_adopted(engine, route).await;
+            continue;
+        }
+        engine.tasks.notify(Transition {
+            task_id: &t.record.task_id,
+            from: Some(t.from),
+            to: Some(t.record.status),
+            created_at_ms: t.record.created_at_ms,
+        });
+        changed(&engine.tasks, &engine.replica, &t.record.task_id);
+        tracing::warn!(task = %t.record.task_id, upstream = %t.record.upstream, "{LOST}: task failed");
+    }
+    Ok(taken.len())
+}
+
+/// Stop the upstream call of `task_id`: here if it runs here, else by a relay to the
+/// replica holding it.
+pub(super) async fn stop_call(calls: &LiveCalls, replica: &Replica, task_id: &str) {
+    if calls.abort(task_id) {
+        return;
+    }
+    relay_to_holder(replica, task_id, RelayKind::Cancel, b"null".to_vec()).await;
+}
+
+/// Hand an input answer to the upstream call of `task_id`, wherever it runs.
+pub(super) async fn deliver_input(
+    calls: &LiveCalls,
+    replica: &Replica,
+    task_id: &str,
+    key: &str,
+    answer: Value,
+) {
+    let Err(answer) = calls.offer_answer(task_id, key, answer) else {
+        return;
+    };
+    let input = InputRelay {
+        key: key.to_string(),
+        answer,
+    };
+    relay_to_holder(replica, task_id, RelayKind::Input, payload(&input)).await;
+}
+
+async fn relay_to_holder(replica: &Replica, task_id: &str, kind: RelayKind, payload: Vec<u8>) {
+    let Some(cluster) = replica.cluster() else {
+        return;
+    };
+    let holder = match cluster.holder(task_id).await {
+        Ok(Some(h)) => h,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::warn!(task = task_id, error = %e, "finding the replica holding a call failed");
+            return;
+        }
+    };
+    if replica.seat().as_ref() == Some(&holder) {
+        return;
+    }
+    let relay = Relay {
+        kind,
+        task_id: Some(task_id.to_string()),
+        payload,
+    };
+    if let Err(e) = cluster.send_relay(&holder, &relay).await {
+        tracing::warn!(task = task_id, error = %e, kind = kind.as_str(), "relaying to the replica holding a call failed");
+    }
+}
+
+/// Relay an MRTR retry to the live seat of `replica_id` and wait for its reply (the
+/// opaque `request` and reply are the front's). `None` when the replica is gone or
+/// did not answer within `wait`.
+pub(super) async fn relay_mrtr(
+    replica: &Replica,
+    replica_id: &str,
+    request: Value,
+    wait: Duration,
+) -> Option<Value> {
+    let cluster = replica.cluster()?;
+    let me = replica.seat()?;
+    let to = match cluster.seat_of(replica_id).await {
+        Ok(Some(s)) => s,
+        Ok(None) => return None,
+        Err(e) => {
+            tracing::warn!(replica = replica_id, error = %e, "finding an MRTR holder failed");
+            return None;
+        }
+    };
+    let corr = correlation_id();
+    let rx = replica.await_reply(&corr);
+    let relay = Relay {
+        kind: RelayKind::Mrtr,
+        task_id: None,
+        payload: payload(&MrtrRelay {
+            corr: corr.clone(),
+            reply_to: SeatWire {
+                replica_id: me.replica_id.clone(),
+                epoch: me.epoch,
+            },
+            request,
+        }),
+    };
+    let sent = cluster.send_relay(&to, &relay).await;
+    let reply = match sent {
+        Ok(()) => tokio::time::timeout(wait, rx)
+            .await
+            .ok()
+            .and_then(Result::ok),
+        Err(e) => {
+            tracing::warn!(replica = replica_id, error = %e, "relaying an MRTR retry failed");
+            None
+        }
+    };
+    replica.stop_waiting(&corr);
+    reply
+}
+
+async fn relay_loop(engine: Arc<Engine>, cluster: Arc<dyn Cluster>, shutdown: CancellationToken) {
+    let (replica, calls) = (&engine.replica, &engine.calls);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(RELAY_POLL) => {}
+            () = replica.woken() => {}
+        }
+        let Some(seat) = replica.seat() else {
+            continue;
         };
-        match relayed {
-            Relayed::Cancel { task_id } => {
-                self.calls.abort(&task_id);
+        let relays = match cluster.take_relays(&seat).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(error = %e, "taking relays failed");
+                continue;
             }
-            Relayed::Input {
-                task_id,
-                key,
-                answer,
-            } => {
-                // Not here any more: the call ended, and the task says how.
-                if self.calls.offer_answer(&task_id, &key, answer).is_err() {
-                    tracing::debug!(task = %task_id, key, "relayed input answer has no running call here");
-                }
+        };
+        for r in relays {
+            on_relay(replica, calls, &cluster, r);
+        }
+    }
+}
+
+fn on_relay(replica: &Replica, calls: &LiveCalls, cluster: &Arc<dyn Cluster>, taken: TakenRelay) {
+    let relayed = match read_relay(&taken.relay) {
+        Ok(r) => r,
+        Err(why) => return dead_letter(&taken, &why),
+    };
+    match relayed {
+        Relayed::Cancel { task_id } => {
+            calls.abort(&task_id);
+        }
+        Relayed::Input {
+            task_id,
+            key,
+            answer,
+        } => {
+            // Not here any more: the call ended, and the task says how.
+            if calls.offer_answer(&task_id, &key, answer).is_err() {
+                tracing::debug!(task = %task_id, key, "relayed input answer has no running call here");
             }
-            Relayed::Reply { corr, reply } => {
-                // The retry it answers may have timed out already, and was told so.
-                if !self.replica.reply(&corr, reply) {
-                    tracing::info!(
-                        relay = taken.id,
-                        "an MRTR reply arrived after its retry stopped waiting"
-                    );
-                }
+        }
+        Relayed::Reply { corr, reply } => {
+            // The retry it answers may have timed out already, and was told so.
+            if !replica.reply(&corr, reply) {
+                tracing::info!(
+                    relay = taken.id,
+                    "an MRTR reply arrived after its retry stopped waiting"
+                );
             }
-            Relayed::Mrtr { to, corr, request } => {
-                let Some(h) = self.replica.mrtr_handler() else {
-                    return dead_letter(&taken, "no MRTR handler is installed on this replica");
+        }
+        Relayed::Mrtr { to, corr, request } => {
+            let Some(h) = replica.mrtr_handler() else {
+                return dead_letter(&taken, "no MRTR handler is installed on this replica");
+            };
+            let cluster = cluster.clone();
+            // The resumed call may run for a while: never hold up other relays.
+            tokio::spawn(async move {
+                let reply = h(request).await;
+                let relay = Relay {
+                    kind: RelayKind::Reply,
+                    task_id: None,
+                    payload: payload(&ReplyRelay { corr, reply }),
                 };
-                let cluster = cluster.clone();
-                // The resumed call may run for a while: never hold up other relays.
-                tokio::spawn(async move {
-                    let reply = h(request).await;
-                    let relay = Relay {
-                        kind: RelayKind::Reply,
-                        task_id: None,
-                        payload: payload(&ReplyRelay { corr, reply }),
-                    };
-                    if let Err(e) = cluster.send_relay(&to, &relay).await {
-                        tracing::warn!(error = %e, "sending an MRTR reply back failed");
-                    }
-                });
-            }
+                if let Err(e) = cluster.send_relay(&to, &relay).await {
+                    tracing::warn!(error = %e, "sending an MRTR reply back failed");
+                }
+            });
         }
     }
 }

@@ -8,12 +8,15 @@ use std::time::Duration;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::Engine;
-use super::driver::{conclude, conclude_at, fail};
+use super::engine::Engine;
+use super::follow::reattach;
+use super::replica::{changed, stop_call, take_over};
+use super::terminal::{conclude, conclude_at, fail};
 use crate::config::as_millis;
 use crate::protocol::RpcError;
 use crate::protocol::task_shapes::ErrorObject;
 use crate::store::{OPERATION_LIMIT, StoreError, TaskRecord, TaskStatus, now_ms};
+use crate::upstream::UpstreamSet;
 
 /// Why the orphan sweep failed a task.
 const ORPHANED: &str = "the call behind this task is no longer running (orphaned route)";
@@ -33,189 +36,187 @@ pub fn fail_moved(rec: &mut TaskRecord, retention_ms: u64, at_ms: u64) {
     conclude_at(rec, retention_ms, at_ms);
 }
 
-impl Engine {
-    /// Resolve request routes left by a previous process: their calls are gone, so
-    /// their tasks fail with a reason; nothing stays `working` forever.
-    /// A route that follows an upstream task whose session outlives the gateway is
-    /// re-attached to it instead (docs/design.md §25): each such task is re-attached
-    /// exactly once, or failed exactly once.
-    pub async fn recover(
-        self: &Arc<Self>,
-        upstreams: &Arc<crate::upstream::UpstreamSet>,
-    ) -> Result<usize, StoreError> {
-        let _ = self.upstreams.set(upstreams.clone());
-        let routes = self.tasks.routes().await?;
-        let mut failed = 0;
-        for route in &routes {
-            match self.reattach(upstreams, route).await {
-                Ok(true) => continue,
-                Ok(false) => {}
-                Err(e) => {
-                    tracing::warn!(route = %route.route_id, error = %e, "re-attaching to an upstream task failed; the task fails");
-                }
+/// Resolve request routes left by a previous process: their calls are gone, so
+/// their tasks fail with a reason; nothing stays `working` forever.
+/// A route that follows an upstream task whose session outlives the gateway is
+/// re-attached to it instead (docs/design.md §25): each such task is re-attached
+/// exactly once, or failed exactly once.
+pub(super) async fn recover(
+    engine: &Arc<Engine>,
+    upstreams: &Arc<UpstreamSet>,
+) -> Result<usize, StoreError> {
+    let _ = engine.upstreams.set(upstreams.clone());
+    let routes = engine.tasks.routes().await?;
+    let mut failed = 0;
+    for route in &routes {
+        match reattach(engine, upstreams, route).await {
+            Ok(true) => continue,
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(route = %route.route_id, error = %e, "re-attaching to an upstream task failed; the task fails");
             }
-            if let Some(task_id) = &route.task_id {
-                let err = RpcError::internal("gateway restarted while the call was in flight")
-                    .with_data(json!({ "upstream": route.upstream }));
-                let retention = as_millis(self.cfg.tasks.result_retention);
-                let r = self
-                    .tasks
-                    .update(task_id, None, &mut |rec| {
-                        if rec.status.is_terminal() {
-                            return false;
-                        }
-                        fail(rec, &err);
-                        conclude(rec, retention);
-                        true
-                    })
-                    .await?;
-                if r.is_some() {
-                    failed += 1;
-                }
-            }
-            self.tasks.remove_route(&route.route_id).await?;
         }
-        self.flush().await?;
-        Ok(failed)
+        if let Some(task_id) = &route.task_id {
+            let err = RpcError::internal("gateway restarted while the call was in flight")
+                .with_data(json!({ "upstream": route.upstream }));
+            let retention = as_millis(engine.cfg.tasks.result_retention);
+            let r = engine
+                .tasks
+                .update(task_id, None, &mut |rec| {
+                    if rec.status.is_terminal() {
+                        return false;
+                    }
+                    fail(rec, &err);
+                    conclude(rec, retention);
+                    true
+                })
+                .await?;
+            if r.is_some() {
+                failed += 1;
+            }
+        }
+        engine.tasks.remove_route(&route.route_id).await?;
     }
+    engine.tasks.flush().await?;
+    Ok(failed)
+}
 
-    /// Fail the tasks of routes this replica holds but runs no call for (docs/design.md
-    /// §16 "Durability, store failures and upgrades"): a creation the gateway gave up on
-    /// whose write landed after all, or a route kept when an outcome could not be recorded. Only routes
-    /// older than the store's operation limit count, and only the holder sweeps its own
-    /// routes, each write fenced on the route: every orphan is resolved exactly once.
-    pub(super) async fn resolve_orphans(&self) -> Result<usize, StoreError> {
-        if !self.lease_held() || self.shutting_down() {
-            return Ok(0);
+/// Fail the tasks of routes this replica holds but runs no call for (docs/design.md
+/// §16 "Durability, store failures and upgrades"): a creation the gateway gave up on
+/// whose write landed after all, or a route kept when an outcome could not be recorded. Only routes
+/// older than the store's operation limit count, and only the holder sweeps its own
+/// routes, each write fenced on the route: every orphan is resolved exactly once.
+pub(super) async fn resolve_orphans(engine: &Engine) -> Result<usize, StoreError> {
+    if !engine.replica.lease_held() || engine.calls.shutting_down() {
+        return Ok(0);
+    }
+    let limit = u64::try_from(OPERATION_LIMIT.as_millis()).unwrap_or(u64::MAX);
+    let cutoff = now_ms().saturating_sub(limit);
+    let retention = as_millis(engine.cfg.tasks.result_retention);
+    let mut resolved = 0;
+    let mut done = Vec::new();
+    for route in engine.tasks.held_routes().await? {
+        if route.started_at_ms > cutoff {
+            continue;
         }
-        let limit = u64::try_from(OPERATION_LIMIT.as_millis()).unwrap_or(u64::MAX);
-        let cutoff = now_ms().saturating_sub(limit);
-        let retention = as_millis(self.cfg.tasks.result_retention);
-        let mut resolved = 0;
-        let mut done = Vec::new();
-        for route in self.tasks.held_routes().await? {
-            if route.started_at_ms > cutoff {
+        if let Some(task_id) = &route.task_id {
+            if engine.calls.knows(task_id) {
                 continue;
             }
-            if let Some(task_id) = &route.task_id {
-                if self.calls.knows(task_id) {
+            let err = RpcError::internal(ORPHANED).with_data(json!({ "upstream": route.upstream }));
+            let mut failed = false;
+            let r = engine
+                .tasks
+                .update(task_id, Some(&route.route_id), &mut |rec| {
+                    failed = !rec.status.is_terminal();
+                    if failed {
+                        fail(rec, &err);
+                        conclude(rec, retention);
+                    }
+                    failed
+                })
+                .await;
+            match r {
+                Ok(_) => {}
+                // The route is no longer this seat's: its new holder resolves it.
+                Err(StoreError::Fenced) => continue,
+                Err(e) => {
+                    tracing::error!(task = %task_id, error = %e, "failing an orphaned task failed; its route stays");
                     continue;
                 }
-                let err =
-                    RpcError::internal(ORPHANED).with_data(json!({ "upstream": route.upstream }));
-                let mut failed = false;
-                let r = self
-                    .tasks
-                    .update(task_id, Some(&route.route_id), &mut |rec| {
-                        failed = !rec.status.is_terminal();
-                        if failed {
-                            fail(rec, &err);
-                            conclude(rec, retention);
-                        }
-                        failed
-                    })
-                    .await;
-                match r {
-                    Ok(_) => {}
-                    // The route is no longer this seat's: its new holder resolves it.
-                    Err(StoreError::Fenced) => continue,
-                    Err(e) => {
-                        tracing::error!(task = %task_id, error = %e, "failing an orphaned task failed; its route stays");
-                        continue;
-                    }
-                }
-                if failed {
-                    crate::metrics::fail_closed("orphan_resolved");
-                    tracing::warn!(task = %task_id, upstream = %route.upstream, "{ORPHANED}: task failed");
-                    self.changed(task_id);
-                    resolved += 1;
-                }
             }
-            done.push(route.route_id);
+            if failed {
+                crate::metrics::fail_closed("orphan_resolved");
+                tracing::warn!(task = %task_id, upstream = %route.upstream, "{ORPHANED}: task failed");
+                changed(&engine.tasks, &engine.replica, task_id);
+                resolved += 1;
+            }
         }
-        // The failures are durable before their routes go, or a crash in between would
-        // leave a `working` task with nothing to resolve it.
-        if resolved > 0 {
-            self.flush().await?;
-        }
-        for route_id in &done {
-            self.tasks.remove_route(route_id).await?;
-        }
-        Ok(resolved)
+        done.push(route.route_id);
     }
+    // The failures are durable before their routes go, or a crash in between would
+    // leave a `working` task with nothing to resolve it.
+    if resolved > 0 {
+        engine.tasks.flush().await?;
+    }
+    for route_id in &done {
+        engine.tasks.remove_route(route_id).await?;
+    }
+    Ok(resolved)
+}
 
-    /// One sweep: expire tasks past their ttl (stopping their calls, leaving
-    /// owner-only tombstones, counting outcomes nobody read), drop old tombstones and
-    /// close idle legacy sessions.
-    pub async fn sweep(self: &Arc<Self>) -> Result<usize, StoreError> {
-        // Reads still waiting in the marker land first: a task read just before its
-        // expiry is not counted as unread.
-        self.write_seen().await;
-        let now = now_ms();
-        let tomb_until = now + as_millis(self.cfg.store.tombstone_ttl);
-        let mut n = 0;
+/// One sweep: expire tasks past their ttl (stopping their calls, leaving
+/// owner-only tombstones, counting outcomes nobody read), drop old tombstones and
+/// close idle legacy sessions.
+pub(super) async fn sweep(engine: &Arc<Engine>) -> Result<usize, StoreError> {
+    let tasks = &engine.tasks;
+    // Reads still waiting in the marker land first: a task read just before its
+    // expiry is not counted as unread.
+    tasks.write_seen().await;
+    let now = now_ms();
+    let tomb_until = now + as_millis(engine.cfg.store.tombstone_ttl);
+    let mut n = 0;
+    loop {
+        let ids = tasks.expired(now, 512).await?;
+        if ids.is_empty() {
+            break;
+        }
+        for id in &ids {
+            // Only a task still due is expired (an update may have extended it
+            // since it was listed); its call, if any, stops then.
+            if let Some(gone) = tasks.expire(id, now, tomb_until).await? {
+                stop_call(&engine.calls, &engine.replica, id).await;
+                changed(tasks, &engine.replica, id);
+                if !gone.seen {
+                    expired_unread(&gone.record);
+                }
+                n += 1;
+            }
+        }
+        if ids.len() < 512 {
+            break;
+        }
+    }
+    tasks.sweep_tombstones(now).await?;
+    match engine.sessions.expire_idle().await {
+        Ok(0) => {}
+        Ok(s) => tracing::info!(sessions = s, "idle legacy sessions closed"),
+        Err(e) => tracing::error!(error = %e, "closing idle legacy sessions failed"),
+    }
+    match resolve_orphans(engine).await {
+        Ok(0) => {}
+        Ok(o) => tracing::warn!(tasks = o, "failed the tasks of orphaned routes"),
+        Err(e) => tracing::error!(error = %e, "resolving orphaned routes failed"),
+    }
+    // Calls of replicas that lost their lease (docs/design.md §18).
+    match take_over(engine).await {
+        Ok(0) => {}
+        Ok(t) => tracing::warn!(tasks = t, "took over the calls of a lost replica"),
+        Err(e) => tracing::error!(error = %e, "taking over a lost replica's calls failed"),
+    }
+    Ok(n)
+}
+
+pub(super) fn spawn_sweeper(engine: &Arc<Engine>, shutdown: CancellationToken) {
+    let engine = engine.clone();
+    let every = engine
+        .cfg
+        .store
+        .sweep_interval
+        .max(Duration::from_millis(100));
+    tokio::spawn(async move {
         loop {
-            let ids = self.tasks.expired(now, 512).await?;
-            if ids.is_empty() {
-                break;
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                () = tokio::time::sleep(every) => {}
             }
-            for id in &ids {
-                // Only a task still due is expired (an update may have extended it
-                // since it was listed); its call, if any, stops then.
-                if let Some(gone) = self.tasks.expire(id, now, tomb_until).await? {
-                    self.stop_call(id).await;
-                    self.changed(id);
-                    if !gone.seen {
-                        expired_unread(&gone.record);
-                    }
-                    n += 1;
-                }
-            }
-            if ids.len() < 512 {
-                break;
+            match sweep(&engine).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(expired = n, "expired tasks swept"),
+                Err(e) => tracing::error!(error = %e, "task sweep failed"),
             }
         }
-        self.tasks.sweep_tombstones(now).await?;
-        match self.sessions.expire_idle().await {
-            Ok(0) => {}
-            Ok(s) => tracing::info!(sessions = s, "idle legacy sessions closed"),
-            Err(e) => tracing::error!(error = %e, "closing idle legacy sessions failed"),
-        }
-        match self.resolve_orphans().await {
-            Ok(0) => {}
-            Ok(o) => tracing::warn!(tasks = o, "failed the tasks of orphaned routes"),
-            Err(e) => tracing::error!(error = %e, "resolving orphaned routes failed"),
-        }
-        // Calls of replicas that lost their lease (docs/design.md §18).
-        match self.take_over().await {
-            Ok(0) => {}
-            Ok(t) => tracing::warn!(tasks = t, "took over the calls of a lost replica"),
-            Err(e) => tracing::error!(error = %e, "taking over a lost replica's calls failed"),
-        }
-        Ok(n)
-    }
-
-    pub fn spawn_sweeper(self: &Arc<Self>, shutdown: CancellationToken) {
-        let engine = self.clone();
-        let every = self
-            .cfg
-            .store
-            .sweep_interval
-            .max(Duration::from_millis(100));
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    () = shutdown.cancelled() => break,
-                    () = tokio::time::sleep(every) => {}
-                }
-                match engine.sweep().await {
-                    Ok(0) => {}
-                    Ok(n) => tracing::info!(expired = n, "expired tasks swept"),
-                    Err(e) => tracing::error!(error = %e, "task sweep failed"),
-                }
-            }
-        });
-    }
+    });
 }
 
 /// A task expired without its owner having received its terminal state (docs/design.md
