@@ -30,6 +30,14 @@ use crate::upstream::{CallEvent, CallOutcome, InputRequest, QueuePosition, Upstr
 /// The task running one upstream call.
 pub type CallTask = JoinHandle<Result<CallOutcome, UpstreamError>>;
 
+/// The task status message for a queue report ([`Notice::Queue`]).
+pub fn queue_status(q: QueuePosition) -> String {
+    match q {
+        QueuePosition::Waiting(n) => crate::limits::queue_message(n),
+        QueuePosition::Admitted => "working".into(),
+    }
+}
+
 /// What the upstream reported about a call that is not a request to the client.
 #[derive(Debug)]
 pub enum Notice {

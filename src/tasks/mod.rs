@@ -86,11 +86,13 @@ use crate::protocol::params::{Forward, TaskRef, TaskUpdate};
 use crate::store::cluster::{Cluster, Seat};
 use crate::store::{StoreError, TaskRecord, TaskStore, TenantCount};
 use crate::upstream::{
-    CallEvent, CallOutcome, CallSpec, QueuePosition, Upstream, UpstreamError, UpstreamInfo,
-    UpstreamSet,
+    CallEvent, CallOutcome, CallSpec, Upstream, UpstreamError, UpstreamInfo, UpstreamSet,
 };
 
 pub use engine::Engine;
+// The call race and the driver name it here (`super::queue_status`); it lives with
+// the queue reports it words (`events.rs`).
+pub use events::queue_status;
 pub use repo::{Change, Observer, Transition};
 pub use sessions::{ActiveGuard, SessionError, SessionRepo};
 
@@ -473,14 +475,6 @@ impl Engine {
 
     pub fn spawn_sweeper(self: &Arc<Self>, shutdown: CancellationToken) {
         sweeper::spawn_sweeper(self, shutdown);
-    }
-}
-
-/// The task status message for a queue report.
-pub fn queue_status(q: QueuePosition) -> String {
-    match q {
-        QueuePosition::Waiting(n) => crate::limits::queue_message(n),
-        QueuePosition::Admitted => "working".into(),
     }
 }
 
