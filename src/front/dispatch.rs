@@ -4,7 +4,7 @@
 //! included — and goes to what serves it: the front itself (`server/discover`,
 //! `subscriptions/listen`), the tasks methods, the engine's one entry for a tool call,
 //! or the upstream. What differs by era once a request is typed is how a few answers
-//! are written ([`Answers`]): `Modern` here, the session's in `legacy/`.
+//! are written (`Answers`): `Modern` here, the session's in `legacy/`.
 
 use std::future::Future;
 use std::sync::Arc;
