@@ -107,22 +107,32 @@ impl Refusal {
     }
 }
 
-/// A member of a [`Refusal`]: a string, anything else, or not there at all.
-#[derive(Default, Deserialize)]
-#[serde(untagged)]
+/// A member of a [`Refusal`]: a string, anything else (`null` included), or not there
+/// at all.
+#[derive(Default)]
 enum Member {
     Text(String),
-    Other(serde::de::IgnoredAny),
+    Other,
     #[default]
-    #[serde(skip)]
     Missing,
+}
+
+impl<'de> Deserialize<'de> for Member {
+    /// Matched by the member's type, not as an untagged enum, which would buffer it
+    /// (tests/serde_buffering.rs).
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(match serde_json::Value::deserialize(d)? {
+            serde_json::Value::String(s) => Member::Text(s),
+            _ => Member::Other,
+        })
+    }
 }
 
 impl Member {
     fn into_text(self) -> Option<String> {
         match self {
             Member::Text(s) => Some(s),
-            Member::Other(_) | Member::Missing => None,
+            Member::Other | Member::Missing => None,
         }
     }
 }

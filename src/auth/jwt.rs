@@ -295,11 +295,12 @@ impl Verifier {
             scopes.extend(s.split_whitespace().map(str::to_owned));
         }
         match granted.scp.0 {
-            Some(ScopeList::Items(items)) => {
-                scopes.extend(items.into_iter().filter_map(Loose::into_inner));
-            }
-            Some(ScopeList::Words(s)) => scopes.extend(s.split_whitespace().map(str::to_owned)),
-            None => {}
+            Some(Value::Array(items)) => scopes.extend(items.into_iter().filter_map(|v| match v {
+                Value::String(s) => Some(s),
+                _ => None,
+            })),
+            Some(Value::String(s)) => scopes.extend(s.split_whitespace().map(str::to_owned)),
+            _ => {}
         }
         Ok(Verified {
             principal: Principal { tenant, subject },
@@ -336,15 +337,10 @@ struct ExpClaim {
 struct ScopeClaims {
     #[serde(default)]
     scope: Loose<String>,
+    /// A list of scopes or a space-separated string; read as sent and matched by its
+    /// type (an untagged enum would buffer it: tests/serde_buffering.rs).
     #[serde(default)]
-    scp: Loose<ScopeList>,
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum ScopeList {
-    Items(Vec<Loose<String>>),
-    Words(String),
+    scp: Loose<Value>,
 }
 
 /// A member that is there, `null` included (serde reads a `null` `Option` as `None`,
