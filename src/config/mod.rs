@@ -42,8 +42,8 @@ pub use store::{StoreBackend, StoreConfig, StorePooler, is_pg_schema_name};
 pub use tasks::{LimitsConfig, TasksConfig};
 pub use telemetry::{TelemetryConfig, TraceExport};
 pub use upstream::{
-    Isolation, OPERATIONAL_PATHS, OnInput, TaskMode, ToolConfig, UpstreamConfig, UpstreamTransport,
-    interpolate_env,
+    Isolation, OPERATIONAL_PATHS, OnInput, PlainClients, TaskMode, ToolConfig, UpstreamConfig,
+    UpstreamTransport, interpolate_env,
 };
 
 /// The part of a configuration `taskgate token` needs: `[auth]` alone, so a config

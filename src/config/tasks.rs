@@ -28,6 +28,12 @@ pub struct TasksConfig {
     #[serde(rename = "input_gather_ms", deserialize_with = "millis")]
     pub input_gather: Duration,
     pub max_result_bytes: usize,
+    /// The prefix of the task tools plain clients see beside a handle-mode upstream's
+    /// own (docs/design.md §28 "Task handles for plain clients"); never empty.
+    pub task_tools_prefix: String,
+    /// The longest a task-status tool call holds for `waitSeconds`.
+    #[serde(rename = "max_status_wait_ms", deserialize_with = "millis")]
+    pub max_status_wait: Duration,
 }
 
 impl Default for TasksConfig {
@@ -42,6 +48,8 @@ impl Default for TasksConfig {
             input_timeout: Duration::from_millis(600_000),
             input_gather: Duration::from_millis(50),
             max_result_bytes: 16_777_216,
+            task_tools_prefix: "taskgate_".into(),
+            max_status_wait: Duration::from_millis(50_000),
         }
     }
 }
@@ -82,6 +90,10 @@ impl TasksConfig {
         }
         if self.sync_timeout.is_zero() {
             return Err(invalid("tasks.sync_timeout_ms", "must be > 0"));
+        }
+        if self.task_tools_prefix.is_empty() {
+            // An empty prefix would name the task tools like any upstream tool.
+            return Err(invalid("tasks.task_tools_prefix", "must not be empty"));
         }
         Ok(())
     }

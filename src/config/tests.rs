@@ -386,3 +386,34 @@ fn isolation_values() {
         Isolation::Tenant
     );
 }
+
+#[test]
+fn plain_clients_resolve_per_tool_and_never_always_holds() {
+    let c = Config::parse(MIN).unwrap();
+    assert_eq!(c.upstreams[0].plain_clients, PlainClients::Hold);
+    assert!(!c.upstreams[0].offers_handles());
+    assert_eq!(c.tasks.task_tools_prefix, "taskgate_");
+    assert_eq!(c.tasks.max_status_wait, Duration::from_millis(50_000));
+
+    let text = MIN.to_string()
+        + "plain_clients = \"handle\"\n[upstream.tools.quick]\nplain_clients = \"hold\"\n\
+           [upstream.tools.never]\ntask = \"never\"\nplain_clients = \"handle\"\n";
+    let c = Config::parse(&text).unwrap();
+    let u = &c.upstreams[0];
+    assert!(u.offers_handles());
+    assert_eq!(u.plain_clients_of("sleep"), PlainClients::Handle);
+    assert_eq!(u.plain_clients_of("quick"), PlainClients::Hold);
+    assert_eq!(u.plain_clients_of("never"), PlainClients::Hold);
+
+    // One tool in handle mode is enough for the task tools.
+    let text = MIN.to_string() + "[upstream.tools.slow]\nplain_clients = \"handle\"\n";
+    let c = Config::parse(&text).unwrap();
+    assert!(c.upstreams[0].offers_handles());
+    assert_eq!(c.upstreams[0].plain_clients_of("other"), PlainClients::Hold);
+
+    let bad = MIN.to_string() + "plain_clients = \"poll\"\n";
+    assert!(Config::parse(&bad).is_err());
+    let empty = MIN.replace("[auth]", "[tasks]\ntask_tools_prefix = \"\"\n[auth]");
+    let err = Config::parse(&empty).unwrap_err().to_string();
+    assert!(err.contains("tasks.task_tools_prefix"), "{err}");
+}

@@ -36,6 +36,19 @@ pub enum TaskMode {
     Never,
 }
 
+/// What a plain client (one that cannot take a task: docs/design.md §2) gets for a
+/// call still running at the deadline (docs/design.md §28 "Task handles for plain
+/// clients").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum PlainClients {
+    /// The call is held until it ends or `sync_timeout_ms` passes.
+    #[default]
+    Hold,
+    /// The call becomes a task, answered with a handle as an ordinary tool result.
+    Handle,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum OnInput {
@@ -89,6 +102,9 @@ pub struct UpstreamConfig {
     pub idle_reap: Duration,
     #[serde(default)]
     pub isolation: Isolation,
+    /// What plain clients get for a slow call, unless a tool says otherwise.
+    #[serde(default)]
+    pub plain_clients: PlainClients,
     /// Upper bound for one stdio line or SSE event from this upstream.
     #[serde(default = "default_max_message_bytes")]
     pub max_message_bytes: usize,
@@ -132,6 +148,9 @@ pub struct ToolConfig {
     pub idempotency_argument: Option<String>,
     #[serde(default, rename = "call_timeout_ms", deserialize_with = "opt_millis")]
     pub call_timeout: Option<Duration>,
+    /// Overrides the upstream's `plain_clients` for this tool.
+    #[serde(default)]
+    pub plain_clients: Option<PlainClients>,
 }
 
 /// Where an upstream lives: an upstream table names exactly one of `command` and
@@ -278,6 +297,27 @@ pub(super) fn validate_upstreams(upstreams: &[UpstreamConfig]) -> Result<(), Con
 }
 
 impl UpstreamConfig {
+    /// What a plain client gets from `tool` at the deadline: the tool's setting, else
+    /// the upstream's; a tool that never runs as a task is always held.
+    pub fn plain_clients_of(&self, tool: &str) -> PlainClients {
+        match self.tools.get(tool) {
+            Some(t) if t.task == TaskMode::Never => PlainClients::Hold,
+            Some(t) => t.plain_clients.unwrap_or(self.plain_clients),
+            None => self.plain_clients,
+        }
+    }
+
+    /// Whether any tool of this upstream may answer plain clients with a handle, which
+    /// puts the task tools in their lists (a tool the configuration does not name
+    /// follows the upstream's setting).
+    pub fn offers_handles(&self) -> bool {
+        self.plain_clients == PlainClients::Handle
+            || self
+                .tools
+                .values()
+                .any(|t| t.task != TaskMode::Never && t.plain_clients == Some(PlainClients::Handle))
+    }
+
     fn validate_path(&self, i: usize) -> Result<(), ConfigError> {
         let key = format!("upstream[{i}].path");
         if !self.path.starts_with('/') || self.path.starts_with("/.well-known") {

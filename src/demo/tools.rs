@@ -70,6 +70,15 @@ pub(crate) fn list() -> Vec<Value> {
             "Sleeps, reporting progress",
             schema(sleep_props, &["ms"]),
         ),
+        measure_tool(),
+        tool(
+            "slow_elicit",
+            "Sleeps, then asks the client for input (elicitation/create)",
+            schema(
+                json!({"ms": {"type": "integer", "minimum": 0}, "message": {"type": "string"}}),
+                &["ms"],
+            ),
+        ),
         tool(
             "elicit",
             "Asks the client for input (elicitation/create)",
@@ -159,6 +168,24 @@ fn tool_error(text: impl Into<String>) -> ToolOutcome {
     ToolOutcome::Result(error_result(text))
 }
 
+/// The one tool with an `outputSchema`: its answer carries `structuredContent`
+/// that conforms to it (docs/design.md §28: a handle-mode tool is listed to plain
+/// clients without it).
+fn measure_tool() -> Value {
+    let mut t = tool(
+        "measure",
+        "Sleeps, then reports how long it slept as structured content",
+        schema(json!({"ms": {"type": "integer", "minimum": 0}}), &["ms"]),
+    );
+    if let Some(obj) = t.as_object_mut() {
+        obj.insert(
+            "outputSchema".into(),
+            schema(json!({"elapsedMs": {"type": "integer"}}), &["elapsedMs"]),
+        );
+    }
+    t
+}
+
 fn str_arg<'a>(args: &'a Value, key: &str) -> Option<&'a str> {
     args.get(key).and_then(Value::as_str)
 }
@@ -179,6 +206,25 @@ pub(crate) async fn call(ctx: &CallCtx, name: &str, args: &Value) -> ToolOutcome
         },
         "echo_arguments" | "route" => ok(args.to_string()),
         "sleep" | "slow_required" => sleep(ctx, args).await,
+        "measure" => {
+            let ms = sleep_ms(args);
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            ToolOutcome::Result(json!({
+                "content": [{"type": "text", "text": format!("{{\"elapsedMs\":{ms}}}")}],
+                "structuredContent": {"elapsedMs": ms},
+            }))
+        }
+        "slow_elicit" => {
+            if !ctx.session.caps().elicitation {
+                return tool_error("client did not declare the elicitation capability");
+            }
+            tokio::time::sleep(Duration::from_millis(sleep_ms(args))).await;
+            let message = str_arg(args, "message").unwrap_or("Please provide an answer");
+            match elicit_once(ctx, message).await {
+                Ok(t) => ok(t),
+                Err(e) => tool_error(e),
+            }
+        }
         "elicit" => {
             if !ctx.session.caps().elicitation {
                 return tool_error("client did not declare the elicitation capability");
@@ -302,12 +348,16 @@ pub(crate) async fn call(ctx: &CallCtx, name: &str, args: &Value) -> ToolOutcome
     }
 }
 
-async fn sleep(ctx: &CallCtx, args: &Value) -> ToolOutcome {
-    let ms = args
-        .get("ms")
+/// `ms` of a sleeping tool: 1 s when absent, at most [`MAX_SLEEP_MS`].
+fn sleep_ms(args: &Value) -> u64 {
+    args.get("ms")
         .and_then(Value::as_u64)
         .unwrap_or(1000)
-        .min(MAX_SLEEP_MS);
+        .min(MAX_SLEEP_MS)
+}
+
+async fn sleep(ctx: &CallCtx, args: &Value) -> ToolOutcome {
+    let ms = sleep_ms(args);
     let steps = args
         .get("steps")
         .and_then(Value::as_u64)
