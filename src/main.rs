@@ -825,6 +825,7 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
         limits,
         holds,
         legacy: Default::default(),
+        shadowed: Default::default(),
     });
     engine.on_relayed_mrtr(front::relayed::handler(Arc::downgrade(&gw)));
     engine.spawn_cluster(shutdown.clone());

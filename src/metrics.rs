@@ -28,7 +28,7 @@ const TASK_STATUSES: [&str; 5] = [
 /// The `decision` label values of `taskgate_fail_closed_total`: each error branch that
 /// refuses or keeps state for recovery instead of going on (docs/design.md §16 "Fail
 /// closed").
-pub const FAIL_CLOSED: [&str; 6] = [
+pub const FAIL_CLOSED: [&str; 7] = [
     // A tenant's live tasks could not be counted: the call was refused (503).
     "quota_uncounted",
     // A relay taken from the store could not be read: logged with its id, not acted on.
@@ -41,6 +41,8 @@ pub const FAIL_CLOSED: [&str; 6] = [
     "store_failed_after_send",
     // A route of this replica's live seat that no call here knows was resolved.
     "orphan_resolved",
+    // An upstream tool bears a task tool's name: its endpoint holds plain clients.
+    "task_tools_shadowed",
 ];
 
 /// The events of `taskgate_legacy_sessions_total`.
@@ -103,7 +105,14 @@ fn describe() {
         "taskgate_request_duration_seconds",
         "time to the response headers, by method"
     );
-    describe_counter!("taskgate_promotions_total", "tools/call promoted to a task");
+    describe_counter!(
+        "taskgate_promotions_total",
+        "tools/call promoted to a task, by upstream and client kind (tasks, handle)"
+    );
+    describe_counter!(
+        "taskgate_status_reads_total",
+        "task status reads by client kind (tasks: tasks/get; handle: the task-status tool)"
+    );
     describe_counter!(
         "taskgate_inline_completions_total",
         "task-capable tools/call answered inline before the deadline"
@@ -309,9 +318,23 @@ pub fn request(method: &str, status: u16, elapsed: Duration) {
     histogram!("taskgate_request_duration_seconds", "method" => method).record(elapsed);
 }
 
-pub fn promoted(upstream: &str, task_id: &str) {
-    counter!("taskgate_promotions_total", "upstream" => upstream.to_string()).increment(1);
-    tracing::info!(upstream, task = task_id, "tools/call promoted to a task");
+/// A `tools/call` became a task, for a tasks client (`client = "tasks"`) or as a
+/// plain client's handle (`"handle"`, docs/design.md §28).
+pub fn promoted(upstream: &str, task_id: &str, client: &'static str) {
+    counter!("taskgate_promotions_total", "upstream" => upstream.to_string(), "client" => client)
+        .increment(1);
+    tracing::info!(
+        upstream,
+        task = task_id,
+        client,
+        "tools/call promoted to a task"
+    );
+}
+
+/// A task's status read by its owner, by client kind: `tasks` (`tasks/get`) or
+/// `handle` (a task-status tool call, docs/design.md §28).
+pub fn status_read(client: &'static str) {
+    counter!("taskgate_status_reads_total", "client" => client).increment(1);
 }
 
 pub fn inline_completion(upstream: &str) {
@@ -469,7 +492,10 @@ pub fn upstream_up(upstream: &str, up: bool) {
 /// sees the first event and a dashboard shows the upstream before its first call.
 pub fn upstream_configured(upstream: &str) {
     let upstream = upstream.to_string();
-    counter!("taskgate_promotions_total", "upstream" => upstream.clone()).increment(0);
+    for client in ["tasks", "handle"] {
+        counter!("taskgate_promotions_total", "upstream" => upstream.clone(), "client" => client)
+            .increment(0);
+    }
     counter!("taskgate_inline_completions_total", "upstream" => upstream.clone()).increment(0);
     counter!("taskgate_upstream_queued_total", "upstream" => upstream.clone()).increment(0);
     let _ = histogram!("taskgate_upstream_queue_wait_seconds", "upstream" => upstream);

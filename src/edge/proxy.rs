@@ -19,7 +19,8 @@ use pingora_load_balancing::{Backend, LoadBalancer};
 use pingora_proxy::{ProxyHttp, Session};
 
 use super::route::{
-    METHOD_HEADER, NAME_HEADER, PROTOCOL_VERSION_HEADER, Route, SESSION_HEADER, route_request,
+    METHOD_HEADER, NAME_HEADER, PARAM_TASK_ID_HEADER, PROTOCOL_VERSION_HEADER, Route, RouteHeaders,
+    SESSION_HEADER, route_request,
 };
 
 /// How long the edge waits for the next byte from a replica. Above the replicas'
@@ -231,12 +232,13 @@ impl ProxyHttp for EdgeProxy {
         let text = |name: &str| req.headers.get(name).and_then(|v| v.to_str().ok());
         ctx.span =
             crate::telemetry::edge_span(text(METHOD_HEADER), text(NAME_HEADER), &req.headers);
-        ctx.route = route_request(
-            h(PROTOCOL_VERSION_HEADER),
-            h(SESSION_HEADER),
-            h(METHOD_HEADER),
-            h(NAME_HEADER),
-        );
+        ctx.route = route_request(RouteHeaders {
+            protocol_version: h(PROTOCOL_VERSION_HEADER),
+            session: h(SESSION_HEADER),
+            mcp_method: h(METHOD_HEADER),
+            mcp_name: h(NAME_HEADER),
+            param_task_id: h(PARAM_TASK_ID_HEADER),
+        });
         // Keep the body (up to pingora's retry buffer) so a request a replica refused
         // unprocessed can go to another one.
         session.enable_retry_buffering();

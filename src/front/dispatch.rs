@@ -6,7 +6,6 @@
 //! or the upstream. What differs by era once a request is typed is how a few answers
 //! are written (`Answers`): `Modern` here, the session's in `legacy/`.
 
-use std::future::Future;
 use std::sync::Arc;
 
 use http::{Response, StatusCode};
@@ -14,18 +13,19 @@ use serde_json::{Map, Value, json};
 use tokio::time::Instant;
 
 use super::answer::{self, Final};
+pub(super) use super::answers::{Answers, Ctx, Envelope, HeldCall, Listed};
 use super::gateway::Gateway;
 use super::inline::{self, Inline, InlineTiming};
 use super::relay;
 use super::reply::{self, Body};
 use super::wire::ValidRequest;
 use crate::auth::Principal;
+use crate::protocol::meta::ClientCaps;
 use crate::protocol::params::{Field, Forward, Params, TaskRef, ToolCallParams};
 use crate::protocol::{
     self, Method, PROTOCOL_VERSION, Request, RequestId, RpcError, TASKS_EXTENSION, results,
 };
 use crate::store::TaskRecord;
-use crate::tasks::Pending;
 use crate::tasks::{CallFailure, Failure};
 use crate::tasks::{Caller, Retry, ToolCallRequest, mrtr_retry};
 use crate::tasks::{Reply, ToolReply};
@@ -57,73 +57,6 @@ pub fn discover_result(info: &UpstreamInfo) -> Value {
     results::complete(Method::ServerDiscover, Value::Object(r), &info.server_info)
 }
 
-/// What a request is served with: the gateway, the upstream of its path, the
-/// principal, and when the HTTP request arrived (the start of `sync_timeout_ms`,
-/// docs/design.md §2 "Clients without the tasks extension").
-pub(super) struct Ctx<'a> {
-    pub(super) gw: &'a Gateway,
-    pub(super) upstream: &'a Arc<Upstream>,
-    pub(super) principal: Principal,
-    pub(super) received: Instant,
-}
-
-/// A started call to answer on its request (the one held-call responder, `held.rs`).
-pub(super) struct HeldCall<'a> {
-    pub(super) ctx: &'a Ctx<'a>,
-    pub(super) req: Request<Forward>,
-    pub(super) pending: Pending,
-    pub(super) server_info: Value,
-}
-
-/// What differs between the eras once a request is typed: how a few answers are
-/// written, and who the caller is to the engine.
-pub(super) trait Answers: Send + Sync {
-    /// Whether the caller may use the tasks methods (a 2026 client declares the
-    /// extension on each request; a session speaks the 2025-11-25 dialect by its
-    /// version, and no other session's request reaches here as one).
-    fn declares_tasks(&self, req: &ValidRequest) -> bool;
-    /// The HTTP status of `-32601` for a method the upstream does not declare.
-    fn missing_method_status(&self) -> StatusCode;
-    /// Who calls a tool ([`Caller`]).
-    fn caller(&self, req: &Request<ToolCallParams>) -> Caller;
-    /// The upstream session a call or the cached `tools/list` is made in.
-    fn scope<'a>(&'a self, principal: &'a Principal) -> Scope<'a>;
-    /// The 2025-era session a call is made for (it picks the upstream session).
-    fn session(&self) -> Option<String>;
-    /// The cached first page of `tools/list` as this era answers it.
-    fn tools_listed(&self, id: &RequestId, list: Value, server_info: &Value) -> Response<Body>;
-    /// An upstream's error answer to `tools/list`, as this era passes it on.
-    fn list_error(&self, e: RpcError) -> RpcError;
-    /// `sync_timeout_ms` passed before the upstream answered.
-    fn sync_timed_out(&self, ctx: &Ctx<'_>, id: &RequestId) -> Final;
-    /// A tool call the engine made a task, durable.
-    fn task_created(
-        &self,
-        ctx: &Ctx<'_>,
-        id: &RequestId,
-        rec: &TaskRecord,
-        server_info: &Value,
-    ) -> impl Future<Output = Response<Body>> + Send;
-    /// A started call, answered on its request.
-    fn held(&self, call: HeldCall<'_>) -> impl Future<Output = Response<Body>> + Send;
-    /// `tasks/get`, after the poll limiter.
-    fn task_get(
-        &self,
-        ctx: &Ctx<'_>,
-        id: &RequestId,
-        task: TaskRef,
-        info: &UpstreamInfo,
-    ) -> impl Future<Output = Response<Body>> + Send;
-    /// `tasks/cancel`.
-    fn task_cancel(
-        &self,
-        ctx: &Ctx<'_>,
-        id: &RequestId,
-        task: TaskRef,
-        info: &UpstreamInfo,
-    ) -> impl Future<Output = Response<Body>> + Send;
-}
-
 /// A 2026-07-28 client.
 pub(super) struct Modern;
 
@@ -145,6 +78,19 @@ impl Answers for Modern {
         }
     }
 
+    fn plain(&self, req: &ValidRequest) -> bool {
+        !req.meta.caps.declares_tasks()
+    }
+
+    fn input_caps(&self, req: &Request<ToolCallParams>) -> ClientCaps {
+        req.meta.caps.clone()
+    }
+
+    /// `resultType` and `serverInfo`, as an upstream's result gets them.
+    fn tool_result_envelope(&self) -> Envelope {
+        |result, server_info| results::complete(Method::ToolsCall, result, server_info)
+    }
+
     fn scope<'a>(&'a self, principal: &'a Principal) -> Scope<'a> {
         principal.into()
     }
@@ -153,7 +99,20 @@ impl Answers for Modern {
         None
     }
 
-    fn tools_listed(&self, id: &RequestId, list: Value, server_info: &Value) -> Response<Body> {
+    fn tools_listed(
+        &self,
+        id: &RequestId,
+        mut list: Value,
+        server_info: &Value,
+        extra: Listed,
+    ) -> Response<Body> {
+        extra.append_to(&mut list);
+        if extra.private
+            && let Some(o) = list.as_object_mut()
+        {
+            // Whatever the upstream said: the list differs by client kind.
+            o.insert("cacheScope".into(), Value::from("private"));
+        }
         reply::json(
             StatusCode::OK,
             &protocol::response(id, results::complete(Method::ToolsList, list, server_info)),
@@ -196,7 +155,7 @@ impl Answers for Modern {
             holds: ctx.gw.holds.clone(),
             received: ctx.received,
         };
-        inline::serve(c, call.pending).await
+        inline::serve(c, call.pending, call.promote).await
     }
 
     async fn task_get(
@@ -278,6 +237,11 @@ pub(super) async fn serve<A: Answers>(ctx: &Ctx<'_>, req: ValidRequest, era: &A)
         );
     }
 
+    // The task tools of a plain client are task plane (docs/design.md §28).
+    if let Some(tool) = super::task_tools::called(ctx, &req, era) {
+        return Box::pin(super::task_tools::serve(ctx, req, tool, era)).await;
+    }
+
     // The task plane never depends on the upstream plane (README "Task plane and
     // upstream plane"): tasks/* and listen answer from the store with the identity
     // known now, whether the upstream is down, restarting or warming up. Everything
@@ -323,6 +287,7 @@ pub(super) async fn serve<A: Answers>(ctx: &Ctx<'_>, req: ValidRequest, era: &A)
     // Every awaited arm but `tasks/get` awaits its future boxed, so that the state of
     // the largest (a `tools/call`) is not the size of every request's (ARCHITECTURE.md
     // "The request path").
+    let plain = era.plain(&req);
     let (req, params) = req.split();
     match params {
         Params::Discover => reply::json(
@@ -345,7 +310,8 @@ pub(super) async fn serve<A: Answers>(ctx: &Ctx<'_>, req: ValidRequest, era: &A)
         }
         Params::Forward(fwd) => {
             if req.method == Method::ToolsList && !fwd.asks_page() {
-                return Box::pin(tools_list(ctx, &req.id, &info.server_info, era)).await;
+                let list = tools_list(ctx, &req.id, &info.server_info, plain, era);
+                return Box::pin(list).await;
             }
             Box::pin(forward(ctx, req.with(fwd), info.server_info.clone(), era)).await
         }
@@ -359,6 +325,7 @@ async fn tools_list<A: Answers>(
     ctx: &Ctx<'_>,
     id: &RequestId,
     server_info: &Value,
+    plain: bool,
     era: &A,
 ) -> Response<Body> {
     let listed = tokio::time::timeout_at(
@@ -367,7 +334,10 @@ async fn tools_list<A: Answers>(
     );
     match listed.await {
         Err(_) => era.sync_timed_out(ctx, id).into_response(),
-        Ok(Ok(CallOutcome::Result(v))) => era.tools_listed(id, v, server_info),
+        Ok(Ok(CallOutcome::Result(mut v))) => {
+            let extra = super::task_tools::shape_list(ctx, &mut v, plain);
+            era.tools_listed(id, v, server_info, extra)
+        }
         Ok(Ok(CallOutcome::Error(e))) => {
             reply::rpc_error(StatusCode::OK, Some(id), &era.list_error(e))
         }
@@ -430,26 +400,45 @@ async fn tools_call<A: Answers>(
 ) -> Response<Body> {
     let gw = ctx.gw;
     let id = req.id.clone();
+    let caller = era.caller(&req);
+    // A caller that cannot take a task gets its handle as a tool result (§28).
+    let plain = matches!(caller, Caller::Plain | Caller::Session(_));
     let call = ToolCallRequest {
         upstream: ctx.upstream.clone(),
         principal: ctx.principal.clone(),
-        caller: era.caller(&req),
+        caller,
         req,
         server_info: server_info.clone(),
         received: ctx.received,
         timing: gw.inline_timing(),
         holds: gw.holds.clone(),
+        handles: plain && super::task_tools::offered(ctx),
     };
     match gw.engine.call_tool(call).await {
+        ToolReply::Reply(Reply::Task(rec)) if plain => super::task_tools::handle_answer(
+            ctx,
+            &id,
+            &rec,
+            &server_info,
+            era.tool_result_envelope(),
+        )
+        .into_response(),
         ToolReply::Reply(Reply::Task(rec)) => era.task_created(ctx, &id, &rec, &server_info).await,
         ToolReply::Reply(r) => Final::of(&id, r).into_response(),
-        ToolReply::Inline { pending, req } => {
+        ToolReply::Inline {
+            pending,
+            req,
+            handle,
+        } => {
             let (req, params) = req.split();
+            let promote = handle
+                .map(|h| super::task_tools::promoter(ctx, req.id.clone(), h, &server_info, era));
             let call = HeldCall {
                 ctx,
                 req: req.with(params.fwd),
                 pending,
                 server_info,
+                promote,
             };
             era.held(call).await
         }
@@ -496,6 +485,7 @@ async fn forward<A: Answers>(
         req,
         pending,
         server_info,
+        promote: None,
     };
     era.held(call).await
 }

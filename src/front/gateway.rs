@@ -23,9 +23,30 @@ pub struct Gateway {
     /// What this replica holds for the 2025-era sessions it serves (docs/design.md
     /// §22 "Clients of the 2025 era").
     pub legacy: Arc<super::legacy::live::LegacyLive>,
+    /// The upstreams whose own tools bear a task tool's name (docs/design.md §28):
+    /// their endpoints hold plain clients' calls.
+    pub shadowed: parking_lot::Mutex<std::collections::HashSet<String>>,
 }
 
 impl Gateway {
+    /// Whether `upstream`'s tools were seen to bear a task tool's name.
+    pub(super) fn task_tools_shadowed(&self, upstream: &crate::upstream::Upstream) -> bool {
+        self.shadowed.lock().contains(upstream.name())
+    }
+
+    /// `upstream` lists a tool with a task tool's name: its endpoint holds from now on
+    /// (logged once, counted).
+    pub(super) fn note_task_tools_shadowed(&self, upstream: &crate::upstream::Upstream) {
+        if self.shadowed.lock().insert(upstream.name().to_string()) {
+            crate::metrics::fail_closed("task_tools_shadowed");
+            tracing::warn!(
+                upstream = %upstream.name(),
+                prefix = %self.cfg.tasks.task_tools_prefix,
+                "an upstream tool bears a task tool's name: plain clients of this endpoint are held, not given handles, until [tasks] task_tools_prefix is changed"
+            );
+        }
+    }
+
     pub(super) fn readyz(&self) -> Response<Body> {
         let mut all_ready = true;
         let mut states = serde_json::Map::new();

@@ -15,6 +15,8 @@
 //! 2025-era session (requests relayed on the stream, its progress token and log
 //! level). The loop is the one call-event loop of every site (`tasks/events.rs`).
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -55,7 +57,28 @@ pub(super) trait Site: Send + 'static {
     fn hold(&mut self, pending: Pending, batch: Vec<InputRequest>) -> Final;
     /// The call is answered or its client gone.
     fn ended(&mut self) {}
+    /// Whether the call may become a task now: not while the client is answering a
+    /// question the call asked on its stream.
+    fn may_promote(&self) -> bool {
+        true
+    }
 }
+
+/// What becomes of a held call at its deadline when it may become a task
+/// (docs/design.md §28 "Task handles for plain clients").
+pub(super) type Promoted = Pin<Box<dyn Future<Output = Result<Final, Pending>> + Send>>;
+
+/// Makes a held call a task at its deadline: the handle's answer, or the call back
+/// when it cannot become one (it is then held as in hold mode).
+pub(super) trait Promote: Send + 'static {
+    fn promote(self: Box<Self>, pending: Pending) -> Promoted;
+}
+
+/// A held call's deadline and what it becomes then.
+pub(super) type Deadline = (Instant, Box<dyn Promote>);
+
+/// How soon a deadline that found the client answering a question is tried again.
+const PROMOTE_RETRY: Duration = Duration::from_millis(250);
 
 /// When and how the answer may become a stream.
 pub(super) struct Timing {
@@ -72,6 +95,8 @@ pub(super) struct Timing {
     /// a message (a 2025-era session's stream does; a 2026 one waits for its first
     /// event or keep-alive).
     pub(super) opening_comment: bool,
+    /// When and how the call becomes a task; `None`: held to its end (hold mode).
+    pub(super) promote: Option<Deadline>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,6 +107,8 @@ enum Timer {
     Sync,
     /// Time for an SSE keep-alive comment.
     KeepAlive,
+    /// The call's deadline (`promote_after_ms`): make it a task.
+    Promote,
 }
 
 /// What one event asks of the responder.
@@ -91,6 +118,8 @@ enum Step {
     Done(Final),
     /// A hold or keep-alive period passed.
     Tick,
+    /// The deadline passed: make the call a task.
+    Promote,
 }
 
 async fn next<S: Site>(
@@ -132,6 +161,38 @@ async fn next<S: Site>(
             Step::Done(site.sync_timed_out())
         }
         Event::Timer(Timer::Hold | Timer::KeepAlive) => Step::Tick,
+        Event::Timer(Timer::Promote) if site.may_promote() => Step::Promote,
+        Event::Timer(Timer::Promote) => {
+            timers.set(Timer::Promote, Instant::now() + PROMOTE_RETRY);
+            Step::Nothing
+        }
+    }
+}
+
+/// The deadline passed: hand the call to the engine as a task. Its handle is the
+/// answer and the call is no longer this request's to cancel; a call that cannot
+/// become a task is held on.
+async fn promote<S: Site>(
+    site: &mut S,
+    pending: &mut Option<Pending>,
+    promoter: &mut Option<Box<dyn Promote>>,
+    guard: &CallGuard,
+) -> Option<Final> {
+    let (p, pr) = (pending.take()?, promoter.take());
+    let Some(pr) = pr else {
+        *pending = Some(p);
+        return None;
+    };
+    match pr.promote(p).await {
+        Ok(f) => {
+            guard.disarm();
+            site.ended();
+            Some(f)
+        }
+        Err(p) => {
+            *pending = Some(p);
+            None
+        }
     }
 }
 
@@ -142,6 +203,10 @@ pub(super) async fn serve<S: Site>(mut site: S, pending: Pending, t: Timing) -> 
     let mut timers = Timers::default();
     // Armed from the request's start and watched in both phases.
     timers.set(Timer::Sync, t.sync_at);
+    let mut promoter = t.promote.map(|(at, p)| {
+        timers.set(Timer::Promote, at);
+        p
+    });
     let mut first = None;
     if t.held {
         if let Some(at) = t.hold_until {
@@ -159,6 +224,11 @@ pub(super) async fn serve<S: Site>(mut site: S, pending: Pending, t: Timing) -> 
                     break;
                 }
                 Step::Tick => break,
+                Step::Promote => {
+                    if let Some(f) = promote(&mut site, &mut pending, &mut promoter, &guard).await {
+                        return f.into_response();
+                    }
+                }
             }
         }
         timers.clear(Timer::Hold);
@@ -186,6 +256,16 @@ pub(super) async fn serve<S: Site>(mut site: S, pending: Pending, t: Timing) -> 
                 Step::Tick => {
                     timers.set(Timer::KeepAlive, Instant::now() + t.keepalive);
                     tx.send(reply::sse_keepalive()).await.is_ok()
+                }
+                Step::Promote => {
+                    match promote(&mut site, &mut pending, &mut promoter, &guard).await {
+                        Some(f) => {
+                            let _ = tx.send(reply::sse_event(&f.message)).await;
+                            // The handle went out: `ended` ran with it.
+                            return;
+                        }
+                        None => true,
+                    }
                 }
             };
         }

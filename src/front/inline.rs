@@ -77,13 +77,17 @@ pub struct Inline {
 /// Run `req` against the upstream and answer inline.
 pub async fn run(c: Inline) -> Response<Body> {
     let pending = c.engine.start_inline(&c.upstream, &c.principal, &c.req);
-    serve(c, pending).await
+    serve(c, pending, None).await
 }
 
 /// Wait for a running call and answer inline (JSON, or SSE once it takes longer
 /// than `keepalive_ms` or the client asked for notifications): the one held-call
 /// responder (`held.rs`), with what a 2026 client makes of each event.
-pub async fn serve(c: Inline, pending: Pending) -> Response<Body> {
+pub(super) async fn serve(
+    c: Inline,
+    pending: Pending,
+    promote: Option<held::Deadline>,
+) -> Response<Body> {
     let wants_stream = c.req.meta.progress_token.is_some() || c.req.meta.log_level.is_some();
     let t = held::Timing {
         hold_until: Some(Instant::now() + c.timing.keepalive),
@@ -91,6 +95,7 @@ pub async fn serve(c: Inline, pending: Pending) -> Response<Body> {
         sync_at: c.received + c.timing.sync_timeout,
         keepalive: c.timing.keepalive,
         opening_comment: false,
+        promote,
     };
     held::serve(c, pending, t).await
 }

@@ -9,6 +9,7 @@
 
 mod admin;
 mod answer;
+mod answers;
 pub mod conn;
 pub mod dispatch;
 mod era;
@@ -28,6 +29,7 @@ mod request_log;
 mod rpc;
 mod stack;
 pub mod subscriptions;
+mod task_tools;
 pub mod wire;
 
 #[cfg(test)]

@@ -75,7 +75,9 @@ async fn serve_rpc(gw: &Gateway, req: ReadRequest) -> Resp {
         return Box::pin(legacy::serve_delete(gw, &upstream, principal, &parts)).await;
     }
     // The era the era step decided (docs/design.md §22 "Clients of the 2025 era").
-    let tool_headers = || upstream.tool_headers_to_check();
+    let prefix = &gw.cfg.tasks.task_tools_prefix;
+    let tool_headers =
+        || super::task_tools::tool_headers(&upstream, prefix, upstream.tool_headers_to_check());
     if ext.get::<Era>() == Some(&Era::Legacy) {
         let body = match parsed {
             Some(ParsedBody(p)) => p,

@@ -16,6 +16,7 @@
 pub mod gate;
 pub mod interval;
 pub mod keyed;
+pub mod status_calls;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -35,6 +36,8 @@ pub use gate::QueueFull;
 use gate::{Entry, Gate, Permit};
 use interval::{IntervalInputs, advertised_interval};
 use keyed::{PollKeys, PollLimiter, RequestLimiter};
+use status_calls::StatusCalls;
+pub use status_calls::StatusSlot;
 
 /// Most limiter entries kept (each limiter); least recently used beyond that.
 const MAX_ENTRIES: usize = 100_000;
@@ -123,6 +126,8 @@ pub struct Limits {
     polls: PollLimiter,
     poll_keys: PollKeys,
     requests: Option<RequestLimiter>,
+    /// Open task-status tool calls (docs/design.md §28).
+    status_calls: Arc<StatusCalls>,
     gates: Mutex<HashMap<String, Arc<Gate>>>,
     cadence: Mutex<HashMap<String, Cadence>>,
     /// Polls admitted / throttled in the current and previous second (saturation).
@@ -161,6 +166,7 @@ impl Limits {
             ),
             requests: (l.requests_per_second > 0)
                 .then(|| RequestLimiter::new(l.requests_per_second, MAX_ENTRIES)),
+            status_calls: Arc::new(StatusCalls::new(l.poll_burst)),
             gates: Mutex::new(gates),
             cadence: Mutex::new(HashMap::new()),
             polls_ok: AtomicU64::new(0),
@@ -198,6 +204,13 @@ impl Limits {
                 })
             }
         }
+    }
+
+    /// Open a task-status tool call of `p` for `task_id`, unless the poll burst's
+    /// worth are open already (docs/design.md §28): the slot closes when dropped.
+    pub fn enter_status(&self, p: &Principal, task_id: &str) -> Option<StatusSlot> {
+        let key = self.poll_keys.key(&p.tenant, &p.subject, task_id);
+        self.status_calls.enter(key)
     }
 
     /// Record the interval advertised to `p` for a task (`tasks/get`, notifications).

@@ -82,6 +82,12 @@ impl ToolHeaders {
         self.tools.get(tool).map_or(&[], Vec::as_slice)
     }
 
+    /// Add (or replace) the annotated parameters of `tool`: the gateway's own tools,
+    /// which no upstream list names.
+    pub fn insert(&mut self, tool: String, params: Vec<ParamHeader>) {
+        self.tools.insert(tool, params);
+    }
+
     /// Whether no tool has annotated parameters.
     pub fn is_empty(&self) -> bool {
         self.tools.is_empty()

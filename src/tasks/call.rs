@@ -21,7 +21,7 @@ use super::outcome::{Reply, answer_of};
 use super::promote::Promotion;
 use super::{Engine, ids};
 use crate::auth::Principal;
-use crate::config::{OnInput, TaskMode};
+use crate::config::{OnInput, PlainClients, TaskMode};
 use crate::protocol::params::{Field, Forward, TaskRef, ToolCallParams};
 use crate::protocol::{Request, RpcError, error};
 use crate::store::{
@@ -62,6 +62,10 @@ pub struct ToolCallRequest {
     pub received: Instant,
     pub timing: InlineTiming,
     pub holds: Arc<Holds>,
+    /// The endpoint answers plain callers of a handle-mode tool with a handle at the
+    /// deadline (docs/design.md §28): configured, and no upstream tool shadows the
+    /// task tools.
+    pub handles: bool,
 }
 
 /// One `tools/call` that may become a task.
@@ -78,6 +82,8 @@ pub struct ToolCall {
     /// A 2025-era client's task: input it did not declare is answered here, as its
     /// inline calls' is (`inputs::answer_undeclared`), rather than failing the task.
     pub answer_undeclared: bool,
+    /// A plain caller's task, answered with a handle (docs/design.md §28).
+    pub handle: bool,
 }
 
 fn invalid(why: impl Into<String>) -> ToolReply {
@@ -105,9 +111,13 @@ impl Engine {
             return invalid("params.arguments must be an object");
         }
         let mut promotion = Promotion::resolve(&self.cfg.tasks, &r.upstream.cfg, &tool);
+        let plain = matches!(r.caller, Caller::Plain | Caller::Session(_));
+        if plain && r.handles && promotion.plain_clients == PlainClients::Handle {
+            return super::handles::call(self, r, tool, promotion).await;
+        }
         match r.caller.clone() {
             Caller::Tasks if promotion.mode != TaskMode::Never => {
-                let c = tool_call(r, tool, promotion, false);
+                let c = to_tool_call(r, tool, promotion, false);
                 self.retry_or_call(c).await
             }
             Caller::Tasks | Caller::Plain => self.plain_call(r, &tool, &promotion).await,
@@ -123,7 +133,7 @@ impl Engine {
                 // `tasks/result`, never an MRTR round this client cannot make.
                 promotion.promote_after = std::time::Duration::ZERO;
                 promotion.on_input = OnInput::Task;
-                self.tools_call(tool_call(r, tool, promotion, true))
+                self.tools_call(to_tool_call(r, tool, promotion, true))
                     .await
                     .into()
             }
@@ -148,6 +158,7 @@ impl Engine {
                 ToolReply::Inline {
                     pending,
                     req: r.req,
+                    handle: None,
                 }
             }
         }
@@ -212,11 +223,13 @@ impl Engine {
                 ToolReply::Inline {
                     pending,
                     req: r.req,
+                    handle: None,
                 }
             }
             Some(Retry::Resumed(pending)) => ToolReply::Inline {
                 pending,
                 req: r.req,
+                handle: None,
             },
             Some(Retry::Elsewhere(replica)) => ToolReply::Elsewhere {
                 replica,
@@ -287,7 +300,12 @@ pub fn mrtr_retry<P: AsRef<Forward>>(
     )
 }
 
-fn tool_call(r: ToolCallRequest, tool: String, promotion: Promotion, session: bool) -> ToolCall {
+pub(super) fn to_tool_call(
+    r: ToolCallRequest,
+    tool: String,
+    promotion: Promotion,
+    session: bool,
+) -> ToolCall {
     ToolCall {
         upstream: r.upstream,
         principal: r.principal,
@@ -296,8 +314,16 @@ fn tool_call(r: ToolCallRequest, tool: String, promotion: Promotion, session: bo
         server_info: r.server_info,
         promotion,
         timing: r.timing,
+        handle: matches!(r.caller, Caller::Plain | Caller::Session(_)),
         holds: r.holds,
         answer_undeclared: session,
+    }
+}
+
+impl ToolCall {
+    /// The client kind of the metrics: `handle` for a plain caller's task.
+    pub(super) fn client_kind(&self) -> &'static str {
+        if self.handle { "handle" } else { "tasks" }
     }
 }
 
@@ -310,6 +336,10 @@ pub enum ToolReply {
     Inline {
         pending: Pending,
         req: Request<ToolCallParams>,
+        /// The deadline at which it becomes a task, for a plain caller of a tool in
+        /// handle mode (docs/design.md §28): the responder hands it to
+        /// [`Engine::adopt`] then.
+        handle: Option<Box<super::handles::Handle>>,
     },
     /// An MRTR retry whose call another replica holds: relay it there.
     Elsewhere {
@@ -657,7 +687,7 @@ impl Engine {
         }
         let call = start_call(self, &c.upstream, &c.principal, &c.req, &c.promotion);
         self.launch(&c, &rec, &route, call, Vec::new());
-        crate::metrics::promoted(c.upstream.name(), &rec.task_id);
+        crate::metrics::promoted(c.upstream.name(), &rec.task_id, c.client_kind());
         Reply::Task(Arc::new(rec))
     }
 
@@ -774,7 +804,7 @@ impl Engine {
             call,
             keys.into_iter().zip(senders).collect(),
         );
-        crate::metrics::promoted(c.upstream.name(), &rec.task_id);
+        crate::metrics::promoted(c.upstream.name(), &rec.task_id, c.client_kind());
         Reply::Task(Arc::new(rec))
     }
 }

@@ -228,6 +228,7 @@ impl Rig {
                 on_input: OnInput::Task,
                 idempotency_argument: None,
                 call_timeout: call_timeout.map(Duration::from_millis),
+                plain_clients: crate::config::PlainClients::Hold,
             },
             timing: InlineTiming {
                 keepalive: Duration::from_secs(15),
@@ -235,6 +236,7 @@ impl Rig {
             },
             holds: self.holds.clone(),
             answer_undeclared: false,
+            handle: false,
         }
     }
 

@@ -43,6 +43,13 @@ fn expired() -> RpcError {
     RpcError::invalid_params("task expired")
 }
 
+/// Whether `f` is the owner's "task expired" (the tombstone of docs/design.md §7),
+/// which the task tools answer in words of their own (§28).
+pub fn is_expired(f: &Failure) -> bool {
+    let e = expired();
+    f.error.code == e.code && f.error.message == e.message
+}
+
 fn ack(server_info: &Value) -> Value {
     let mut m = Map::new();
     m.insert("resultType".into(), Value::from("complete"));
@@ -101,6 +108,7 @@ pub(super) async fn get<'a>(
     let rec = owner_snapshot(tasks, limits, principal, upstream, task).await?;
     // `resolve` only answers the owner: this read collects the outcome.
     tasks.note_seen(&rec);
+    crate::metrics::status_read("tasks");
     Ok(snapshot::GetResult { rec, server_info })
 }
 

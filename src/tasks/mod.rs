@@ -47,6 +47,7 @@ pub mod events;
 pub mod failure;
 pub mod fingerprint;
 mod follow;
+mod handles;
 mod identities;
 pub mod ids;
 pub mod inputs;
@@ -100,11 +101,16 @@ pub use sessions::{ActiveGuard, SessionError, SessionRepo};
 // tests/layering.rs): what a request hands the engine and what it gets back.
 pub use admin::{MAX_PAGE, TaskQuery};
 pub use call::{Caller, Retry, ToolCallRequest, ToolReply, mrtr_retry};
+pub use clock::iso8601;
 pub use events::{Event, Notice, Pending, Timers};
 pub use failure::{CallFailure, ErrorClass, Failure, failure as failure_of};
 pub use fingerprint::fingerprint;
+pub use handles::{Adopted, Handle};
 pub use ids::is_well_formed;
-pub use inputs::{InlineTiming, InputVerdict, answer_undeclared, screen, upstream_spec};
+pub use inputs::{
+    InlineTiming, InputVerdict, answer_undeclared, missing_capability, screen, upstream_spec,
+};
+pub use methods::is_expired;
 pub use mrtr::{Holds, params_fingerprint};
 pub use outcome::{JoinedCall, Reply, answer_of};
 pub use purge::PurgeError;
@@ -240,6 +246,12 @@ impl Engine {
 
     /// Whether the store takes writes (a failed write or flush turns it off until a
     /// probe gets through): `/readyz` and `/livez` report it.
+    /// Make a plain client's held call a task at its deadline (docs/design.md §28):
+    /// durable before its handle goes out, or the call back to hold on.
+    pub async fn adopt(self: &Arc<Self>, h: Box<Handle>, pending: Pending) -> Adopted {
+        handles::adopt(self, h, pending).await
+    }
+
     pub fn store_healthy(&self) -> bool {
         self.tasks.healthy()
     }

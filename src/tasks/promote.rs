@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::config::{OnInput, TaskMode, TasksConfig, UpstreamConfig};
+use crate::config::{OnInput, PlainClients, TaskMode, TasksConfig, UpstreamConfig};
 
 /// How one tool call is to be run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,6 +18,8 @@ pub struct Promotion {
     pub idempotency_argument: Option<String>,
     /// Absolute cap on the upstream call.
     pub call_timeout: Option<Duration>,
+    /// What a plain client gets at the deadline (docs/design.md §28).
+    pub plain_clients: PlainClients,
 }
 
 impl Promotion {
@@ -34,6 +36,7 @@ impl Promotion {
             on_input: t.map(|t| t.on_input).unwrap_or_default(),
             idempotency_argument: t.and_then(|t| t.idempotency_argument.clone()),
             call_timeout,
+            plain_clients: upstream.plain_clients_of(tool),
         }
     }
 }

@@ -81,7 +81,7 @@ impl Engine {
         let poll = follow::bounded_poll(&self.cfg.tasks, created.poll);
         let follower = follow::follower(self, channel, created.task_id, poll, Some(admitted));
         self.launch(&c, &rec, &route, follower, Vec::new());
-        crate::metrics::promoted(&name, &rec.task_id);
+        crate::metrics::promoted(&name, &rec.task_id, c.client_kind());
         Reply::Task(Arc::new(rec))
     }
 
@@ -145,7 +145,7 @@ impl Engine {
         });
         let pending = Pending::new(task, rx, self.input_gather());
         self.launch(&c, &rec, &route, pending, Vec::new());
-        crate::metrics::promoted(c.upstream.name(), &rec.task_id);
+        crate::metrics::promoted(c.upstream.name(), &rec.task_id, c.client_kind());
         Reply::Task(Arc::new(rec))
     }
 

@@ -63,7 +63,11 @@ pub(super) struct LegacyCall {
 
 /// Serve a started call: JSON if it ends quietly within `keepalive_ms`, else SSE (the
 /// one held-call responder, `held.rs`, with what a session makes of each event).
-pub(super) async fn serve(c: LegacyCall, pending: Pending) -> Response<Body> {
+pub(super) async fn serve(
+    c: LegacyCall,
+    pending: Pending,
+    promote: Option<held::Deadline>,
+) -> Response<Body> {
     c.live
         .call_started(&c.session, &c.id, pending.abort_handle());
     let t = held::Timing {
@@ -72,6 +76,7 @@ pub(super) async fn serve(c: LegacyCall, pending: Pending) -> Response<Body> {
         sync_at: c.received + c.sync_timeout,
         keepalive: c.keepalive,
         opening_comment: true,
+        promote,
     };
     let site = Site {
         c,
@@ -131,6 +136,12 @@ impl held::Site for Site {
     fn ended(&mut self) {
         self.c.live.call_ended(&self.c.session, &self.c.id);
         self.c.live.forget(&self.c.session, &self.relayed);
+    }
+
+    /// Not while a question relayed on the stream waits for the client's answer,
+    /// which could no longer reach the call once it is a task.
+    fn may_promote(&self) -> bool {
+        !self.c.live.awaiting(&self.c.session, &self.relayed)
     }
 }
 

@@ -85,6 +85,13 @@ impl LegacyLive {
         sender.is_some_and(|s| s.send(answer).is_ok())
     }
 
+    /// Whether any of the requests relayed with `ids` waits for the client's answer.
+    pub fn awaiting(&self, session: &str, ids: &[String]) -> bool {
+        let a = self.answers.lock();
+        ids.iter()
+            .any(|id| a.contains_key(&(session.to_string(), id.clone())))
+    }
+
     /// Forget relayed requests still unanswered when their call ended.
     pub fn forget(&self, session: &str, ids: &[String]) {
         let mut a = self.answers.lock();

@@ -32,14 +32,15 @@ use self::live::SubChange;
 use self::message::Message;
 use self::tasks::TaskSession;
 use super::answer::Final;
-use super::dispatch::{self, Answers, Ctx, HeldCall};
+use super::answers::{Answers, Ctx, Envelope, HeldCall, Listed};
+use super::dispatch;
 use super::gateway::Gateway;
 use super::reply::{self, Body};
 use super::wire::ValidRequest;
 use crate::auth::Principal;
 use crate::protocol::legacy::{self as versions, LegacyOnly, LegacyRequest};
 use crate::protocol::meta::{ClientCaps, RequestMeta, log_level_rank};
-use crate::protocol::params::{Field, TaskRef, ToolCallParams};
+use crate::protocol::params::{Field, Params, TaskRef, ToolCallParams};
 use crate::protocol::{self, Method, Request, RequestId, RpcError, TASKS_EXTENSION, error, fields};
 use crate::store::SessionRecord;
 use crate::store::TaskRecord;
@@ -663,6 +664,21 @@ impl Answers for SessionAnswers<'_> {
         }
     }
 
+    /// A session is plain unless it asked for a 2025-11-25 task (and for lists,
+    /// always: docs/design.md §28).
+    fn plain(&self, req: &ValidRequest) -> bool {
+        !(self.dialect && matches!(&req.params, Params::ToolsCall(p) if p.task != Field::Absent))
+    }
+
+    fn input_caps(&self, _req: &Request<ToolCallParams>) -> ClientCaps {
+        ClientCaps(self.s.rec.client_capabilities.clone())
+    }
+
+    /// The result as the upstream would have sent it.
+    fn tool_result_envelope(&self) -> Envelope {
+        |result, _| result
+    }
+
     fn scope<'a>(&'a self, _principal: &'a Principal) -> Scope<'a> {
         self.s.scope()
     }
@@ -671,15 +687,19 @@ impl Answers for SessionAnswers<'_> {
         Some(self.s.sid().to_string())
     }
 
+    /// The task tools are added after the dialect's marks: they never run as tasks
+    /// themselves. A 2025-era list has no cache scope to set.
     fn tools_listed(
         &self,
         id: &RequestId,
         mut list: Value,
         _server_info: &Value,
+        extra: Listed,
     ) -> Response<Body> {
         if self.dialect {
             tasks::mark_tools(&self.s.upstream.cfg, &mut list);
         }
+        extra.append_to(&mut list);
         call::json_answer(id, list)
     }
 
@@ -707,7 +727,7 @@ impl Answers for SessionAnswers<'_> {
         let c = self
             .s
             .held(req.id, req.meta.progress_token, self.stream, mark_tools);
-        call::serve(c, call.pending).await
+        call::serve(c, call.pending, call.promote).await
     }
 
     async fn task_get(
