@@ -62,8 +62,8 @@ free_port() {
 # workers run instead (background loops included): the only choice that reads the same
 # across builds whose futures have other names, for comparing an older commit.
 # TASKGATE_HOTPATH_COUNT=process counts the whole process, start-up and every thread
-# included (for a difference of two request counts). A method's symbol names its type
-# where it is defined (`tasks::engine::Engine`), not where `tasks` re-exports it.
+# included (for a difference of two request counts). A function's symbol names the
+# file that defines it (`tasks::driver::drive`), not where `tasks` re-exports it.
 COLLECT=(--collect-atstart=no)
 if [ "${TASKGATE_HOTPATH_COUNT:-request}" = tasks ]; then
     TOGGLES=("--toggle-collect=tokio::runtime::scheduler::multi_thread::worker::Context::run_task")
@@ -74,7 +74,7 @@ else
 TOGGLES=(
     "--toggle-collect=<tokio_util::task::task_tracker::TrackedFuture<F> as core::future::future::Future>::poll"
     "--toggle-collect=taskgate::tasks::call::start_call::{{closure}}"
-    "--toggle-collect=taskgate::tasks::driver::<impl taskgate::tasks::engine::Engine>::drive::{{closure}}"
+    "--toggle-collect=taskgate::tasks::driver::drive::{{closure}}"
     "--toggle-collect=<taskgate::upstream::http::executor::ConnectionTask<F> as core::future::future::Future>::poll"
 )
 fi

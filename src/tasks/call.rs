@@ -7,26 +7,29 @@
 
 use std::sync::Arc;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::driver::{Driven, key_inputs, split_inputs};
-use super::events::{Event, Notice, Pending, Timers};
+use super::driver::{key_inputs, progress_message, split_inputs};
+use super::engine::Engine;
+use super::events::{Event, Notice, Pending, Timers, queue_status};
 use super::failure::Failure;
-use super::fingerprint::fingerprint;
+use super::handles::Handle;
 use super::inputs::{self, InlineTiming, InputVerdict};
 use super::mrtr::{Holds, Resumed};
 use super::outcome::{Reply, answer_of};
 use super::promote::Promotion;
-use super::{Engine, ids};
+use super::tool_call::{
+    self, ToolCall, arguments_fingerprint, launch, new_record, new_route, store_failed_after_send,
+    store_failure,
+};
+use super::upstream_task;
 use crate::auth::Principal;
 use crate::config::{OnInput, PlainClients, TaskMode};
-use crate::protocol::params::{Field, Forward, TaskRef, ToolCallParams};
+use crate::protocol::params::{Field, Forward, ToolCallParams};
 use crate::protocol::{Request, RpcError, error};
-use crate::store::{
-    Created, QuotaCreated, RequestRoute, SCHEMA_VERSION, TaskRecord, TaskStatus, now_ms,
-};
+use crate::store::{Created, QuotaCreated, TaskRecord};
 use crate::upstream::{Upstream, UpstreamError};
 
 /// The race's one timer: `promote_after_ms` passed.
@@ -68,24 +71,6 @@ pub struct ToolCallRequest {
     pub handles: bool,
 }
 
-/// One `tools/call` that may become a task.
-pub struct ToolCall {
-    pub upstream: Arc<Upstream>,
-    pub principal: Principal,
-    pub req: Request<ToolCallParams>,
-    /// `params.name`, which [`Engine::call_tool`] checked is a string.
-    pub tool: String,
-    pub server_info: Value,
-    pub promotion: Promotion,
-    pub timing: InlineTiming,
-    pub holds: Arc<Holds>,
-    /// A 2025-era client's task: input it did not declare is answered here, as its
-    /// inline calls' is (`inputs::answer_undeclared`), rather than failing the task.
-    pub answer_undeclared: bool,
-    /// A plain caller's task, answered with a handle (docs/design.md §28).
-    pub handle: bool,
-}
-
 fn invalid(why: impl Into<String>) -> ToolReply {
     Reply::Complete(Err(RpcError::invalid_params(why))).into()
 }
@@ -96,118 +81,151 @@ fn needs_extension(why: String) -> ToolReply {
     Reply::Failed(Failure::refused(RpcError::tasks_extension_required(why))).into()
 }
 
-impl Engine {
-    /// The one entry for a `tools/call` of either era: the params checks, then what
-    /// becomes of the call by who makes it ([`Caller`]). The upstream's
-    /// `execution.taskSupport` is looked up once, here.
-    pub async fn call_tool(self: &Arc<Self>, r: ToolCallRequest) -> ToolReply {
-        if r.caller == Caller::SessionTask && r.req.params.task == Field::Invalid {
-            return invalid("params.task must be an object");
+/// The one entry for a `tools/call` of either era: the params checks, then what
+/// becomes of the call by who makes it ([`Caller`]). The upstream's
+/// `execution.taskSupport` is looked up once, here.
+pub(super) async fn call_tool(engine: &Arc<Engine>, r: ToolCallRequest) -> ToolReply {
+    if r.caller == Caller::SessionTask && r.req.params.task == Field::Invalid {
+        return invalid("params.task must be an object");
+    }
+    let Field::Valid(tool) = r.req.params.name.clone() else {
+        return invalid("params.name must be a string");
+    };
+    if r.req.params.arguments() == Field::Invalid {
+        return invalid("params.arguments must be an object");
+    }
+    let mut promotion = Promotion::resolve(&engine.cfg.tasks, &r.upstream.cfg, &tool);
+    let plain = matches!(r.caller, Caller::Plain | Caller::Session(_));
+    if plain && r.handles && promotion.plain_clients == PlainClients::Handle {
+        return handle_call(engine, r, tool, promotion).await;
+    }
+    match r.caller.clone() {
+        Caller::Tasks if promotion.mode != TaskMode::Never => {
+            let c = to_tool_call(r, tool, promotion, false);
+            retry_or_call(engine, c).await
         }
-        let Field::Valid(tool) = r.req.params.name.clone() else {
-            return invalid("params.name must be a string");
-        };
-        if r.req.params.arguments() == Field::Invalid {
-            return invalid("params.arguments must be an object");
-        }
-        let mut promotion = Promotion::resolve(&self.cfg.tasks, &r.upstream.cfg, &tool);
-        let plain = matches!(r.caller, Caller::Plain | Caller::Session(_));
-        if plain && r.handles && promotion.plain_clients == PlainClients::Handle {
-            return super::handles::call(self, r, tool, promotion).await;
-        }
-        match r.caller.clone() {
-            Caller::Tasks if promotion.mode != TaskMode::Never => {
-                let c = to_tool_call(r, tool, promotion, false);
-                self.retry_or_call(c).await
+        Caller::Tasks | Caller::Plain => plain_call(engine, r, &tool, &promotion).await,
+        Caller::SessionTask => {
+            if promotion.mode == TaskMode::Never {
+                return Reply::Complete(Err(RpcError::new(
+                    error::METHOD_NOT_FOUND,
+                    format!("tool {tool:?} does not run as a task"),
+                )))
+                .into();
             }
-            Caller::Tasks | Caller::Plain => self.plain_call(r, &tool, &promotion).await,
-            Caller::SessionTask => {
-                if promotion.mode == TaskMode::Never {
-                    return Reply::Complete(Err(RpcError::new(
-                        error::METHOD_NOT_FOUND,
-                        format!("tool {tool:?} does not run as a task"),
-                    )))
-                    .into();
-                }
-                // The task exists before the call starts, and its input goes through
-                // `tasks/result`, never an MRTR round this client cannot make.
-                promotion.promote_after = std::time::Duration::ZERO;
-                promotion.on_input = OnInput::Task;
-                self.tools_call(to_tool_call(r, tool, promotion, true))
-                    .await
-                    .into()
-            }
-            Caller::Session(session) => {
-                // A tool the upstream runs only as its own task, called without
-                // augmentation: followed inline (docs/design.md §25).
-                let upstream_task = r
-                    .upstream
-                    .upstream_task_support(&r.principal, &tool)
-                    .await
-                    .as_deref()
-                    == Some("required");
-                let want_progress = r.req.meta.progress_token.is_some();
-                let mut spec =
-                    inputs::upstream_spec(r.req.method, &r.req.params.fwd, want_progress);
-                spec.session = Some(session);
-                let pending = if upstream_task {
-                    self.start_upstream_task_inline(&r.upstream, &r.principal, spec)
-                } else {
-                    self.start_call(&r.upstream, &r.principal, spec)
-                };
-                ToolReply::Inline {
-                    pending,
-                    req: r.req,
-                    handle: None,
-                }
+            // The task exists before the call starts, and its input goes through
+            // `tasks/result`, never an MRTR round this client cannot make.
+            promotion.promote_after = std::time::Duration::ZERO;
+            promotion.on_input = OnInput::Task;
+            tools_call(engine, to_tool_call(r, tool, promotion, true))
+                .await
+                .into()
+        }
+        Caller::Session(session) => {
+            // A tool the upstream runs only as its own task, called without
+            // augmentation: followed inline (docs/design.md §25).
+            let upstream_task = r
+                .upstream
+                .upstream_task_support(&r.principal, &tool)
+                .await
+                .as_deref()
+                == Some("required");
+            let want_progress = r.req.meta.progress_token.is_some();
+            let mut spec = inputs::upstream_spec(r.req.method, &r.req.params.fwd, want_progress);
+            spec.session = Some(session);
+            let pending = if upstream_task {
+                engine.start_upstream_task_inline(&r.upstream, &r.principal, spec)
+            } else {
+                engine.start_call(&r.upstream, &r.principal, spec)
+            };
+            ToolReply::Inline {
+                pending,
+                req: r.req,
+                handle: None,
             }
         }
     }
+}
 
-    /// A 2026 call served inline (a client without the extension, or a tool that
-    /// never runs as a task): refused with `-32021` when it could only be a task,
-    /// resumed when it is an MRTR retry.
-    async fn plain_call(
-        self: &Arc<Self>,
-        r: ToolCallRequest,
-        tool: &str,
-        promotion: &Promotion,
-    ) -> ToolReply {
-        if r.caller == Caller::Plain {
-            let keyed = r.req.idempotency_key.is_some()
-                || promotion.idempotency_argument.as_deref().is_some_and(|a| {
-                    r.req
-                        .params
-                        .arguments()
-                        .into_valid()
-                        .is_some_and(|x| x.get(a).is_some())
-                });
-            if keyed {
-                return needs_extension(
-                    "an idempotency key makes the call a task; declare the tasks extension".into(),
-                );
-            }
-            // Only a client without the extension is refused for a tool that runs
-            // only as a task, so only its calls look the tool up (a `tools/list`
-            // upstream when the cache is cold), bounded by the request's
-            // `sync_timeout_ms`: past it the inline call answers at once.
-            let required = promotion.mode == TaskMode::Required
-                || (promotion.mode != TaskMode::Never
-                    && tokio::time::timeout_at(
-                        r.received + r.timing.sync_timeout,
-                        r.upstream.tool_task_support(&r.principal, tool),
-                    )
-                    .await
-                    .ok()
-                    .flatten()
-                    .as_deref()
-                        == Some("required"));
-            if required {
-                return needs_extension(format!(
-                    "tool {tool:?} runs only as a task; declare the tasks extension"
-                ));
+/// A 2026 call served inline (a client without the extension, or a tool that
+/// never runs as a task): refused with `-32021` when it could only be a task,
+/// resumed when it is an MRTR retry.
+async fn plain_call(
+    engine: &Arc<Engine>,
+    r: ToolCallRequest,
+    tool: &str,
+    promotion: &Promotion,
+) -> ToolReply {
+    if r.caller == Caller::Plain {
+        if is_keyed(&r, promotion) {
+            return needs_extension(
+                "an idempotency key makes the call a task; declare the tasks extension".into(),
+            );
+        }
+        // Only a client without the extension is refused for a tool that runs
+        // only as a task, so only its calls look the tool up (a `tools/list`
+        // upstream when the cache is cold), bounded by the request's
+        // `sync_timeout_ms`: past it the inline call answers at once.
+        let required = promotion.mode == TaskMode::Required
+            || (promotion.mode != TaskMode::Never
+                && tokio::time::timeout_at(
+                    r.received + r.timing.sync_timeout,
+                    r.upstream.tool_task_support(&r.principal, tool),
+                )
+                .await
+                .ok()
+                .flatten()
+                .as_deref()
+                    == Some("required"));
+        if required {
+            return needs_extension(format!(
+                "tool {tool:?} runs only as a task; declare the tasks extension"
+            ));
+        }
+    }
+    match mrtr_retry(
+        &r.holds,
+        r.upstream.name(),
+        &r.principal,
+        &r.req,
+        &r.server_info,
+    ) {
+        None => {
+            let fwd = &r.req.params.fwd;
+            let spec =
+                inputs::upstream_spec(r.req.method, fwd, r.req.meta.progress_token.is_some());
+            let pending = engine.start_call(&r.upstream, &r.principal, spec);
+            ToolReply::Inline {
+                pending,
+                req: r.req,
+                handle: None,
             }
         }
+        Some(Retry::Resumed(pending)) => ToolReply::Inline {
+            pending,
+            req: r.req,
+            handle: None,
+        },
+        Some(Retry::Elsewhere(replica)) => ToolReply::Elsewhere {
+            replica,
+            req: r.req,
+        },
+        Some(Retry::Answer(reply)) => reply.into(),
+    }
+}
+
+/// A plain client's call of a tool in handle mode (docs/design.md §28): held inline
+/// with a deadline, at which the front's responder hands it to [`Engine::adopt`]; a
+/// handle at once when it could only be a task. An MRTR retry of a 2026 call resumes
+/// it, and its deadline starts again.
+async fn handle_call(
+    engine: &Arc<Engine>,
+    r: ToolCallRequest,
+    tool: String,
+    mut promotion: Promotion,
+) -> ToolReply {
+    let session = matches!(r.caller, Caller::Session(_));
+    if !session {
         match mrtr_retry(
             &r.holds,
             r.upstream.name(),
@@ -215,47 +233,99 @@ impl Engine {
             &r.req,
             &r.server_info,
         ) {
-            None => {
-                let fwd = &r.req.params.fwd;
-                let spec =
-                    inputs::upstream_spec(r.req.method, fwd, r.req.meta.progress_token.is_some());
-                let pending = self.start_call(&r.upstream, &r.principal, spec);
-                ToolReply::Inline {
-                    pending,
+            None => {}
+            Some(Retry::Resumed(pending)) => return held_to_deadline(r, tool, promotion, pending),
+            Some(Retry::Elsewhere(replica)) => {
+                return ToolReply::Elsewhere {
+                    replica,
                     req: r.req,
-                    handle: None,
-                }
+                };
             }
-            Some(Retry::Resumed(pending)) => ToolReply::Inline {
-                pending,
-                req: r.req,
-                handle: None,
-            },
-            Some(Retry::Elsewhere(replica)) => ToolReply::Elsewhere {
-                replica,
-                req: r.req,
-            },
-            Some(Retry::Answer(reply)) => reply.into(),
+            Some(Retry::Answer(reply)) => return reply.into(),
         }
     }
+    if promotion.promote_after.is_zero() || handle_at_once(&r, &tool, &promotion).await {
+        // The task exists before the call starts; its input goes through the task.
+        promotion.promote_after = std::time::Duration::ZERO;
+        promotion.on_input = OnInput::Task;
+        return tools_call(engine, to_tool_call(r, tool, promotion, session))
+            .await
+            .into();
+    }
+    // Progress always: it becomes the task's status message once promoted; the
+    // responder passes it on only to a client that asked for it.
+    let mut spec = inputs::upstream_spec(r.req.method, &r.req.params.fwd, true);
+    if let Caller::Session(s) = &r.caller {
+        spec.session = Some(s.clone());
+    }
+    let pending = engine.start_call(&r.upstream, &r.principal, spec);
+    held_to_deadline(r, tool, promotion, pending)
+}
 
-    /// A tasks client's call: resumed when it is an MRTR retry, else the race.
-    async fn retry_or_call(self: &Arc<Self>, c: ToolCall) -> ToolReply {
-        match mrtr_retry(
-            &c.holds,
-            c.upstream.name(),
-            &c.principal,
-            &c.req,
-            &c.server_info,
-        ) {
-            None => self.tools_call(c).await.into(),
-            Some(Retry::Resumed(pending)) => self.resume(c, pending).await.into(),
-            Some(Retry::Elsewhere(replica)) => ToolReply::Elsewhere {
-                replica,
-                req: c.req,
-            },
-            Some(Retry::Answer(reply)) => reply.into(),
-        }
+/// Whether a handle-mode call is a handle at once: keyed (its result must be
+/// stored), or of a tool that runs only as a task (config, or the upstream's
+/// `taskSupport`, looked up within the request's `sync_timeout_ms`).
+async fn handle_at_once(r: &ToolCallRequest, tool: &str, promotion: &Promotion) -> bool {
+    is_keyed(r, promotion)
+        || promotion.mode == TaskMode::Required
+        || tokio::time::timeout_at(
+            r.received + r.timing.sync_timeout,
+            r.upstream.tool_task_support(&r.principal, tool),
+        )
+        .await
+        .ok()
+        .flatten()
+        .as_deref()
+            == Some("required")
+}
+
+/// Whether the call carries an idempotency key (the header, or the tool's key
+/// argument).
+fn is_keyed(r: &ToolCallRequest, promotion: &Promotion) -> bool {
+    r.req.idempotency_key.is_some()
+        || promotion.idempotency_argument.as_deref().is_some_and(|a| {
+            r.req
+                .params
+                .arguments()
+                .into_valid()
+                .is_some_and(|x| x.get(a).is_some())
+        })
+}
+
+/// A handle-mode call held inline until its deadline.
+fn held_to_deadline(
+    r: ToolCallRequest,
+    tool: String,
+    promotion: Promotion,
+    pending: Pending,
+) -> ToolReply {
+    let at = Instant::now() + promotion.promote_after;
+    let req = r.req.clone();
+    let session = matches!(r.caller, Caller::Session(_));
+    let call = to_tool_call(r, tool, promotion, session);
+    ToolReply::Inline {
+        pending,
+        req,
+        handle: Some(Box::new(Handle::new(at, call))),
+    }
+}
+
+/// A tasks client's call: resumed when it is an MRTR retry, else the race.
+async fn retry_or_call(engine: &Arc<Engine>, c: ToolCall) -> ToolReply {
+    match mrtr_retry(
+        &c.holds,
+        c.upstream.name(),
+        &c.principal,
+        &c.req,
+        &c.server_info,
+    ) {
+        None => tools_call(engine, c).await.into(),
+        Some(Retry::Resumed(pending)) => resume(engine, c, pending).await.into(),
+        Some(Retry::Elsewhere(replica)) => ToolReply::Elsewhere {
+            replica,
+            req: c.req,
+        },
+        Some(Retry::Answer(reply)) => reply.into(),
     }
 }
 
@@ -300,12 +370,7 @@ pub fn mrtr_retry<P: AsRef<Forward>>(
     )
 }
 
-pub(super) fn to_tool_call(
-    r: ToolCallRequest,
-    tool: String,
-    promotion: Promotion,
-    session: bool,
-) -> ToolCall {
+fn to_tool_call(r: ToolCallRequest, tool: String, promotion: Promotion, session: bool) -> ToolCall {
     ToolCall {
         upstream: r.upstream,
         principal: r.principal,
@@ -313,17 +378,9 @@ pub(super) fn to_tool_call(
         tool,
         server_info: r.server_info,
         promotion,
-        timing: r.timing,
         handle: matches!(r.caller, Caller::Plain | Caller::Session(_)),
         holds: r.holds,
         answer_undeclared: session,
-    }
-}
-
-impl ToolCall {
-    /// The client kind of the metrics: `handle` for a plain caller's task.
-    pub(super) fn client_kind(&self) -> &'static str {
-        if self.handle { "handle" } else { "tasks" }
     }
 }
 
@@ -339,7 +396,7 @@ pub enum ToolReply {
         /// The deadline at which it becomes a task, for a plain caller of a tool in
         /// handle mode (docs/design.md §28): the responder hands it to
         /// [`Engine::adopt`] then.
-        handle: Option<Box<super::handles::Handle>>,
+        handle: Option<Box<Handle>>,
     },
     /// An MRTR retry whose call another replica holds: relay it there.
     Elsewhere {
@@ -412,15 +469,6 @@ fn start_call(
     Pending::new(task, rx, gather)
 }
 
-/// The fingerprint of a call's arguments (`{}` when absent), which an idempotency
-/// record keeps to tell a replay from a conflicting reuse of its key.
-pub(super) fn arguments_fingerprint(p: &ToolCallParams) -> String {
-    match p.arguments().into_valid() {
-        Some(args) => fingerprint(args),
-        None => fingerprint(&json!({})),
-    }
-}
-
 /// A call of a tenant whose purge is running: nothing was sent.
 fn purging_refusal() -> Reply {
     Reply::Failed(Failure::retry_later(RpcError::internal(
@@ -436,377 +484,245 @@ fn purge_cancelled() -> Reply {
     )))
 }
 
-pub(super) fn store_failure(e: impl std::fmt::Display) -> Reply {
-    Reply::Failed(Failure::retry_later(RpcError::internal(format!(
-        "the task could not be stored durably: {e}"
-    ))))
+/// The tenant's live-task quota (docs/design.md §8 "Flow control"), checked before
+/// the upstream call starts — after the idempotency lookup, so a duplicate still
+/// gets its task.
+///
+/// A count the store cannot give refuses the call (503 + `Retry-After`: nothing was
+/// sent): an uncounted quota is no quota (docs/design.md §16 "Fail closed").
+async fn over_quota(engine: &Engine, c: &ToolCall) -> Option<Reply> {
+    let live = match engine.tasks.live_tasks(&c.principal.tenant).await {
+        Ok(n) => n,
+        Err(e) => {
+            crate::metrics::fail_closed("quota_uncounted");
+            tracing::warn!(tenant = %c.principal.tenant, error = %e, "counting the tenant's live tasks failed; call refused");
+            return Some(Reply::Failed(Failure::retry_later(RpcError::internal(
+                format!("the tenant's live tasks could not be counted: {e}"),
+            ))));
+        }
+    };
+    engine
+        .limits
+        .check_quota(live)
+        .err()
+        .map(|t| Reply::Failed(Failure::throttled(t)))
 }
 
-/// A store failure once the upstream call may have been sent (docs/design.md §16
-/// "Durability, store failures and upgrades"): no task id, HTTP 200 + `-32603` saying
-/// what happened.
-pub(super) fn store_failed_after_send(upstream: &str, e: impl std::fmt::Display) -> Reply {
-    crate::metrics::fail_closed("store_failed_after_send");
-    tracing::warn!(upstream, error = %e, "storing a promoted task failed after its call was sent; call cancelled");
-    Reply::Failed(Failure::outcome(
-        RpcError::internal(format!(
-            "the task could not be stored durably after the call was sent to upstream \
-             {upstream}; the call was cancelled upstream: {e}"
-        ))
-        .with_data(json!({ "upstream": upstream })),
-    ))
+/// Serve a `tools/call` from a client that declared the tasks extension. A purge
+/// of the caller's tenant refuses it, or cancels it while it runs, so it never
+/// writes a task the purge would miss (docs/design.md §27 "Tenant purge").
+pub(super) async fn tools_call(engine: &Arc<Engine>, c: ToolCall) -> Reply {
+    let Some(in_flight) = engine.tenant_calls.enter(&c.principal.tenant) else {
+        return purging_refusal();
+    };
+    tokio::select! {
+        r = tools_call_admitted(engine, c) => r,
+        () = in_flight.cancelled() => purge_cancelled(),
+    }
 }
 
-impl Engine {
-    pub(super) fn new_record(
-        &self,
-        c: &ToolCall,
-        tool: &str,
-        fp: String,
-        idem: Option<String>,
-    ) -> TaskRecord {
-        let now = now_ms();
-        let ttl = crate::config::as_millis(self.cfg.tasks.ttl);
-        TaskRecord {
-            v: SCHEMA_VERSION,
-            task_id: ids::new_task_id(),
-            tenant: c.principal.tenant.clone(),
-            subject: c.principal.subject.clone(),
-            upstream: c.upstream.name().to_string(),
-            tool: tool.to_string(),
-            args_fingerprint: fp,
-            idempotency_key: idem,
-            status: TaskStatus::Working,
-            status_message: Some("working".into()),
-            created_at_ms: now,
-            last_updated_at_ms: now,
-            ttl_ms: ttl,
-            poll_interval_ms: crate::config::as_millis(self.cfg.tasks.poll_interval),
-            expires_at_ms: now + ttl,
-            result: None,
-            error: None,
-            input_requests: Default::default(),
-            issued_keys: Vec::new(),
-            cancel_requested: false,
-            // The request span is current here (the front instruments its dispatch).
-            trace: crate::telemetry::current_traceparent(),
-        }
-    }
+async fn tools_call_admitted(engine: &Arc<Engine>, c: ToolCall) -> Reply {
+    let tool = c.tool.clone();
+    let fp = arguments_fingerprint(&c.req.params);
+    let idem = c.req.idempotency_key.clone().or_else(|| {
+        let arg = c.promotion.idempotency_argument.as_deref()?;
+        let args = c.req.params.arguments().into_valid()?;
+        args.get(arg).and_then(Value::as_str).map(str::to_string)
+    });
 
-    pub(super) fn new_route(&self, c: &ToolCall, task_id: &str) -> RequestRoute {
-        let now = now_ms();
-        RequestRoute {
-            v: SCHEMA_VERSION,
-            route_id: ids::new_route_id(),
-            upstream: c.upstream.name().to_string(),
-            tenant: c.principal.tenant.clone(),
-            subject: c.principal.subject.clone(),
-            method: c.req.method.as_str().to_string(),
-            started_at_ms: now,
-            deadline_ms: now + crate::config::as_millis(self.cfg.tasks.ttl),
-            task_id: Some(task_id.to_string()),
-            upstream_task: None,
-        }
-    }
-
-    /// The reply to a duplicate idempotency key: the existing task, or `-32602` when
-    /// the arguments differ. The task may come from a concurrent create whose flush is
-    /// still running, so its id goes out only once it is durable (docs/design.md §1
-    /// "Promotion").
-    pub(super) async fn existing(
-        &self,
-        c: &ToolCall,
-        entry: crate::store::IdempotencyEntry,
-        fp: &str,
-    ) -> Reply {
-        if entry.args_fingerprint != fp {
-            return Reply::Complete(Err(RpcError::invalid_params(
-                "Idempotency-Key was already used with different arguments",
-            )));
-        }
-        if let Err(e) = self.flush().await {
-            return store_failure(e);
-        }
-        let task = TaskRef::to(&entry.task_id);
-        match self.resolve(&c.principal, c.upstream.name(), &task).await {
-            Ok(rec) => {
-                // It may have finished meanwhile: its status shows once durable.
-                match self.tasks.durable(&rec).await {
-                    Ok(()) => Reply::Task(rec),
-                    // Nothing was sent for this duplicate: retry-safe.
-                    Err(e) => store_failure(e),
-                }
-            }
-            Err(f) => Reply::Failed(f),
-        }
-    }
-
-    /// The tenant's live-task quota (docs/design.md §8 "Flow control"), checked before
-    /// the upstream call starts — after the idempotency lookup, so a duplicate still
-    /// gets its task.
-    ///
-    /// A count the store cannot give refuses the call (503 + `Retry-After`: nothing was
-    /// sent): an uncounted quota is no quota (docs/design.md §16 "Fail closed").
-    async fn over_quota(&self, c: &ToolCall) -> Option<Reply> {
-        let live = match self.tasks.live_tasks(&c.principal.tenant).await {
-            Ok(n) => n,
-            Err(e) => {
-                crate::metrics::fail_closed("quota_uncounted");
-                tracing::warn!(tenant = %c.principal.tenant, error = %e, "counting the tenant's live tasks failed; call refused");
-                return Some(Reply::Failed(Failure::retry_later(RpcError::internal(
-                    format!("the tenant's live tasks could not be counted: {e}"),
-                ))));
-            }
-        };
-        self.limits
-            .check_quota(live)
-            .err()
-            .map(|t| Reply::Failed(Failure::throttled(t)))
-    }
-
-    /// Serve a `tools/call` from a client that declared the tasks extension. A purge
-    /// of the caller's tenant refuses it, or cancels it while it runs, so it never
-    /// writes a task the purge would miss (docs/design.md §27 "Tenant purge").
-    pub async fn tools_call(self: &Arc<Self>, c: ToolCall) -> Reply {
-        let Some(in_flight) = self.tenant_calls.enter(&c.principal.tenant) else {
-            return purging_refusal();
-        };
-        tokio::select! {
-            r = self.tools_call_admitted(c) => r,
-            () = in_flight.cancelled() => purge_cancelled(),
-        }
-    }
-
-    async fn tools_call_admitted(self: &Arc<Self>, c: ToolCall) -> Reply {
-        let tool = c.tool.clone();
-        let fp = arguments_fingerprint(&c.req.params);
-        let idem = c.req.idempotency_key.clone().or_else(|| {
-            let arg = c.promotion.idempotency_argument.as_deref()?;
-            let args = c.req.params.arguments().into_valid()?;
-            args.get(arg).and_then(Value::as_str).map(str::to_string)
-        });
-
-        if let Some(key) = &idem {
-            // A keyed call is always a task, written before the upstream call starts
-            // so concurrent duplicates never reach the upstream twice (docs/design.md §9
-            // "Idempotency").
-            let index = idempotency_index(&c.principal, c.upstream.name(), &tool, key);
-            match self.tasks.idempotency_get(&index).await {
-                Ok(Some(entry)) => return self.existing(&c, entry, &fp).await,
-                Ok(None) => {}
-                Err(e) => return store_failure(e),
-            }
-            if c.upstream
-                .upstream_task_support(&c.principal, &tool)
-                .await
-                .is_some()
-            {
-                if let Some(r) = self.over_quota(&c).await {
-                    return r;
-                }
-                return self.keyed_upstream_task_call(c, fp, idem, index).await;
-            }
-            // The quota is counted by the creation itself (one round trip).
-            let rec = self.new_record(&c, &tool, fp.clone(), idem.clone());
-            return self.create_then_call(c, rec, Some(index), fp).await;
+    if let Some(key) = &idem {
+        // A keyed call is always a task, written before the upstream call starts
+        // so concurrent duplicates never reach the upstream twice (docs/design.md §9
+        // "Idempotency").
+        let index = idempotency_index(&c.principal, c.upstream.name(), &tool, key);
+        match engine.tasks.idempotency_get(&index).await {
+            Ok(Some(entry)) => return tool_call::existing(engine, &c, entry, &fp).await,
+            Ok(None) => {}
+            Err(e) => return store_failure(e),
         }
         if c.upstream
             .upstream_task_support(&c.principal, &tool)
             .await
             .is_some()
         {
-            if let Some(r) = self.over_quota(&c).await {
+            if let Some(r) = over_quota(engine, &c).await {
                 return r;
             }
-            return self.upstream_task_call(c, fp).await;
+            return upstream_task::keyed_upstream_task_call(engine, c, fp, idem, index).await;
         }
-        if c.promotion.promote_after.is_zero() {
-            let rec = self.new_record(&c, &tool, fp.clone(), None);
-            return self.create_then_call(c, rec, None, fp).await;
-        }
-        if let Some(r) = self.over_quota(&c).await {
+        // The quota is counted by the creation itself (one round trip).
+        let rec = new_record(engine, &c, &tool, fp.clone(), idem.clone());
+        return create_then_call(engine, c, rec, Some(index), fp).await;
+    }
+    if c.upstream
+        .upstream_task_support(&c.principal, &tool)
+        .await
+        .is_some()
+    {
+        if let Some(r) = over_quota(engine, &c).await {
             return r;
         }
-        let call = start_call(self, &c.upstream, &c.principal, &c.req, &c.promotion);
-        self.race(c, tool, fp, call).await
+        return upstream_task::upstream_task_call(engine, c, fp).await;
     }
-
-    /// Carry on with a call held for an MRTR round (`on_input = "mrtr"`): the race
-    /// against the deadline starts again now (MCP Tasks extension, "Task Creation":
-    /// MRTR first, then the task).
-    pub async fn resume(self: &Arc<Self>, c: ToolCall, pending: Pending) -> Reply {
-        let Some(in_flight) = self.tenant_calls.enter(&c.principal.tenant) else {
-            return purging_refusal();
-        };
-        let tool = c.tool.clone();
-        let fp = arguments_fingerprint(&c.req.params);
-        tokio::select! {
-            r = self.race(c, tool, fp, pending) => r,
-            () = in_flight.cancelled() => purge_cancelled(),
-        }
+    if c.promotion.promote_after.is_zero() {
+        let rec = new_record(engine, &c, &tool, fp.clone(), None);
+        return create_then_call(engine, c, rec, None, fp).await;
     }
-
-    /// `promote_after_ms = 0` and keyed calls: the task exists before the call starts,
-    /// written only while the tenant is under its live-task quota (counted by the same
-    /// store operation: docs/design.md §8 "Flow control").
-    async fn create_then_call(
-        self: &Arc<Self>,
-        c: ToolCall,
-        mut rec: TaskRecord,
-        index: Option<Vec<u8>>,
-        fp: String,
-    ) -> Reply {
-        // A call that will wait for an upstream slot says so from the first snapshot
-        // on (an estimate: the driver writes the position the queue reports).
-        if let Some(msg) = self.limits.queue_status_if_entered(
-            c.upstream.name(),
-            c.upstream.cfg.max_concurrency,
-            &c.principal,
-        ) {
-            rec.status_message = Some(msg);
-        }
-        let route = self.new_route(&c, &rec.task_id);
-        let _creating = self.calls.creating(&rec.task_id);
-        let max_live = self.limits.max_live_per_tenant();
-        match self
-            .tasks
-            .create_within_quota(&rec, &route, index.as_deref(), max_live)
-            .await
-        {
-            Ok(QuotaCreated::Done(Created::New)) => {}
-            Ok(QuotaCreated::Done(Created::Existing(entry))) => {
-                return self.existing(&c, entry, &fp).await;
-            }
-            Ok(QuotaCreated::OverQuota { .. }) => {
-                return Reply::Failed(Failure::throttled(self.limits.over_quota()));
-            }
-            Err(e) => return store_failure(e),
-        }
-        if let Err(e) = self.flush().await {
-            return store_failure(e);
-        }
-        let call = start_call(self, &c.upstream, &c.principal, &c.req, &c.promotion);
-        self.launch(&c, &rec, &route, call, Vec::new());
-        crate::metrics::promoted(c.upstream.name(), &rec.task_id, c.client_kind());
-        Reply::Task(Arc::new(rec))
+    if let Some(r) = over_quota(engine, &c).await {
+        return r;
     }
+    let call = start_call(engine, &c.upstream, &c.principal, &c.req, &c.promotion);
+    race(engine, c, tool, fp, call).await
+}
 
-    /// Register a promoted call and hand it to its driver.
-    pub(super) fn launch(
-        self: &Arc<Self>,
-        c: &ToolCall,
-        rec: &TaskRecord,
-        route: &RequestRoute,
-        call: Pending,
-        responders: Vec<(
-            String,
-            tokio::sync::oneshot::Sender<crate::upstream::InputAnswer>,
-        )>,
+/// Carry on with a call held for an MRTR round (`on_input = "mrtr"`): the race
+/// against the deadline starts again now (MCP Tasks extension, "Task Creation":
+/// MRTR first, then the task).
+async fn resume(engine: &Arc<Engine>, c: ToolCall, pending: Pending) -> Reply {
+    let Some(in_flight) = engine.tenant_calls.enter(&c.principal.tenant) else {
+        return purging_refusal();
+    };
+    let tool = c.tool.clone();
+    let fp = arguments_fingerprint(&c.req.params);
+    tokio::select! {
+        r = race(engine, c, tool, fp, pending) => r,
+        () = in_flight.cancelled() => purge_cancelled(),
+    }
+}
+
+/// `promote_after_ms = 0` and keyed calls: the task exists before the call starts,
+/// written only while the tenant is under its live-task quota (counted by the same
+/// store operation: docs/design.md §8 "Flow control").
+async fn create_then_call(
+    engine: &Arc<Engine>,
+    c: ToolCall,
+    mut rec: TaskRecord,
+    index: Option<Vec<u8>>,
+    fp: String,
+) -> Reply {
+    // A call that will wait for an upstream slot says so from the first snapshot
+    // on (an estimate: the driver writes the position the queue reports).
+    if let Some(msg) = engine.limits.queue_status_if_entered(
+        c.upstream.name(),
+        c.upstream.cfg.max_concurrency,
+        &c.principal,
     ) {
-        self.calls.register(&rec.task_id, call.abort_handle());
-        let awaiting_input = !responders.is_empty();
-        for (key, tx) in responders {
-            self.calls.add_responder(&rec.task_id, key, tx);
-        }
-        let engine = self.clone();
-        tokio::spawn(engine.drive(Driven {
-            task_id: rec.task_id.clone(),
-            route_id: route.route_id.clone(),
-            upstream: c.upstream.name().to_string(),
-            caps: c.req.meta.caps.clone(),
-            answer_undeclared: c.answer_undeclared,
-            call,
-            awaiting_input,
-        }));
+        rec.status_message = Some(msg);
     }
+    let route = new_route(engine, &c, &rec.task_id);
+    let _creating = engine.calls.creating(&rec.task_id);
+    let max_live = engine.limits.max_live_per_tenant();
+    match engine
+        .tasks
+        .create_within_quota(&rec, &route, index.as_deref(), max_live)
+        .await
+    {
+        Ok(QuotaCreated::Done(Created::New)) => {}
+        Ok(QuotaCreated::Done(Created::Existing(entry))) => {
+            return tool_call::existing(engine, &c, entry, &fp).await;
+        }
+        Ok(QuotaCreated::OverQuota { .. }) => {
+            return Reply::Failed(Failure::throttled(engine.limits.over_quota()));
+        }
+        Err(e) => return store_failure(e),
+    }
+    if let Err(e) = engine.flush().await {
+        return store_failure(e);
+    }
+    let call = start_call(engine, &c.upstream, &c.principal, &c.req, &c.promotion);
+    launch(engine, &c, &rec, &route, call, Vec::new());
+    crate::metrics::promoted(c.upstream.name(), &rec.task_id, c.client_kind());
+    Reply::Task(Arc::new(rec))
+}
 
-    async fn race(
-        self: &Arc<Self>,
-        c: ToolCall,
-        tool: String,
-        fp: String,
-        pending: Pending,
-    ) -> Reply {
-        let mut call = pending;
-        let mut armed = Armed(Some(call.abort_handle()));
-        let mut timers = Timers::default();
-        timers.set(Promote, Instant::now() + c.promotion.promote_after);
-        // The latest progress or queue position: the task starts with it, so a queued
-        // call says so from its CreateTaskResult on.
-        let mut status_message: Option<String> = None;
-        let inputs = loop {
-            match call.next(&mut timers).await {
-                Event::Finished(r) => {
-                    armed.disarm();
-                    crate::metrics::inline_completion(c.upstream.name());
-                    return answer_of(c.req.method, c.upstream.name(), &c.server_info, r);
-                }
-                Event::Notice(Notice::Progress(p)) => {
-                    status_message = Some(super::driver::progress_message(&p));
-                }
-                Event::Notice(Notice::Queue(q)) => status_message = Some(super::queue_status(q)),
-                Event::Notice(Notice::Log(_)) => {}
-                Event::Inputs(batch) => {
-                    match inputs::screen(&c.req.meta.caps, c.req.method, c.upstream.name(), batch) {
-                        InputVerdict::Missing(err) => return Reply::Failed(Failure::refused(err)),
-                        InputVerdict::Relay(batch) if c.promotion.on_input == OnInput::Mrtr => {
-                            // MRTR rounds first; the retry resumes this race.
-                            armed.disarm();
-                            let v = c.holds.hold(
-                                call,
-                                batch,
-                                &c.principal,
-                                c.upstream.name(),
-                                c.req.method,
-                                &c.req.params,
-                                &c.server_info,
-                            );
-                            return Reply::InputRequired(v);
-                        }
-                        // Input before the deadline promotes at once (docs/design.md §1
-                        // "Promotion").
-                        InputVerdict::Relay(batch) => break batch,
-                        InputVerdict::Refused => {}
-                    }
-                }
-                Event::Timer(Promote) => break Vec::new(),
+/// Register a promoted call and hand it to its driver.
+async fn race(
+    engine: &Arc<Engine>,
+    c: ToolCall,
+    tool: String,
+    fp: String,
+    pending: Pending,
+) -> Reply {
+    let mut call = pending;
+    let mut armed = Armed(Some(call.abort_handle()));
+    let mut timers = Timers::default();
+    timers.set(Promote, Instant::now() + c.promotion.promote_after);
+    // The latest progress or queue position: the task starts with it, so a queued
+    // call says so from its CreateTaskResult on.
+    let mut status_message: Option<String> = None;
+    let inputs = loop {
+        match call.next(&mut timers).await {
+            Event::Finished(r) => {
+                armed.disarm();
+                crate::metrics::inline_completion(c.upstream.name());
+                return answer_of(c.req.method, c.upstream.name(), &c.server_info, r);
             }
-        };
+            Event::Notice(Notice::Progress(p)) => {
+                status_message = Some(progress_message(&p));
+            }
+            Event::Notice(Notice::Queue(q)) => status_message = Some(queue_status(q)),
+            Event::Notice(Notice::Log(_)) => {}
+            Event::Inputs(batch) => {
+                match inputs::screen(&c.req.meta.caps, c.req.method, c.upstream.name(), batch) {
+                    InputVerdict::Missing(err) => return Reply::Failed(Failure::refused(err)),
+                    InputVerdict::Relay(batch) if c.promotion.on_input == OnInput::Mrtr => {
+                        // MRTR rounds first; the retry resumes this race.
+                        armed.disarm();
+                        let v = c.holds.hold(
+                            call,
+                            batch,
+                            &c.principal,
+                            c.upstream.name(),
+                            c.req.method,
+                            &c.req.params,
+                            &c.server_info,
+                        );
+                        return Reply::InputRequired(v);
+                    }
+                    // Input before the deadline promotes at once (docs/design.md §1
+                    // "Promotion").
+                    InputVerdict::Relay(batch) => break batch,
+                    InputVerdict::Refused => {}
+                }
+            }
+            Event::Timer(Promote) => break Vec::new(),
+        }
+    };
 
-        let mut rec = self.new_record(&c, &tool, fp, None);
-        if let Some(msg) = status_message {
-            rec.status_message = Some(msg);
-        }
-        let (requests, senders) = split_inputs(inputs);
-        let keys = if requests.is_empty() {
-            Vec::new()
-        } else {
-            key_inputs(&mut rec, &requests)
-        };
-        let route = self.new_route(&c, &rec.task_id);
-        let _creating = self.calls.creating(&rec.task_id);
-        // The call is under way upstream: a store failure now is the request's outcome
-        // (200), not a retry-safe 503, or a retry could run the call twice. Dropping
-        // `armed` cancels the call upstream; a record that was written after all is
-        // resolved as an orphan by the sweep (docs/design.md §16).
-        let stored = match self.tasks.create(&rec, &route, None).await {
-            Ok(_) => self.flush().await,
-            Err(e) => Err(e),
-        };
-        if let Err(e) = stored {
-            return store_failed_after_send(c.upstream.name(), e);
-        }
-        armed.disarm();
-        self.launch(
-            &c,
-            &rec,
-            &route,
-            call,
-            keys.into_iter().zip(senders).collect(),
-        );
-        crate::metrics::promoted(c.upstream.name(), &rec.task_id, c.client_kind());
-        Reply::Task(Arc::new(rec))
+    let mut rec = new_record(engine, &c, &tool, fp, None);
+    if let Some(msg) = status_message {
+        rec.status_message = Some(msg);
     }
+    let (requests, senders) = split_inputs(inputs);
+    let keys = if requests.is_empty() {
+        Vec::new()
+    } else {
+        key_inputs(&mut rec, &requests)
+    };
+    let route = new_route(engine, &c, &rec.task_id);
+    let _creating = engine.calls.creating(&rec.task_id);
+    // The call is under way upstream: a store failure now is the request's outcome
+    // (200), not a retry-safe 503, or a retry could run the call twice. Dropping
+    // `armed` cancels the call upstream; a record that was written after all is
+    // resolved as an orphan by the sweep (docs/design.md §16).
+    let stored = match engine.tasks.create(&rec, &route, None).await {
+        Ok(_) => engine.flush().await,
+        Err(e) => Err(e),
+    };
+    if let Err(e) = stored {
+        return store_failed_after_send(c.upstream.name(), e);
+    }
+    armed.disarm();
+    launch(
+        engine,
+        &c,
+        &rec,
+        &route,
+        call,
+        keys.into_iter().zip(senders).collect(),
+    );
+    crate::metrics::promoted(c.upstream.name(), &rec.task_id, c.client_kind());
+    Reply::Task(Arc::new(rec))
 }
 
 #[cfg(test)]

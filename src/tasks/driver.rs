@@ -11,11 +11,12 @@ use serde_json::{Map, Value};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::Engine;
-use super::events::{Event, Notice, Pending, Timers};
+use super::engine::Engine;
+use super::events::{Event, Notice, Pending, Timers, queue_status};
 use super::failure::{CallFailure, failure};
 use super::inputs::{self, InputVerdict};
 use super::outcome::JoinedCall;
+use super::terminal::{conclude, fail};
 use crate::protocol::results;
 use crate::protocol::{ClientCaps, META_RELATED_TASK, Method, RpcError};
 use crate::store::{StoreError, TaskRecord, TaskStatus, now_ms};
@@ -134,9 +135,9 @@ pub fn progress_message(p: &Map<String, Value>) -> String {
     s
 }
 
-/// What [`Engine::settle`] did with a call's outcome and its request route.
+/// What [`settle`] did with a call's outcome and its request route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Settled {
+enum Settled {
     /// Not recorded here: the route stays for whoever resolves the task.
     Kept,
     /// Recorded (or the task was terminal already); the route is still to remove.
@@ -146,359 +147,333 @@ pub(super) enum Settled {
     RouteGone,
 }
 
-impl Engine {
-    /// Apply a terminal outcome of the call of `route_id` unless the task is already
-    /// terminal. [`Settled::Kept`] when the outcome may not be recorded and the route must stay:
-    /// the write was fenced (this replica no longer holds the call; whoever does, or
-    /// the takeover, resolves the task), or the store failed in a way it does not retry.
-    ///
-    /// A store that is unreachable (an I/O error) is retried until it answers: the
-    /// outcome exists only here, and a task left `working` by one failed write would
-    /// stay so (its route names this live replica, so no takeover comes). A gateway
-    /// that stops meanwhile keeps the route, and its next start resolves the task.
-    pub(super) async fn settle(
-        &self,
-        task_id: &str,
-        route_id: &str,
-        apply: impl Fn(&mut TaskRecord) + Send + Sync,
-    ) -> Settled {
-        let retention = crate::config::as_millis(self.cfg.tasks.result_retention);
-        self.tasks.terminal_writing(task_id);
-        let mut backoff = SETTLE_RETRY_FIRST;
-        // What the settle span needs: the creation's context and the final status.
-        let mut settled: Option<(Option<String>, &'static str)> = None;
-        let updated = loop {
-            let r = self
-                .tasks
-                .update_releasing(task_id, route_id, &mut |rec| {
-                    if rec.status.is_terminal() {
-                        return false;
-                    }
-                    apply(rec);
-                    conclude(rec, retention);
-                    settled = Some((rec.trace.clone(), rec.status.as_str()));
-                    true
-                })
-                .await;
-            match r {
-                Err(StoreError::Io(e)) if !self.shutting_down() && self.lease_held() => {
-                    tracing::warn!(task = task_id, error = %e, retry_ms = backoff.as_millis() as u64, "recording a terminal state failed; retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(SETTLE_RETRY_MAX);
-                }
-                other => break other,
-            }
-        };
-        let released = match updated {
-            Ok((_, released)) => {
-                let span = match &settled {
-                    Some((trace, status)) => {
-                        crate::telemetry::settle_span(task_id, status, trace.as_deref())
-                    }
-                    None => tracing::Span::none(),
-                };
-                match tracing::Instrument::instrument(self.flush(), span).await {
-                    Ok(()) => self.tasks.terminal_flushed(task_id),
-                    // Still unflushed: readers flush (and fail) before showing it.
-                    Err(e) => {
-                        tracing::error!(task = task_id, error = %e, "flushing a terminal state failed");
-                    }
-                }
-                released
-            }
-            Err(StoreError::Fenced) => {
-                tracing::warn!(
-                    task = task_id,
-                    "call outcome discarded: this replica no longer holds the call"
-                );
-                return Settled::Kept;
-            }
-            // Stopping, or the lease went meanwhile: the route stays for the next
-            // start or the takeover.
-            Err(StoreError::Io(e)) => {
-                tracing::error!(task = task_id, error = %e, "recording a terminal state failed");
-                return Settled::Kept;
-            }
-            // Anything else (a corrupt record, a closed store) is not known to have
-            // written the outcome: keep the route, so recovery or the orphan sweep
-            // resolves the task, rather than leave it non-terminal with no route
-            // (docs/design.md §16 "Fail closed").
-            Err(e) => {
-                crate::metrics::fail_closed("route_kept");
-                tracing::error!(task = task_id, error = %e, "recording a terminal state failed; its route is kept for recovery");
-                return Settled::Kept;
-            }
-        };
-        self.changed(task_id);
-        if released {
-            Settled::RouteGone
-        } else {
-            Settled::Recorded
-        }
-    }
-
-    fn outcome_applier(&self, upstream: &str, r: JoinedCall) -> Option<Applier> {
-        let max = self.cfg.tasks.max_result_bytes;
-        match r {
-            Ok(Ok(CallOutcome::Result(mut v))) => {
-                if let Some(m) = v.get_mut("_meta").and_then(Value::as_object_mut) {
-                    m.remove(META_RELATED_TASK);
-                }
-                let size = serde_json::to_vec(&v).map(|b| b.len()).unwrap_or(0);
-                if size > max {
-                    let err = RpcError::internal(format!(
-                        "result too large: {size} bytes exceeds max_result_bytes ({max})"
-                    ));
-                    return Some(Box::new(move |rec| fail(rec, &err)));
-                }
-                Some(Box::new(move |rec| {
-                    rec.status = TaskStatus::Completed;
-                    rec.status_message = Some(if crate::protocol::fields::is_error_result(&v) {
-                        "completed with a tool error".into()
-                    } else {
-                        "completed".into()
-                    });
-                    rec.result = Some(v.clone());
-                }))
-            }
-            Ok(Ok(CallOutcome::Error(e))) => {
-                let e = results::map_error(e);
-                Some(Box::new(move |rec| fail(rec, &e)))
-            }
-            // A task records the same error an inline call would answer with
-            // (whatever its HTTP status there), so both read alike.
-            Ok(Err(e)) => {
-                let err = failure(upstream, CallFailure::Upstream(&e)).error;
-                Some(Box::new(move |rec| fail(rec, &err)))
-            }
-            // Aborted by cancel or expiry: the record already says so.
-            Err(j) if j.is_cancelled() => None,
-            Err(_) => {
-                let err = failure(upstream, CallFailure::Ended).error;
-                Some(Box::new(move |rec| fail(rec, &err)))
-            }
-        }
-    }
-
-    /// Run a promoted call to its end.
-    pub async fn drive(self: Arc<Self>, d: Driven) {
-        let Driven {
-            task_id,
-            route_id,
-            upstream,
-            caps,
-            answer_undeclared,
-            mut call,
-            awaiting_input,
-        } = d;
-        let input_timeout = self.cfg.tasks.input_timeout;
-        let mut timers = Timers::default();
-        if awaiting_input {
-            timers.set(DriverTimer::Input, Instant::now() + input_timeout);
-        }
-        let mut settled = Settled::Recorded;
-        let epoch = self.epoch();
-        // The latest progress or queue position not yet written.
-        let mut progress: Option<String> = None;
-        loop {
-            match call.next(&mut timers).await {
-                Event::Finished(r) => {
-                    // Stopping: keep the request route so the next start resolves
-                    // the task (docs/design.md §10 "Restart").
-                    if self.shutting_down() {
-                        return;
-                    }
-                    if let Some(apply) = self.outcome_applier(&upstream, r) {
-                        settled = self.settle(&task_id, &route_id, apply).await;
-                    }
-                    break;
-                }
-                Event::Notice(n) => {
-                    let msg = match n {
-                        Notice::Progress(p) => {
-                            self.limits.progress_seen(&task_id);
-                            progress_message(&p)
-                        }
-                        Notice::Queue(q) => super::queue_status(q),
-                        Notice::Log(_) => continue,
-                    };
-                    if progress.replace(msg).is_none() {
-                        timers.set(DriverTimer::Progress, Instant::now() + PROGRESS_COALESCE);
-                    }
-                }
-                Event::Timer(DriverTimer::Progress) => {
-                    if let Some(msg) = progress.take() {
-                        self.write_progress(&task_id, &route_id, msg).await;
-                    }
-                }
-                Event::Inputs(batch) => {
-                    // Progress reported before the input request lands first.
-                    if let Some(msg) = progress.take() {
-                        timers.clear(DriverTimer::Progress);
-                        self.write_progress(&task_id, &route_id, msg).await;
-                    }
-                    let batch = if answer_undeclared {
-                        inputs::answer_undeclared(&caps, batch)
-                    } else {
-                        batch
-                    };
-                    if batch.is_empty() {
-                        continue;
-                    }
-                    match inputs::screen(&caps, Method::ToolsCall, &upstream, batch) {
-                        InputVerdict::Missing(err) => {
-                            call.abort();
-                            settled = self
-                                .settle(&task_id, &route_id, move |rec| fail(rec, &err))
-                                .await;
-                            break;
-                        }
-                        InputVerdict::Relay(batch) => {
-                            self.on_inputs(&task_id, &route_id, batch).await;
-                            timers.set(DriverTimer::Input, Instant::now() + input_timeout);
-                        }
-                        // Only a promoted `tools/call` is driven, and it may ask.
-                        InputVerdict::Refused => {}
-                    }
-                }
-                Event::Timer(DriverTimer::Input) => {
-                    let waiting =
-                        self.tasks.status(&task_id).await == Some(TaskStatus::InputRequired);
-                    if waiting {
-                        call.abort();
-                        let err = RpcError::internal(format!(
-                            "input was not provided within input_timeout_ms ({} ms)",
-                            input_timeout.as_millis()
-                        ));
-                        settled = self
-                            .settle(&task_id, &route_id, move |rec| fail(rec, &err))
-                            .await;
-                        break;
-                    }
-                }
-            }
-        }
-        // A call this replica no longer holds (fenced, or stopped with the lease) keeps
-        // its route: the takeover resolves the task from it.
-        if settled == Settled::Kept || !self.lease_held() || self.epoch() != epoch {
-            self.calls.forget(&task_id);
-            return;
-        }
-        if settled == Settled::Recorded
-            && let Err(e) = self.tasks.remove_route(&route_id).await
-        {
-            tracing::warn!(task = %task_id, error = %e, "removing a request route failed");
-        }
-        self.calls.forget(&task_id);
-    }
-
-    async fn write_progress(&self, task_id: &str, route_id: &str, msg: String) {
-        let r = self
+/// Apply a terminal outcome of the call of `route_id` unless the task is already
+/// terminal. [`Settled::Kept`] when the outcome may not be recorded and the route must stay:
+/// the write was fenced (this replica no longer holds the call; whoever does, or
+/// the takeover, resolves the task), or the store failed in a way it does not retry.
+///
+/// A store that is unreachable (an I/O error) is retried until it answers: the
+/// outcome exists only here, and a task left `working` by one failed write would
+/// stay so (its route names this live replica, so no takeover comes). A gateway
+/// that stops meanwhile keeps the route, and its next start resolves the task.
+async fn settle(
+    engine: &Engine,
+    task_id: &str,
+    route_id: &str,
+    apply: impl Fn(&mut TaskRecord) + Send + Sync,
+) -> Settled {
+    let retention = crate::config::as_millis(engine.cfg.tasks.result_retention);
+    engine.tasks.terminal_writing(task_id);
+    let mut backoff = SETTLE_RETRY_FIRST;
+    // What the settle span needs: the creation's context and the final status.
+    let mut settled: Option<(Option<String>, &'static str)> = None;
+    let updated = loop {
+        let r = engine
             .tasks
-            .update(task_id, Some(route_id), &mut |rec| {
+            .update_releasing(task_id, route_id, &mut |rec| {
                 if rec.status.is_terminal() {
                     return false;
                 }
-                rec.status_message = Some(msg.clone());
-                rec.last_updated_at_ms = now_ms();
+                apply(rec);
+                conclude(rec, retention);
+                settled = Some((rec.trace.clone(), rec.status.as_str()));
                 true
             })
             .await;
-        if r.is_ok() {
-            self.changed(task_id);
+        match r {
+            Err(StoreError::Io(e)) if !engine.shutting_down() && engine.lease_held() => {
+                tracing::warn!(task = task_id, error = %e, retry_ms = backoff.as_millis() as u64, "recording a terminal state failed; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(SETTLE_RETRY_MAX);
+            }
+            other => break other,
+        }
+    };
+    let released = match updated {
+        Ok((_, released)) => {
+            let span = match &settled {
+                Some((trace, status)) => {
+                    crate::telemetry::settle_span(task_id, status, trace.as_deref())
+                }
+                None => tracing::Span::none(),
+            };
+            match tracing::Instrument::instrument(engine.flush(), span).await {
+                Ok(()) => engine.tasks.terminal_flushed(task_id),
+                // Still unflushed: readers flush (and fail) before showing it.
+                Err(e) => {
+                    tracing::error!(task = task_id, error = %e, "flushing a terminal state failed");
+                }
+            }
+            released
+        }
+        Err(StoreError::Fenced) => {
+            tracing::warn!(
+                task = task_id,
+                "call outcome discarded: this replica no longer holds the call"
+            );
+            return Settled::Kept;
+        }
+        // Stopping, or the lease went meanwhile: the route stays for the next
+        // start or the takeover.
+        Err(StoreError::Io(e)) => {
+            tracing::error!(task = task_id, error = %e, "recording a terminal state failed");
+            return Settled::Kept;
+        }
+        // Anything else (a corrupt record, a closed store) is not known to have
+        // written the outcome: keep the route, so recovery or the orphan sweep
+        // resolves the task, rather than leave it non-terminal with no route
+        // (docs/design.md §16 "Fail closed").
+        Err(e) => {
+            crate::metrics::fail_closed("route_kept");
+            tracing::error!(task = task_id, error = %e, "recording a terminal state failed; its route is kept for recovery");
+            return Settled::Kept;
+        }
+    };
+    engine.changed(task_id);
+    if released {
+        Settled::RouteGone
+    } else {
+        Settled::Recorded
+    }
+}
+
+fn outcome_applier(max: usize, upstream: &str, r: JoinedCall) -> Option<Applier> {
+    match r {
+        Ok(Ok(CallOutcome::Result(mut v))) => {
+            if let Some(m) = v.get_mut("_meta").and_then(Value::as_object_mut) {
+                m.remove(META_RELATED_TASK);
+            }
+            let size = serde_json::to_vec(&v).map(|b| b.len()).unwrap_or(0);
+            if size > max {
+                let err = RpcError::internal(format!(
+                    "result too large: {size} bytes exceeds max_result_bytes ({max})"
+                ));
+                return Some(Box::new(move |rec| fail(rec, &err)));
+            }
+            Some(Box::new(move |rec| {
+                rec.status = TaskStatus::Completed;
+                rec.status_message = Some(if crate::protocol::fields::is_error_result(&v) {
+                    "completed with a tool error".into()
+                } else {
+                    "completed".into()
+                });
+                rec.result = Some(v.clone());
+            }))
+        }
+        Ok(Ok(CallOutcome::Error(e))) => {
+            let e = results::map_error(e);
+            Some(Box::new(move |rec| fail(rec, &e)))
+        }
+        // A task records the same error an inline call would answer with
+        // (whatever its HTTP status there), so both read alike.
+        Ok(Err(e)) => {
+            let err = failure(upstream, CallFailure::Upstream(&e)).error;
+            Some(Box::new(move |rec| fail(rec, &err)))
+        }
+        // Aborted by cancel or expiry: the record already says so.
+        Err(j) if j.is_cancelled() => None,
+        Err(_) => {
+            let err = failure(upstream, CallFailure::Ended).error;
+            Some(Box::new(move |rec| fail(rec, &err)))
         }
     }
+}
 
-    /// Record the upstream's input requests on the task, then register the channels
-    /// their answers go to. A store that is unreachable is retried for up to
-    /// `input_timeout_ms`, as a terminal write is: the requests exist only here, and a
-    /// task whose write failed would read `working` while its call waits for an
-    /// answer nobody can give. A write that cannot be made registers nothing: the
-    /// upstream's requests are answered with an error, and the call goes on to its end.
-    async fn on_inputs(&self, task_id: &str, route_id: &str, batch: Vec<InputRequest>) {
-        let (requests, responders) = split_inputs(batch);
-        let mut keys = Vec::new();
-        let give_up = Instant::now() + self.cfg.tasks.input_timeout;
-        let mut backoff = SETTLE_RETRY_FIRST;
-        let mut retrying = false;
-        loop {
-            let r = self
-                .tasks
-                .update(task_id, Some(route_id), &mut |rec| {
-                    // `update` may run this more than once: only the last run's keys count.
-                    keys.clear();
-                    if rec.status.is_terminal() {
-                        return false;
-                    }
-                    // A failed write may have landed all the same: its keys stand.
-                    if retrying && let Some(recorded) = keys_of_recorded(rec, &requests) {
-                        keys = recorded;
-                        return false;
-                    }
-                    keys = key_inputs(rec, &requests);
-                    true
-                })
-                .await;
-            match r {
-                Ok(_) => break,
-                Err(StoreError::Io(e))
-                    if !self.shutting_down()
-                        && self.lease_held()
-                        && Instant::now() + backoff < give_up =>
+/// Run a promoted call to its end.
+pub(super) async fn drive(engine: Arc<Engine>, d: Driven) {
+    let Driven {
+        task_id,
+        route_id,
+        upstream,
+        caps,
+        answer_undeclared,
+        mut call,
+        awaiting_input,
+    } = d;
+    let input_timeout = engine.cfg.tasks.input_timeout;
+    let mut timers = Timers::default();
+    if awaiting_input {
+        timers.set(DriverTimer::Input, Instant::now() + input_timeout);
+    }
+    let mut settled = Settled::Recorded;
+    let epoch = engine.epoch();
+    // The latest progress or queue position not yet written.
+    let mut progress: Option<String> = None;
+    loop {
+        match call.next(&mut timers).await {
+            Event::Finished(r) => {
+                // Stopping: keep the request route so the next start resolves
+                // the task (docs/design.md §10 "Restart").
+                if engine.shutting_down() {
+                    return;
+                }
+                if let Some(apply) =
+                    outcome_applier(engine.cfg.tasks.max_result_bytes, &upstream, r)
                 {
-                    tracing::warn!(task = task_id, error = %e, retry_ms = backoff.as_millis() as u64, "recording input requests failed; retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(SETTLE_RETRY_MAX);
-                    retrying = true;
+                    settled = settle(&engine, &task_id, &route_id, apply).await;
                 }
-                // Taken over: the takeover resolves the task, and the call's answer
-                // is discarded (as in `settle`).
-                Err(StoreError::Fenced) => {
-                    tracing::warn!(
-                        task = task_id,
-                        "input requests refused: this replica no longer holds the call"
-                    );
-                    keys.clear();
-                    break;
+                break;
+            }
+            Event::Notice(n) => {
+                let msg = match n {
+                    Notice::Progress(p) => {
+                        engine.limits.progress_seen(&task_id);
+                        progress_message(&p)
+                    }
+                    Notice::Queue(q) => queue_status(q),
+                    Notice::Log(_) => continue,
+                };
+                if progress.replace(msg).is_none() {
+                    timers.set(DriverTimer::Progress, Instant::now() + PROGRESS_COALESCE);
                 }
-                Err(e) => {
-                    crate::metrics::fail_closed("input_refused");
-                    tracing::error!(task = task_id, error = %e, "recording input requests failed; the upstream's requests are refused");
-                    keys.clear();
+            }
+            Event::Timer(DriverTimer::Progress) => {
+                if let Some(msg) = progress.take() {
+                    write_progress(&engine, &task_id, &route_id, msg).await;
+                }
+            }
+            Event::Inputs(batch) => {
+                // Progress reported before the input request lands first.
+                if let Some(msg) = progress.take() {
+                    timers.clear(DriverTimer::Progress);
+                    write_progress(&engine, &task_id, &route_id, msg).await;
+                }
+                let batch = if answer_undeclared {
+                    inputs::answer_undeclared(&caps, batch)
+                } else {
+                    batch
+                };
+                if batch.is_empty() {
+                    continue;
+                }
+                match inputs::screen(&caps, Method::ToolsCall, &upstream, batch) {
+                    InputVerdict::Missing(err) => {
+                        call.abort();
+                        settled =
+                            settle(&engine, &task_id, &route_id, move |rec| fail(rec, &err)).await;
+                        break;
+                    }
+                    InputVerdict::Relay(batch) => {
+                        on_inputs(&engine, &task_id, &route_id, batch).await;
+                        timers.set(DriverTimer::Input, Instant::now() + input_timeout);
+                    }
+                    // Only a promoted `tools/call` is driven, and it may ask.
+                    InputVerdict::Refused => {}
+                }
+            }
+            Event::Timer(DriverTimer::Input) => {
+                let waiting =
+                    engine.tasks.status(&task_id).await == Some(TaskStatus::InputRequired);
+                if waiting {
+                    call.abort();
+                    let err = RpcError::internal(format!(
+                        "input was not provided within input_timeout_ms ({} ms)",
+                        input_timeout.as_millis()
+                    ));
+                    settled =
+                        settle(&engine, &task_id, &route_id, move |rec| fail(rec, &err)).await;
                     break;
                 }
             }
         }
-        // Responders dropped here (terminal task, failed write) answer the upstream
-        // with an error.
-        for (key, tx) in keys.into_iter().zip(responders) {
-            self.calls.add_responder(task_id, key, tx);
-        }
-        self.changed(task_id);
+    }
+    // A call this replica no longer holds (fenced, or stopped with the lease) keeps
+    // its route: the takeover resolves the task from it.
+    if settled == Settled::Kept || !engine.lease_held() || engine.epoch() != epoch {
+        engine.calls.forget(&task_id);
+        return;
+    }
+    if settled == Settled::Recorded
+        && let Err(e) = engine.tasks.remove_route(&route_id).await
+    {
+        tracing::warn!(task = %task_id, error = %e, "removing a request route failed");
+    }
+    engine.calls.forget(&task_id);
+}
+
+async fn write_progress(engine: &Engine, task_id: &str, route_id: &str, msg: String) {
+    let r = engine
+        .tasks
+        .update(task_id, Some(route_id), &mut |rec| {
+            if rec.status.is_terminal() {
+                return false;
+            }
+            rec.status_message = Some(msg.clone());
+            rec.last_updated_at_ms = now_ms();
+            true
+        })
+        .await;
+    if r.is_ok() {
+        engine.changed(task_id);
     }
 }
 
-/// Bookkeeping of every move to a terminal state: no input is outstanding any more, and
-/// the result stays retrievable for `result_retention_ms` (docs/design.md §11
-/// "Expiry").
-pub fn conclude(rec: &mut TaskRecord, retention_ms: u64) {
-    conclude_at(rec, retention_ms, now_ms());
-}
-
-/// [`conclude`] at `now` (a settle that must come out the same when repeated).
-pub fn conclude_at(rec: &mut TaskRecord, retention_ms: u64, now: u64) {
-    rec.last_updated_at_ms = now;
-    rec.input_requests.clear();
-    rec.expires_at_ms = rec.expires_at_ms.max(now + retention_ms);
-    rec.ttl_ms = rec.expires_at_ms.saturating_sub(rec.created_at_ms);
-}
-
-/// Mark a record failed with a JSON-RPC error.
-pub fn fail(rec: &mut TaskRecord, err: &RpcError) {
-    rec.status = TaskStatus::Failed;
-    rec.status_message = Some(err.message.clone());
-    rec.error = Some(err.to_value());
-    rec.result = None;
+/// Record the upstream's input requests on the task, then register the channels
+/// their answers go to. A store that is unreachable is retried for up to
+/// `input_timeout_ms`, as a terminal write is: the requests exist only here, and a
+/// task whose write failed would read `working` while its call waits for an
+/// answer nobody can give. A write that cannot be made registers nothing: the
+/// upstream's requests are answered with an error, and the call goes on to its end.
+async fn on_inputs(engine: &Engine, task_id: &str, route_id: &str, batch: Vec<InputRequest>) {
+    let (requests, responders) = split_inputs(batch);
+    let mut keys = Vec::new();
+    let give_up = Instant::now() + engine.cfg.tasks.input_timeout;
+    let mut backoff = SETTLE_RETRY_FIRST;
+    let mut retrying = false;
+    loop {
+        let r = engine
+            .tasks
+            .update(task_id, Some(route_id), &mut |rec| {
+                // `update` may run this more than once: only the last run's keys count.
+                keys.clear();
+                if rec.status.is_terminal() {
+                    return false;
+                }
+                // A failed write may have landed all the same: its keys stand.
+                if retrying && let Some(recorded) = keys_of_recorded(rec, &requests) {
+                    keys = recorded;
+                    return false;
+                }
+                keys = key_inputs(rec, &requests);
+                true
+            })
+            .await;
+        match r {
+            Ok(_) => break,
+            Err(StoreError::Io(e))
+                if !engine.shutting_down()
+                    && engine.lease_held()
+                    && Instant::now() + backoff < give_up =>
+            {
+                tracing::warn!(task = task_id, error = %e, retry_ms = backoff.as_millis() as u64, "recording input requests failed; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(SETTLE_RETRY_MAX);
+                retrying = true;
+            }
+            // Taken over: the takeover resolves the task, and the call's answer
+            // is discarded (as in `settle`).
+            Err(StoreError::Fenced) => {
+                tracing::warn!(
+                    task = task_id,
+                    "input requests refused: this replica no longer holds the call"
+                );
+                keys.clear();
+                break;
+            }
+            Err(e) => {
+                crate::metrics::fail_closed("input_refused");
+                tracing::error!(task = task_id, error = %e, "recording input requests failed; the upstream's requests are refused");
+                keys.clear();
+                break;
+            }
+        }
+    }
+    // Responders dropped here (terminal task, failed write) answer the upstream
+    // with an error.
+    for (key, tx) in keys.into_iter().zip(responders) {
+        engine.calls.add_responder(task_id, key, tx);
+    }
+    engine.changed(task_id);
 }
 
 #[cfg(test)]

@@ -10,10 +10,11 @@ use serde_json::{Map, Value, json};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use super::Engine;
-use super::inputs::InlineTiming;
+use super::call::tools_call;
 use super::mrtr::Holds;
 use super::outcome::Reply;
 use super::promote::Promotion;
+use super::tool_call::ToolCall;
 use crate::auth::Principal;
 use crate::config::{Config, OnInput, TaskMode};
 use crate::limits::Limits;
@@ -22,7 +23,6 @@ use crate::protocol::{ClientCaps, Request, RequestMeta};
 use crate::store::faulty::FaultyStore;
 use crate::store::memory::MemoryStore;
 use crate::store::{StoreError, TaskStatus, TaskStore};
-use crate::tasks::call::ToolCall;
 use crate::tasks::failure::ErrorClass;
 use crate::upstream::{
     CallEvent, CallOutcome, CallSpec, InputAnswer, InputRequest, LegacyTransport,
@@ -230,10 +230,6 @@ impl Rig {
                 call_timeout: call_timeout.map(Duration::from_millis),
                 plain_clients: crate::config::PlainClients::Hold,
             },
-            timing: InlineTiming {
-                keepalive: Duration::from_secs(15),
-                sync_timeout: Duration::from_secs(300),
-            },
             holds: self.holds.clone(),
             answer_undeclared: false,
             handle: false,
@@ -242,7 +238,7 @@ impl Rig {
 
     async fn tools_call(&self, args: Value, promote_after_ms: u64) -> Reply {
         let c = self.call(request(args, None), promote_after_ms, None);
-        self.engine.tools_call(c).await
+        tools_call(&self.engine, c).await
     }
 
     async fn status(&self, task_id: &str) -> TaskStatus {
@@ -488,7 +484,7 @@ async fn unanswered_input_fails_the_task_after_input_timeout() {
 async fn a_call_past_call_timeout_fails_its_task() {
     let r = rig(sleep_then(60_000, "never"));
     let c = r.call(request(json!({}), None), 0, Some(500));
-    let id = task_id(&r.engine.tools_call(c).await);
+    let id = task_id(&tools_call(&r.engine, c).await);
     tokio::time::sleep(Duration::from_millis(600)).await;
     r.settle().await;
     let got = r.get(&id).await.unwrap();
@@ -549,7 +545,7 @@ async fn idempotent_duplicates_share_one_task() {
         let r = r.clone();
         joins.push(tokio::spawn(async move {
             let c = r.call(request(json!({"x": 1}), Some("key-1")), 1000, None);
-            task_id(&r.engine.tools_call(c).await)
+            task_id(&tools_call(&r.engine, c).await)
         }));
     }
     let mut ids = Vec::new();
@@ -558,7 +554,7 @@ async fn idempotent_duplicates_share_one_task() {
     }
     assert!(ids.iter().all(|i| *i == ids[0]), "{ids:?}");
     let c = r.call(request(json!({"x": 2}), Some("key-1")), 1000, None);
-    match r.engine.tools_call(c).await {
+    match tools_call(&r.engine, c).await {
         Reply::Complete(Err(e)) => assert_eq!(e.code, -32602, "{e:?}"),
         other => panic!("{other:?}"),
     }

@@ -9,8 +9,9 @@
 //! task lives in its child and fails with it).
 //!
 //! The follower is an upstream call like any other to the rest of the engine: its
-//! events go to the call's channel (`Pending`). Writing the gateway's task and
-//! handing the follower to the driver is `upstream_task.rs`'s.
+//! events go to the call's channel (`Pending`). Writing the gateway's task for a new
+//! call is `upstream_task.rs`'s; a task re-attached after a restart or a takeover is
+//! handed to the driver here (`resume_following`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +19,7 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 
+use super::driver::{self, Driven};
 use super::engine::Engine;
 use super::events::Pending;
 use super::repo::TaskRepo;
@@ -28,7 +30,7 @@ use crate::limits::gate::Permit;
 use crate::protocol::legacy::LegacyTaskMethod;
 use crate::protocol::task_shapes::{ToolResult, UpstreamTask};
 use crate::protocol::{ClientCaps, META_RELATED_TASK, RpcError};
-use crate::store::{RequestRoute, StoreError, UpstreamTaskRoute};
+use crate::store::{RequestRoute, StoreError, TaskStatus, UpstreamTaskRoute, now_ms};
 use crate::upstream::{
     CallEvent, CallOutcome, CallSpec, SessionRef, TaskChannel, Upstream, UpstreamError, UpstreamSet,
 };
@@ -41,6 +43,10 @@ const DEFAULT_UPSTREAM_POLL: Duration = Duration::from_millis(1000);
 const MAX_POLL_FAILURES: u32 = 5;
 /// How long a forwarded `tasks/cancel` may take.
 const CANCEL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a gateway task followed an upstream task that its restart re-attached to.
+const REATTACHED: &str =
+    "re-attached to the upstream task after a gateway restart or a replica takeover";
 
 /// A request of the follower, in the upstream task's own vocabulary.
 fn spec(method: LegacyTaskMethod, task_id: &str) -> CallSpec {
@@ -478,9 +484,7 @@ pub(super) async fn reattach(
     };
     // This process holds the route now (a new seat, when replicas share a store).
     engine.tasks.put_route(route).await?;
-    // Handing the follower to the driver is `upstream_task.rs`'s (it names the
-    // driver, which names the engine's surface: ARCHITECTURE.md "Layers").
-    engine.resume_following(route, channel).await
+    resume_following(engine, route, channel).await
 }
 
 /// A takeover moved to this seat the route of an upstream task a lost replica
@@ -493,9 +497,59 @@ pub(super) async fn follow_adopted(engine: &Arc<Engine>, route: &RequestRoute) {
     let Some(channel) = adopt_session(upstreams, route) else {
         return;
     };
-    if let Err(e) = engine.resume_following(route, channel).await {
+    if let Err(e) = resume_following(engine, route, channel).await {
         tracing::warn!(route = %route.route_id, error = %e, "re-attaching to a taken-over upstream task failed");
     }
+}
+
+/// Follow the upstream task of `route` (held by this process) on `channel`, which
+/// `follow.rs` reached again after a restart or a takeover: the task is `working`
+/// again and its follower goes to the driver. `false` when the task is over.
+async fn resume_following(
+    engine: &Arc<Engine>,
+    route: &RequestRoute,
+    channel: Arc<dyn TaskChannel>,
+) -> Result<bool, StoreError> {
+    let (Some(task_id), Some(ut)) = (&route.task_id, &route.upstream_task) else {
+        return Ok(false);
+    };
+    // Input requests of the previous process had their answer channels there;
+    // the upstream asks again through `tasks/result`.
+    let live = engine
+        .tasks
+        .update(task_id, Some(&route.route_id), &mut |rec| {
+            if rec.status.is_terminal() {
+                return false;
+            }
+            rec.input_requests.clear();
+            rec.status = TaskStatus::Working;
+            rec.status_message = Some(REATTACHED.into());
+            rec.last_updated_at_ms = now_ms();
+            true
+        })
+        .await?;
+    if live.is_none() {
+        return Ok(false);
+    }
+    channel.task_started();
+    let poll = bounded_poll(&engine.cfg.tasks, None);
+    let follower = follower(engine, channel, ut.task_id.clone(), poll, None);
+    engine.calls.register(task_id, follower.abort_handle());
+    tokio::spawn(driver::drive(
+        engine.clone(),
+        Driven {
+            task_id: task_id.clone(),
+            route_id: route.route_id.clone(),
+            upstream: route.upstream.clone(),
+            caps: ut.caps.clone(),
+            answer_undeclared: ut.answer_undeclared,
+            call: follower,
+            awaiting_input: false,
+        },
+    ));
+    engine.changed(task_id);
+    tracing::info!(task = %task_id, upstream = %route.upstream, upstream_task = %ut.task_id, "{REATTACHED}");
+    Ok(true)
 }
 
 /// The upstream session a route's upstream task lives in, reached again.

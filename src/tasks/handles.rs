@@ -1,26 +1,20 @@
-//! Task handles for plain clients (docs/design.md §28): what becomes of a call from a
-//! client that cannot take a task when its tool is in handle mode. Before the
-//! deadline the call is an inline call like any (the front's held-call responder
-//! relays its input the era's way); at the deadline the responder hands it back here
-//! ([`adopt`]) and it becomes a task exactly as a tasks client's call does — owner,
-//! ttl, quota, written and flushed before the handle goes out. A call that could only
-//! be a task (`required`, or keyed) is one at once.
+//! Task handles for plain clients (docs/design.md §28): a plain client's call of a
+//! tool in handle mode is an inline call like any until its deadline (`call.rs`
+//! decides it has one, and the front's held-call responder relays its input the
+//! era's way); at the deadline the responder hands it back here ([`adopt`]) and it
+//! becomes a task exactly as a tasks client's call does in the deadline race — owner,
+//! ttl, quota, written and flushed before the handle goes out.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::call::{
-    Caller, Retry, ToolCall, ToolCallRequest, ToolReply, arguments_fingerprint, mrtr_retry,
-    store_failed_after_send, to_tool_call,
-};
 use super::engine::Engine;
 use super::events::Pending;
-use super::inputs;
 use super::outcome::Reply;
-use super::promote::Promotion;
-use crate::config::{OnInput, TaskMode};
+use super::tool_call::{
+    ToolCall, arguments_fingerprint, launch, new_record, new_route, store_failed_after_send,
+};
 use crate::store::TaskRecord;
 
 /// A running inline call that becomes a task at its deadline.
@@ -30,6 +24,10 @@ pub struct Handle {
 }
 
 impl Handle {
+    pub(super) fn new(at: Instant, call: ToolCall) -> Self {
+        Self { at, call }
+    }
+
     /// When the call becomes a task.
     pub fn at(&self) -> Instant {
         self.at
@@ -48,93 +46,8 @@ pub enum Adopted {
     Failed(Reply),
 }
 
-/// A plain client's call of a tool in handle mode (`call_tool` decided it is one).
-pub(super) async fn call(
-    engine: &Arc<Engine>,
-    r: ToolCallRequest,
-    tool: String,
-    mut promotion: Promotion,
-) -> ToolReply {
-    let session = matches!(r.caller, Caller::Session(_));
-    // An MRTR retry of a 2026 call resumes it, and its deadline starts again.
-    if !session {
-        match mrtr_retry(
-            &r.holds,
-            r.upstream.name(),
-            &r.principal,
-            &r.req,
-            &r.server_info,
-        ) {
-            None => {}
-            Some(Retry::Resumed(pending)) => return held(r, tool, promotion, pending),
-            Some(Retry::Elsewhere(replica)) => {
-                return ToolReply::Elsewhere {
-                    replica,
-                    req: r.req,
-                };
-            }
-            Some(Retry::Answer(reply)) => return reply.into(),
-        }
-    }
-    if promotion.promote_after.is_zero() || at_once(&r, &tool, &promotion).await {
-        // The task exists before the call starts; its input goes through the task.
-        promotion.promote_after = Duration::ZERO;
-        promotion.on_input = OnInput::Task;
-        let c = to_tool_call(r, tool, promotion, session);
-        return engine.tools_call(c).await.into();
-    }
-    // Progress always: it becomes the task's status message once promoted; the
-    // responder passes it on only to a client that asked for it.
-    let mut spec = inputs::upstream_spec(r.req.method, &r.req.params.fwd, true);
-    if let Caller::Session(s) = &r.caller {
-        spec.session = Some(s.clone());
-    }
-    let pending = engine.start_call(&r.upstream, &r.principal, spec);
-    held(r, tool, promotion, pending)
-}
-
-/// Whether the call is a handle at once: keyed (its result must be stored), or of a
-/// tool that runs only as a task (config, or the upstream's `taskSupport`, looked up
-/// within the request's `sync_timeout_ms`).
-async fn at_once(r: &ToolCallRequest, tool: &str, promotion: &Promotion) -> bool {
-    let keyed = r.req.idempotency_key.is_some()
-        || promotion.idempotency_argument.as_deref().is_some_and(|a| {
-            r.req
-                .params
-                .arguments()
-                .into_valid()
-                .is_some_and(|x| x.get(a).is_some())
-        });
-    keyed
-        || promotion.mode == TaskMode::Required
-        || tokio::time::timeout_at(
-            r.received + r.timing.sync_timeout,
-            r.upstream.tool_task_support(&r.principal, tool),
-        )
-        .await
-        .ok()
-        .flatten()
-        .as_deref()
-            == Some("required")
-}
-
-/// The call held inline with its deadline.
-fn held(r: ToolCallRequest, tool: String, promotion: Promotion, pending: Pending) -> ToolReply {
-    let at = Instant::now() + promotion.promote_after;
-    let req = r.req.clone();
-    let session = matches!(r.caller, Caller::Session(_));
-    let call = to_tool_call(r, tool, promotion, session);
-    ToolReply::Inline {
-        pending,
-        req,
-        handle: Some(Box::new(Handle { at, call })),
-    }
-}
-
-/// The deadline passed: make the held call a task (docs/design.md §28). Like the
-/// deadline race of a tasks client's call (`call.rs`), the record is written and
-/// flushed before the handle goes out; a store failure now, with the call sent, is
-/// the call's outcome and cancels it.
+/// The deadline passed: make the held call a task. A store failure now, with the call
+/// sent, is the call's outcome and cancels it (docs/design.md §16).
 pub(super) async fn adopt(engine: &Arc<Engine>, h: Box<Handle>, pending: Pending) -> Adopted {
     let c = h.call;
     // A purge of the tenant is running: no task it could miss.
@@ -147,8 +60,8 @@ pub(super) async fn adopt(engine: &Arc<Engine>, h: Box<Handle>, pending: Pending
         _ => return Adopted::Kept(pending),
     }
     let fp = arguments_fingerprint(&c.req.params);
-    let rec = engine.new_record(&c, &c.tool, fp, None);
-    let route = engine.new_route(&c, &rec.task_id);
+    let rec = new_record(engine, &c, &c.tool, fp, None);
+    let route = new_route(engine, &c, &rec.task_id);
     let _creating = engine.calls.creating(&rec.task_id);
     let stored = match engine.tasks.create(&rec, &route, None).await {
         Ok(_) => engine.flush().await,
@@ -158,7 +71,7 @@ pub(super) async fn adopt(engine: &Arc<Engine>, h: Box<Handle>, pending: Pending
         pending.abort();
         return Adopted::Failed(store_failed_after_send(c.upstream.name(), e));
     }
-    engine.launch(&c, &rec, &route, pending, Vec::new());
-    crate::metrics::promoted(c.upstream.name(), &rec.task_id, "handle");
+    launch(engine, &c, &rec, &route, pending, Vec::new());
+    crate::metrics::promoted(c.upstream.name(), &rec.task_id, c.client_kind());
     Adopted::Task(Arc::new(rec))
 }

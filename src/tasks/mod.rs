@@ -68,6 +68,7 @@ pub mod sweeper;
 mod tenant_calls;
 mod terminal;
 mod terminal_cache;
+mod tool_call;
 pub mod upstream_task;
 
 use std::collections::HashMap;
@@ -91,9 +92,6 @@ use crate::upstream::{
 };
 
 pub use engine::Engine;
-// The call race and the driver name it here (`super::queue_status`); it lives with
-// the queue reports it words (`events.rs`).
-pub use events::queue_status;
 pub use repo::{Change, Observer, Transition};
 pub use sessions::{ActiveGuard, SessionError, SessionRepo};
 
@@ -138,8 +136,8 @@ impl Engine {
         self.tasks.flush().await
     }
 
-    // For the call race, the driver and the upstream-task calls (`call.rs`,
-    // `driver.rs`, `upstream_task.rs`), which add methods of their own.
+    // For the engine's files that take the whole engine (`call.rs`, `driver.rs`,
+    // `upstream_task.rs`, `tool_call.rs`).
 
     /// How long a batch of upstream input requests stays open for more
     /// (`input_gather_ms`).
@@ -186,7 +184,17 @@ impl Engine {
         self.calls.shutting_down()
     }
 
-    // Upstream calls (`admission.rs`, `follow.rs`).
+    // Upstream calls (`call.rs`, `admission.rs`, `follow.rs`).
+
+    /// The one entry for a `tools/call` of either era: the params checks, then inline
+    /// or a task by who makes the call ([`Caller`]). It returns the entry's own future
+    /// (`call::call_tool`), with no second one around it.
+    pub fn call_tool(
+        self: &Arc<Self>,
+        r: ToolCallRequest,
+    ) -> impl Future<Output = ToolReply> + Send + '_ {
+        call::call_tool(self, r)
+    }
 
     /// Every upstream call goes through here: the tenant's purge fence, a slot of the
     /// upstream's admission gate, then the call in the principal's isolation scope.

@@ -343,14 +343,14 @@ mod tests {
             "c86e3567b3989838eb1a697dc7f724cdc3ecdd6ef011d9272dd2445aca1d07ef"
         );
         assert_eq!(
-            super::super::call::arguments_fingerprint(&call),
+            super::super::tool_call::arguments_fingerprint(&call),
             "33a81f60a8b75d0185a3b9913cdf3a3706a6fe209530d03e40b59b311dd265a6"
         );
         let bare = crate::protocol::params::ToolCallParams::parse(
             serde_json::from_str(r#"{"name":"echo"}"#).unwrap(),
         );
         assert_eq!(
-            super::super::call::arguments_fingerprint(&bare),
+            super::super::tool_call::arguments_fingerprint(&bare),
             "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
         );
     }
