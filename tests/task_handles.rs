@@ -165,11 +165,26 @@ impl Setup {
             v["error"],
             v["trace"].as_str().unwrap_or("")
         );
-        Facts {
+        let f = Facts {
             v,
             context,
             what: format!("{driver:?} {scenario}"),
+        };
+        // Each SDK driver is the plain client of its era.
+        match driver {
+            Driver::Py => f.check(
+                f.get("protocolVersion") == "2026-07-28",
+                "the Python client speaks 2026-07-28",
+            ),
+            Driver::Ts => f.check(
+                f.get("protocolVersion")
+                    .as_str()
+                    .is_some_and(|p| p.starts_with("2025-")),
+                "the TypeScript SDK 1.x session is 2025-era",
+            ),
+            Driver::Agent => {}
         }
+        f
     }
 
     /// Start a `sleep` of `ms` as a plain raw client `sub` and return the handle's id.

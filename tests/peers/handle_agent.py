@@ -23,6 +23,7 @@ asserts on the facts.
 import asyncio
 import json
 import os
+import re
 import sys
 import time
 import traceback
@@ -66,6 +67,7 @@ async def follow(call_status, task_id, wait, limit_s=90):
 async def pydantic_ai():
     import importlib.metadata as md
 
+    from fastmcp.exceptions import ToolError
     from pydantic_ai.mcp import MCPToolset
 
     facts["version"] = md.version("pydantic-ai-slim")
@@ -84,7 +86,16 @@ async def pydantic_ai():
             return
 
         async def call_status(args):
-            return await toolset.direct_call_tool(STATUS, args)
+            # With tool_error_behavior="error" an isError result raises ToolError with
+            # its text; a 'polled too often; call again in N s' is turned back into the
+            # retryAfterSeconds the loop honours.
+            try:
+                return await toolset.direct_call_tool(STATUS, args)
+            except ToolError as e:
+                m = re.search(r"polled too often; call again in (\d+) s", str(e))
+                if m is None:
+                    raise
+                return {"retryAfterSeconds": int(m.group(1))}
 
         facts["done"], facts["polls"] = await follow(call_status, task_id, SPEC.get("wait", 30))
 

@@ -63,6 +63,10 @@ class Plain:
             cache=None,
         )
         await self.client.__aenter__()
+        facts["protocolVersion"] = self.client.protocol_version
+        # List first, as a model-driven client does: the session learns each tool's
+        # `x-mcp-header` map (sent as Mcp-Param-* on 2026-07-28) and outputSchema.
+        await self.client.list_tools()
         return self.client
 
     async def __aexit__(self, *exc):
