@@ -25,6 +25,12 @@
 #                           for the legacy FastMCP upstream tests/fixtures/fastmcp194_server.py
 #   .peers/venv-fastmcp/    python venv with fastmcp[tasks]==4.1.4 (+ pinned deps): the
 #                           2026-07-28 + tasks client of tests/peers/fastmcp_client.py
+#   .peers/venv-mcp23/      python venv with mcp==2.3.0 (+ pinned deps): the plain
+#                           2026-07-28 client (no tasks extension) of
+#                           tests/peers/handle_py_client.py, which follows task handles
+#   .peers/venv-agents/     python venv with pydantic-ai-slim[mcp]==2.68.0 and
+#                           openai-agents==0.24.0 (+ pinned deps): the agent frameworks
+#                           of tests/peers/handle_agent.py
 #   .peers/venv-otel/       python venv with opentelemetry-proto and -sdk (+ pinned deps):
 #                           the OTLP receiver tests/peers/otlp_receiver.py and the traced
 #                           client tests/peers/traced_request.py of tests/telemetry.rs
@@ -139,5 +145,9 @@ venv venv-fastmcp "$SRC/requirements-fastmcp.txt"
 venv venv-otel "$SRC/requirements-otel.txt"
 "$PEERS/venv-otel/bin/python" -c 'import importlib.metadata as m; print("opentelemetry-sdk", m.version("opentelemetry-sdk"), "opentelemetry-proto", m.version("opentelemetry-proto"))'
 "$PEERS/venv-fastmcp/bin/python" -c 'import importlib.metadata as m, fastmcp_tasks; print("fastmcp", m.version("fastmcp"), "fastmcp-tasks", m.version("fastmcp-tasks"))'
+venv venv-mcp23 "$SRC/requirements-mcp23.txt"
+"$PEERS/venv-mcp23/bin/python" -c 'import importlib.metadata as m; print("mcp", m.version("mcp"))'
+venv venv-agents "$SRC/requirements-agents.txt"
+"$PEERS/venv-agents/bin/python" -c 'import importlib.metadata as m; print("pydantic-ai-slim", m.version("pydantic-ai-slim"), "openai-agents", m.version("openai-agents"), "mcp", m.version("mcp"))'
 
 log "done: export PATH=\"$PEERS/node22/node_modules/.bin:\$PATH\""
