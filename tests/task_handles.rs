@@ -599,28 +599,49 @@ async fn past_the_poll_burst_is_an_error_result_with_retry_after() {
     let s = Setup::start().await;
     let id = s.raw_handle("alice", 60000).await;
     let alice = s.raw("alice", json!({}));
-    let mut throttled = None;
-    for _ in 0..60 {
+    // Early status calls one after another wait the interval out: never refused.
+    for _ in 0..3 {
         let v = raw_status(&alice, &id, None).await.json();
+        assert_eq!(v["result"]["structuredContent"]["status"], "working", "{v}");
+    }
+    // More open at once than the burst (10): the ones past it are refused at once
+    // with a hint a model can act on, while the others wait.
+    let calls: Vec<_> = (0..14)
+        .map(|_| {
+            let (c, id) = (alice.clone(), id.clone());
+            tokio::spawn(async move { raw_status(&c, &id, Some(3)).await.json() })
+        })
+        .collect();
+    let mut refused = Vec::new();
+    let mut waited = 0;
+    for c in calls {
+        let v = c.await.unwrap_or_else(|e| panic!("status call: {e}"));
         let r = &v["result"];
         if is_error(r) {
-            throttled = Some(r.clone());
-            break;
+            refused.push(r.clone());
+        } else {
+            assert_eq!(r["structuredContent"]["status"], "working", "{v}");
+            waited += 1;
         }
-        assert_eq!(r["structuredContent"]["status"], "working", "{v}");
     }
-    let r = throttled.unwrap_or_else(|| panic!("never throttled\n{}", s.logs()));
-    let t = text(&r);
     assert!(
-        t.contains("polled too often; call again in ") && t.ends_with(" s"),
-        "{r}"
+        !refused.is_empty() && waited >= 1,
+        "refused {refused:?}, waited {waited}\n{}",
+        s.logs()
     );
-    assert!(
-        r["structuredContent"]["retryAfterSeconds"]
-            .as_u64()
-            .is_some_and(|n| n >= 1),
-        "{r}"
-    );
+    for r in refused {
+        let t = text(&r);
+        assert!(
+            t.contains("polled too often; call again in ") && t.ends_with(" s"),
+            "{r}"
+        );
+        assert!(
+            r["structuredContent"]["retryAfterSeconds"]
+                .as_u64()
+                .is_some_and(|n| n >= 1),
+            "{r}"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------

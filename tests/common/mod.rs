@@ -505,6 +505,7 @@ pub fn meta(caps: Value) -> Value {
 }
 
 /// A well-formed client for one gateway path and token.
+#[derive(Clone)]
 pub struct Client2026 {
     pub url: String,
     pub token: Option<String>,

@@ -230,7 +230,7 @@ async fn task_cancel<A: Answers>(
             return answer::render(&req.id, Reply::Failed(f));
         }
         Err(f) if crate::tasks::is_expired(&f) => rows::expired(&task_id),
-        Err(_) => rows::not_found(&task_id),
+        Err(_) => rows::not_found(),
     };
     tool_result(era, &req.id, v, server_info)
 }

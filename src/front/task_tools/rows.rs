@@ -219,12 +219,12 @@ pub(crate) fn terminal(rec: &TaskRecord) -> Value {
     }
 }
 
-/// A foreign, unknown or never-issued id: one answer for all (docs/design.md §7
-/// "Ownership"), built from the request alone.
-pub(crate) fn not_found(task_id: &str) -> Value {
+/// A foreign, unknown or never-issued id: one answer for all, whatever the id
+/// (docs/design.md §7 "Ownership").
+pub(crate) fn not_found() -> Value {
     result(
-        format!("No task {task_id} was found: it is unknown, or not yours."),
-        json!({"taskId": task_id, "error": "task not found"}),
+        "No such task was found: it is unknown, or not yours (task not found).".into(),
+        json!({"error": "task not found"}),
         true,
     )
 }
@@ -398,8 +398,7 @@ mod tests {
 
     #[test]
     fn refusals_are_error_results() {
-        assert_eq!(not_found("tsk_x"), not_found("tsk_x"));
-        assert_eq!(not_found("tsk_x")["isError"], true);
+        assert_eq!(not_found()["isError"], true);
         let e = expired("tsk_x");
         assert!(
             e["content"][0]["text"]

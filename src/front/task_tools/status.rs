@@ -251,6 +251,6 @@ fn refusal(f: &Failure, task_id: &str) -> Option<Value> {
     Some(if crate::tasks::is_expired(f) {
         rows::expired(task_id)
     } else {
-        rows::not_found(task_id)
+        rows::not_found()
     })
 }
