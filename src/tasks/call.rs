@@ -63,7 +63,6 @@ pub struct ToolCallRequest {
     /// same `sync_timeout_ms` the call is.
     pub received: Instant,
     pub timing: InlineTiming,
-    pub holds: Arc<Holds>,
 }
 
 fn invalid(why: impl Into<String>) -> ToolReply {
@@ -182,7 +181,7 @@ async fn plain_call(
         }
     }
     match mrtr_retry(
-        &r.holds,
+        &engine.holds,
         r.upstream.name(),
         &r.principal,
         &r.req,
@@ -213,7 +212,7 @@ async fn plain_call(
 /// A tasks client's call: resumed when it is an MRTR retry, else the race.
 async fn retry_or_call(engine: &Arc<Engine>, c: ToolCall) -> ToolReply {
     match mrtr_retry(
-        &c.holds,
+        &engine.holds,
         c.upstream.name(),
         &c.principal,
         &c.req,
@@ -242,7 +241,7 @@ pub enum Retry {
 /// An MRTR retry (`params.requestState`) of a call held in `holds`; `None` for a
 /// first request (MCP 2026-07-28 "Multi Round-Trip Requests"). Every method that may
 /// answer `input_required` resumes through here, a `tools/call` or not.
-pub fn mrtr_retry<P: AsRef<Forward>>(
+pub(super) fn mrtr_retry<P: AsRef<Forward>>(
     holds: &Arc<Holds>,
     upstream: &str,
     principal: &Principal,
@@ -278,7 +277,6 @@ fn to_tool_call(r: ToolCallRequest, tool: String, promotion: Promotion, session:
         tool,
         server_info: r.server_info,
         promotion,
-        holds: r.holds,
         answer_undeclared: session,
     }
 }
@@ -572,7 +570,7 @@ async fn race(
                     InputVerdict::Relay(batch) if c.promotion.on_input == OnInput::Mrtr => {
                         // MRTR rounds first; the retry resumes this race.
                         armed.disarm();
-                        let v = c.holds.hold(
+                        let v = engine.holds.hold(
                             call,
                             batch,
                             &c.principal,
