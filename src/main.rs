@@ -782,7 +782,12 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
         .unwrap_or_else(|| format!("{scheme}://{local}"));
     let auth = Arc::new(Authenticator::new(&cfg.auth, &public_url)?);
     let cfg = Arc::new(cfg);
-    let engine = Engine::new(store.clone(), cfg.clone(), limits.clone());
+    let holds = Holds::new(
+        request_state_key(&cfg, store.as_ref()).await?,
+        cfg.tasks.input_timeout,
+        cluster.as_ref().map(|_| cfg.replica_id()),
+    );
+    let engine = Engine::new(store.clone(), cfg.clone(), limits.clone(), holds);
     observe_transitions(&engine, limits.clone());
     // The seat first: recovery then resolves this replica's earlier epochs only.
     if let Some(c) = &cluster {
@@ -812,18 +817,12 @@ async fn serve(source: ConfigSource, listen_override: Option<String>) -> Result<
             "tasks whose calls were in flight at the last stop are now failed"
         );
     }
-    let holds = Holds::new(
-        request_state_key(&cfg, store.as_ref()).await?,
-        cfg.tasks.input_timeout,
-        cluster.as_ref().map(|_| cfg.replica_id()),
-    );
     let gw = Arc::new(Gateway {
         cfg: cfg.clone(),
         auth,
         upstreams: upstreams.clone(),
         engine: engine.clone(),
         limits,
-        holds,
         legacy: Default::default(),
         shadowed: Default::default(),
     });

@@ -27,7 +27,7 @@ use crate::protocol::{
 };
 use crate::store::TaskRecord;
 use crate::tasks::{CallFailure, Failure};
-use crate::tasks::{Caller, Retry, ToolCallRequest, mrtr_retry};
+use crate::tasks::{Caller, Retry, ToolCallRequest};
 use crate::tasks::{Reply, ToolReply};
 use crate::upstream::{CallOutcome, Scope, Upstream, UpstreamError, UpstreamInfo};
 
@@ -152,7 +152,6 @@ impl Answers for Modern {
             req: call.req,
             server_info: call.server_info,
             timing: ctx.gw.inline_timing(),
-            holds: ctx.gw.holds.clone(),
             received: ctx.received,
         };
         inline::serve(c, call.pending, call.promote).await
@@ -411,7 +410,6 @@ async fn tools_call<A: Answers>(
         server_info: server_info.clone(),
         received: ctx.received,
         timing: gw.inline_timing(),
-        holds: gw.holds.clone(),
         handles: plain && super::task_tools::offered(ctx),
     };
     match gw.engine.call_tool(call).await {
@@ -467,7 +465,10 @@ async fn forward<A: Answers>(
 ) -> Response<Body> {
     let gw = ctx.gw;
     let name = ctx.upstream.name();
-    let pending = match mrtr_retry(&gw.holds, name, &ctx.principal, &req, &server_info) {
+    let pending = match gw
+        .engine
+        .mrtr_retry(name, &ctx.principal, &req, &server_info)
+    {
         None => {
             let want_progress = req.meta.progress_token.is_some();
             let mut spec = crate::tasks::upstream_spec(req.method, &req.params, want_progress);

@@ -1,5 +1,5 @@
 //! The state every request handler shares: configuration, authenticator, upstreams,
-//! engine and MRTR holds, and the probes (`/readyz`, `/livez`) that report on them.
+//! engine (which holds the MRTR rounds), and the probes (`/readyz`, `/livez`) that report on them.
 
 use std::sync::Arc;
 
@@ -19,7 +19,6 @@ pub struct Gateway {
     pub engine: Arc<crate::tasks::Engine>,
     /// The flow control the front applies before a request reaches the engine.
     pub limits: Arc<crate::limits::Limits>,
-    pub holds: Arc<crate::tasks::Holds>,
     /// What this replica holds for the 2025-era sessions it serves (docs/design.md
     /// §22 "Clients of the 2025 era").
     pub legacy: Arc<super::legacy::live::LegacyLive>,

@@ -28,7 +28,6 @@ use crate::protocol::params::Forward;
 use crate::protocol::{self, Request};
 use crate::tasks::CallFailure;
 use crate::tasks::Engine;
-use crate::tasks::Holds;
 pub use crate::tasks::InlineTiming;
 use crate::tasks::{InputVerdict, screen as screen_inputs};
 use crate::tasks::{JoinedCall, Reply, answer_of};
@@ -68,7 +67,6 @@ pub struct Inline {
     pub req: Request<Forward>,
     pub server_info: Value,
     pub timing: InlineTiming,
-    pub holds: Arc<Holds>,
     /// When the HTTP request arrived: `sync_timeout_ms` counts from here
     /// (docs/design.md §2 "Clients without the tasks extension").
     pub received: Instant,
@@ -157,7 +155,7 @@ fn sync_timeout(c: &Inline) -> Final {
 }
 
 fn hold_call(c: &Inline, pending: Pending, batch: Vec<InputRequest>) -> Value {
-    c.holds.hold(
+    c.engine.holds().hold(
         pending,
         batch,
         &c.principal,

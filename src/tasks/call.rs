@@ -64,7 +64,6 @@ pub struct ToolCallRequest {
     /// same `sync_timeout_ms` the call is.
     pub received: Instant,
     pub timing: InlineTiming,
-    pub holds: Arc<Holds>,
     /// The endpoint answers plain callers of a handle-mode tool with a handle at the
     /// deadline (docs/design.md §28): configured, and no upstream tool shadows the
     /// task tools.
@@ -184,7 +183,7 @@ async fn plain_call(
         }
     }
     match mrtr_retry(
-        &r.holds,
+        &engine.holds,
         r.upstream.name(),
         &r.principal,
         &r.req,
@@ -227,7 +226,7 @@ async fn handle_call(
     let session = matches!(r.caller, Caller::Session(_));
     if !session {
         match mrtr_retry(
-            &r.holds,
+            &engine.holds,
             r.upstream.name(),
             &r.principal,
             &r.req,
@@ -313,7 +312,7 @@ fn held_to_deadline(
 /// A tasks client's call: resumed when it is an MRTR retry, else the race.
 async fn retry_or_call(engine: &Arc<Engine>, c: ToolCall) -> ToolReply {
     match mrtr_retry(
-        &c.holds,
+        &engine.holds,
         c.upstream.name(),
         &c.principal,
         &c.req,
@@ -342,7 +341,7 @@ pub enum Retry {
 /// An MRTR retry (`params.requestState`) of a call held in `holds`; `None` for a
 /// first request (MCP 2026-07-28 "Multi Round-Trip Requests"). Every method that may
 /// answer `input_required` resumes through here, a `tools/call` or not.
-pub fn mrtr_retry<P: AsRef<Forward>>(
+pub(super) fn mrtr_retry<P: AsRef<Forward>>(
     holds: &Arc<Holds>,
     upstream: &str,
     principal: &Principal,
@@ -379,7 +378,6 @@ fn to_tool_call(r: ToolCallRequest, tool: String, promotion: Promotion, session:
         server_info: r.server_info,
         promotion,
         handle: matches!(r.caller, Caller::Plain | Caller::Session(_)),
-        holds: r.holds,
         answer_undeclared: session,
     }
 }
@@ -668,7 +666,7 @@ async fn race(
                     InputVerdict::Relay(batch) if c.promotion.on_input == OnInput::Mrtr => {
                         // MRTR rounds first; the retry resumes this race.
                         armed.disarm();
-                        let v = c.holds.hold(
+                        let v = engine.holds.hold(
                             call,
                             batch,
                             &c.principal,

@@ -9,6 +9,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};
 
 use super::live::LiveCalls;
+use super::mrtr::Holds;
 use super::replica_state::Replica;
 use super::repo::TaskRepo;
 use super::sessions::SessionRepo;
@@ -39,10 +40,18 @@ pub struct Engine {
     /// Each tenant's calls and creations in flight here, and the purge fence
     /// (`tenant_calls.rs`, `purge.rs`).
     pub(super) tenant_calls: TenantCalls,
+    /// The calls held for an MRTR round, for every method that may answer
+    /// `input_required` (`mrtr.rs`).
+    pub(super) holds: Arc<Holds>,
 }
 
 /// An engine over `store`, with nothing running yet.
-pub(super) fn assemble(store: Arc<dyn TaskStore>, cfg: Arc<Config>, limits: Arc<Limits>) -> Engine {
+pub(super) fn assemble(
+    store: Arc<dyn TaskStore>,
+    cfg: Arc<Config>,
+    limits: Arc<Limits>,
+    holds: Arc<Holds>,
+) -> Engine {
     Engine {
         replica: Replica::new(cfg.replica_id()),
         sessions: SessionRepo::new(store.clone(), &cfg.legacy),
@@ -53,5 +62,6 @@ pub(super) fn assemble(store: Arc<dyn TaskStore>, cfg: Arc<Config>, limits: Arc<
         upstreams: OnceLock::new(),
         admin_drained: AtomicBool::new(false),
         tenant_calls: TenantCalls::default(),
+        holds,
     }
 }

@@ -126,7 +126,6 @@ struct Rig {
     faulty: Arc<FaultyStore>,
     upstream: Arc<Upstream>,
     transport: Arc<Scripted>,
-    holds: Arc<Holds>,
 }
 
 const CONFIG: &str = r#"
@@ -158,14 +157,13 @@ fn rig_with(config: &str, handler: Handler) -> Rig {
     });
     let upstream = Upstream::from_transport(cfg.upstreams[0].clone(), transport.clone());
     let holds = Holds::new([7; 32], cfg.tasks.input_timeout, None);
-    let engine = Engine::new(store.clone(), Arc::new(cfg), limits);
+    let engine = Engine::new(store.clone(), Arc::new(cfg), limits, holds);
     Rig {
         engine,
         store,
         faulty,
         upstream,
         transport,
-        holds,
     }
 }
 
@@ -230,7 +228,6 @@ impl Rig {
                 call_timeout: call_timeout.map(Duration::from_millis),
                 plain_clients: crate::config::PlainClients::Hold,
             },
-            holds: self.holds.clone(),
             answer_undeclared: false,
             handle: false,
         }
@@ -504,7 +501,12 @@ async fn expiry_leaves_a_tombstone_and_stops_a_running_call() {
     let mut cfg = (*r.engine.cfg).clone();
     cfg.tasks.ttl = Duration::from_millis(5);
     cfg.tasks.result_retention = Duration::from_millis(5);
-    let engine = Engine::new(r.store.clone(), Arc::new(cfg), r.engine.limits.clone());
+    let engine = Engine::new(
+        r.store.clone(),
+        Arc::new(cfg),
+        r.engine.limits.clone(),
+        r.engine.holds.clone(),
+    );
     let r = Rig { engine, ..r };
     let id = task_id(&r.tools_call(json!({}), 0).await);
     // The call is running upstream before the task expires.

@@ -99,7 +99,8 @@ command = ["unused"]
 async fn a_stalled_renewal_loses_the_lease_at_last_sent_plus_lease_ms() {
     let cfg = Config::parse(CONFIG).expect("config");
     let limits = Limits::from_config(&cfg);
-    let engine = Engine::new(MemoryStore::new(), Arc::new(cfg), limits);
+    let holds = super::Holds::new([7; 32], cfg.tasks.input_timeout, None);
+    let engine = Engine::new(MemoryStore::new(), Arc::new(cfg), limits, holds);
     let cluster = Arc::new(Scripted::default());
     let seat = engine.join_cluster(cluster.clone()).await.expect("join");
     assert_eq!(seat.epoch, 1);

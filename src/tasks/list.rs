@@ -171,7 +171,8 @@ mod tests {
     fn engine(store: Arc<dyn TaskStore>) -> Arc<Engine> {
         let cfg = Config::parse(CONFIG).expect("config");
         let limits = Limits::from_config(&cfg);
-        Engine::new(store, Arc::new(cfg), limits)
+        let holds = crate::tasks::Holds::new([7; 32], cfg.tasks.input_timeout, None);
+        Engine::new(store, Arc::new(cfg), limits, holds)
     }
 
     fn alice() -> Principal {

@@ -98,7 +98,7 @@ pub use sessions::{ActiveGuard, SessionError, SessionRepo};
 // The engine's surface for the layers above (the front names nothing else of it:
 // tests/layering.rs): what a request hands the engine and what it gets back.
 pub use admin::{MAX_PAGE, TaskQuery};
-pub use call::{Caller, Retry, ToolCallRequest, ToolReply, mrtr_retry};
+pub use call::{Caller, Retry, ToolCallRequest, ToolReply};
 pub use clock::iso8601;
 pub use events::{Event, Notice, Pending, Timers};
 pub use failure::{CallFailure, ErrorClass, Failure, failure as failure_of};
@@ -117,8 +117,14 @@ pub use snapshot::{create_result, detailed, task_fields};
 
 /// The engine's surface: every method hands its work to the file that does it.
 impl Engine {
-    pub fn new(store: Arc<dyn TaskStore>, cfg: Arc<Config>, limits: Arc<Limits>) -> Arc<Self> {
-        Arc::new(engine::assemble(store, cfg, limits))
+    /// An engine over `store`, holding MRTR rounds in `holds`.
+    pub fn new(
+        store: Arc<dyn TaskStore>,
+        cfg: Arc<Config>,
+        limits: Arc<Limits>,
+        holds: Arc<Holds>,
+    ) -> Arc<Self> {
+        Arc::new(engine::assemble(store, cfg, limits, holds))
     }
 
     /// The 2025-era client sessions (docs/design.md §22 "Clients of the 2025 era").
@@ -185,6 +191,24 @@ impl Engine {
     }
 
     // Upstream calls (`call.rs`, `admission.rs`, `follow.rs`).
+
+    /// An MRTR retry (`params.requestState`) of a call this engine holds; `None` for a
+    /// first request. Every method that may answer `input_required` resumes here.
+    pub fn mrtr_retry<P: AsRef<Forward>>(
+        &self,
+        upstream: &str,
+        principal: &Principal,
+        req: &Request<P>,
+        server_info: &Value,
+    ) -> Option<Retry> {
+        call::mrtr_retry(&self.holds, upstream, principal, req, server_info)
+    }
+
+    /// The calls held for an MRTR round: an inline call that asks for input is held
+    /// here until the client's retry (`mrtr.rs`).
+    pub fn holds(&self) -> &Arc<Holds> {
+        &self.holds
+    }
 
     /// The one entry for a `tools/call` of either era: the params checks, then inline
     /// or a task by who makes the call ([`Caller`]). It returns the entry's own future

@@ -256,7 +256,8 @@ async fn the_engine_holds_the_part() {
     )
     .unwrap();
     let limits = Limits::from_config(&cfg);
-    let engine = super::Engine::new(MemoryStore::new(), Arc::new(cfg), limits);
+    let holds = super::Holds::new([7; 32], cfg.tasks.input_timeout, None);
+    let engine = super::Engine::new(MemoryStore::new(), Arc::new(cfg), limits, holds);
     let s = engine.sessions();
     let a = s
         .open(&alice(), "demo", "2025-11-25", json!({}), Map::new())

@@ -15,7 +15,6 @@ use super::events::Pending;
 use super::failure::Failure;
 use super::fingerprint::fingerprint;
 use super::ids;
-use super::mrtr::Holds;
 use super::outcome::Reply;
 use super::promote::Promotion;
 use crate::auth::Principal;
@@ -33,7 +32,6 @@ pub(super) struct ToolCall {
     pub(super) tool: String,
     pub(super) server_info: Value,
     pub(super) promotion: Promotion,
-    pub(super) holds: Arc<Holds>,
     /// A 2025-era client's task: input it did not declare is answered here, as its
     /// inline calls' is (`inputs::answer_undeclared`), rather than failing the task.
     pub(super) answer_undeclared: bool,

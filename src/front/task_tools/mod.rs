@@ -27,7 +27,7 @@ use crate::protocol::param_headers::{ParamHeader, ToolHeaders};
 use crate::protocol::params::{Params, TaskRef, ToolCallParams};
 use crate::protocol::{Request, RequestId, RpcError, ValidRequest};
 use crate::store::TaskRecord;
-use crate::tasks::{Adopted, Engine, Handle, Pending, Reply, Retry, mrtr_retry};
+use crate::tasks::{Adopted, Engine, Handle, Pending, Reply, Retry};
 use crate::upstream::Upstream;
 pub(crate) use rows::TaskTool;
 use status::StatusCall;
@@ -158,7 +158,10 @@ async fn task_status<A: Answers>(
     let name = ctx.upstream.name();
     // The retry of an MRTR round this call asked: it resumes the held call with the
     // client's answers.
-    let pending = match mrtr_retry(&gw.holds, name, &ctx.principal, &req, &server_info) {
+    let pending = match gw
+        .engine
+        .mrtr_retry(name, &ctx.principal, &req, &server_info)
+    {
         Some(Retry::Resumed(pending)) => pending,
         Some(Retry::Answer(r)) => return answer::render(&req.id, r),
         Some(Retry::Elsewhere(replica)) => {
