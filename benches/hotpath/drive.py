@@ -42,9 +42,16 @@ def mint(sub, tenant):
     return f"{head}.{body}.{b64(sig)}"
 
 
-def rpc(i, method, params, name, bearer=None):
+# A client without the tasks extension (`status`: the task tools of docs/design.md §28).
+PLAIN = {
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    "io.modelcontextprotocol/clientCapabilities": {},
+}
+
+
+def rpc(i, method, params, name, bearer=None, meta=META, extra=None):
     body = json.dumps(
-        {"jsonrpc": "2.0", "id": i, "method": method, "params": dict(params, _meta=META)}
+        {"jsonrpc": "2.0", "id": i, "method": method, "params": dict(params, _meta=meta)}
     )
     headers = {
         "content-type": "application/json",
@@ -54,6 +61,7 @@ def rpc(i, method, params, name, bearer=None):
         "mcp-method": method,
         "mcp-name": name,
     }
+    headers.update(extra or {})
     try:
         conn.request("POST", "/mcp", body, headers)
     except (BrokenPipeError, ConnectionResetError) as e:
@@ -102,6 +110,17 @@ if path == "get":
     for i in range(n):
         if rpc(i + 1, "tasks/get", {"taskId": tid}, tid)["status"] != "completed":
             sys.exit("the task left completed")
+elif path == "status":
+    # One completed task, asked for n times through the plain client's status tool.
+    tid = create(0)
+    time.sleep(2)
+    settle([tid], 0)
+    tool = "taskgate_task_status"
+    for i in range(n):
+        res = rpc(i + 1, "tools/call", {"name": tool, "arguments": {"taskId": tid}}, tool,
+                  meta=PLAIN, extra={"mcp-param-task-id": tid})
+        if res.get("isError") or res.get("content", [{}])[0].get("text") != "slept 0 ms":
+            sys.exit(f"not the task's result: {res}")
 elif path == "echo":
     for i in range(n):
         res = rpc(i + 1, "tools/call", {"name": "echo", "arguments": {"text": "hello"}}, "echo")

@@ -12,7 +12,9 @@
 # twice (its first read marks it read), seeded by the same binary running natively
 # first; `echo` = an inline `tools/call echo`
 # (demo upstream over HTTP); `task` = a promoted task from creation to terminal (the
-# creation request, the background call and driver, one poll once completed).
+# creation request, the background call and driver, one poll once completed);
+# `status` = a plain client's `taskgate_task_status` of a completed task, polled again
+# and again (docs/design.md §28: the handle's `tasks/get`, to set beside `get`).
 #
 # What is counted: only the request path. The gateway runs under callgrind with
 # collection off, switched on inside the futures that carry a request — the front's
@@ -32,15 +34,15 @@ BASELINE="benches/hotpath/baseline.txt"
 # of one build (benches/RESULTS.md: ±0.6 % get, ±0.7 % spread since jemalloc, whose
 # arenas depend on which worker frees what, ±1.1 % echo, whose upstream connection
 # pool depends on timing, ±0.6 % task), and never below 2 %.
-declare -A TOLERANCE_PCT=([get]=2 [spread]=3 [echo]=3 [task]=2)
+declare -A TOLERANCE_PCT=([get]=2 [spread]=3 [echo]=3 [task]=2 [status]=3)
 # `spread` polls SPREAD_TASKS seeded tasks twice each.
 SPREAD_TASKS=1000
-declare -A REQUESTS=([get]=2000 [spread]=$((2 * SPREAD_TASKS)) [echo]=1000 [task]=300)
+declare -A REQUESTS=([get]=2000 [spread]=$((2 * SPREAD_TASKS)) [echo]=1000 [task]=300 [status]=2000)
 # TASKGATE_HOTPATH_SCALE=K multiplies every request count (a difference of two scales
 # cancels start-up in TASKGATE_HOTPATH_COUNT=process).
 for p in "${!REQUESTS[@]}"; do REQUESTS[$p]=$((REQUESTS[$p] * ${TASKGATE_HOTPATH_SCALE:-1})); done
 # TASKGATE_HOTPATH_PATHS="spread echo" counts only those (a bisect, a repeat).
-read -r -a PATHS <<<"${TASKGATE_HOTPATH_PATHS:-get spread echo task}"
+read -r -a PATHS <<<"${TASKGATE_HOTPATH_PATHS:-get spread echo task status}"
 
 command -v valgrind >/dev/null || { echo "valgrind is not installed" >&2; exit 2; }
 [ -x "$BIN" ] || { echo "$BIN is missing: cargo build --release first" >&2; exit 2; }
@@ -75,6 +77,7 @@ TOGGLES=(
     "--toggle-collect=<tokio_util::task::task_tracker::TrackedFuture<F> as core::future::future::Future>::poll"
     "--toggle-collect=taskgate::tasks::call::start_call::{{closure}}"
     "--toggle-collect=taskgate::tasks::driver::drive::{{closure}}"
+    "--toggle-collect=taskgate::front::task_tools::status::StatusCall::run::{{closure}}"
     "--toggle-collect=<taskgate::upstream::http::executor::ConnectionTask<F> as core::future::future::Future>::poll"
 )
 fi
@@ -132,6 +135,10 @@ url = "http://127.0.0.1:$dport/mcp"
 [upstream.tools.sleep]
 promote_after_ms = 0
 EOF
+    if [ "$path" = status ]; then
+        # Only this path's endpoint offers handles: the others' stay as they were.
+        echo 'plain_clients = "handle"' >>"$dir/taskgate.toml"
+    fi
     local token gw
     token=$("$BIN" token --sub alice --tenant acme --config "$dir/taskgate.toml")
     if [ "$path" = spread ]; then

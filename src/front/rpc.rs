@@ -75,9 +75,7 @@ async fn serve_rpc(gw: &Gateway, req: ReadRequest) -> Resp {
         return Box::pin(legacy::serve_delete(gw, &upstream, principal, &parts)).await;
     }
     // The era the era step decided (docs/design.md §22 "Clients of the 2025 era").
-    let prefix = &gw.cfg.tasks.task_tools_prefix;
-    let tool_headers =
-        || super::task_tools::tool_headers(&upstream, prefix, upstream.tool_headers_to_check());
+    let tool_headers = |tool: &str| super::task_tools::tool_headers(gw, &upstream, tool);
     if ext.get::<Era>() == Some(&Era::Legacy) {
         let body = match parsed {
             Some(ParsedBody(p)) => p,

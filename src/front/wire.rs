@@ -150,16 +150,17 @@ fn shallow_id(body: &[u8]) -> Option<RequestId> {
     protocol::canonical_id(id)
 }
 
-/// Where [`validate_with`] finds the `Mcp-Param-*` header map of the upstream's tools:
-/// asked only for a `tools/call`, so no other request pays for it. `None` when no
-/// `tools/list` of the upstream was ever seen (the headers then go unchecked).
-pub type ToolHeaderLookup<'a> = &'a dyn Fn() -> Option<Arc<ToolHeaders>>;
+/// Where [`validate_with`] finds the `Mcp-Param-*` header map a called tool is checked
+/// against (given the tool's name): asked only for a `tools/call`, so no other request
+/// pays for it. `None` when no `tools/list` of the upstream was ever seen (the headers
+/// then go unchecked).
+pub type ToolHeaderLookup<'a> = &'a dyn Fn(&str) -> Option<Arc<ToolHeaders>>;
 
 /// Validate a POST body against the headers, with no tool header map known (the
 /// `Mcp-Param-*` headers are read but not compared with the arguments). The caller has
 /// already checked path, method, Origin/Host, auth, Content-Type, Accept and size.
 pub fn validate(body: &[u8], headers: &HeaderMap) -> Result<Incoming, Box<Reject>> {
-    validate_with(body, headers, &|| None)
+    validate_with(body, headers, &|_| None)
 }
 
 /// [`validate`], with the upstream's tool header map for the `Mcp-Param-*` check of a
@@ -183,7 +184,7 @@ fn param_header_mismatch(
     tool_headers: ToolHeaderLookup<'_>,
 ) -> Option<String> {
     let (tool, args) = protocol::fields::tool_name_and_arguments(params?)?;
-    let map = tool_headers()?;
+    let map = tool_headers(tool)?;
     for p in map.for_tool(tool) {
         let Some(value) = args.get(&p.property).filter(|v| !v.is_null()) else {
             continue;
@@ -725,7 +726,7 @@ mod tests {
 
     /// The header map of one tool, `route`: `region` (string), `zone` (integer) and
     /// `fast` (boolean) travel as `Mcp-Param-Region`/`-Zone`/`-Fast`.
-    fn route_headers() -> Option<Arc<ToolHeaders>> {
+    fn route_headers(_tool: &str) -> Option<Arc<ToolHeaders>> {
         let list = json!({"tools": [{"name": "route", "inputSchema": {"type": "object", "properties": {
             "region": {"type": "string", "x-mcp-header": "Region"},
             "zone": {"type": "integer", "x-mcp-header": "Zone"},
@@ -832,9 +833,9 @@ mod tests {
     #[test]
     fn the_map_is_asked_for_tools_call_only() {
         let asked = std::cell::Cell::new(0);
-        let lookup = || {
+        let lookup = |tool: &str| {
             asked.set(asked.get() + 1);
-            route_headers()
+            route_headers(tool)
         };
         let list = json!({"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":meta()}});
         let mut h = ok_headers("tools/list");
@@ -845,7 +846,7 @@ mod tests {
         let body = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"route","arguments":{"region":"eu"},"_meta":meta()}});
         let mut h = ok_headers("tools/call");
         h.insert("mcp-name", "route".parse().unwrap());
-        assert!(validate_with(body.to_string().as_bytes(), &h, &|| None).is_ok());
+        assert!(validate_with(body.to_string().as_bytes(), &h, &|_| None).is_ok());
         assert!(validate(body.to_string().as_bytes(), &h).is_ok());
         assert!(validate_with(body.to_string().as_bytes(), &h, &lookup).is_err());
         assert_eq!(asked.get(), 1);

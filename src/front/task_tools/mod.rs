@@ -53,20 +53,24 @@ pub(super) fn called<A: Answers>(ctx: &Ctx<'_>, req: &ValidRequest, era: &A) -> 
     (era.plain(req) && offered(ctx)).then_some(tool)
 }
 
-/// The header map a 2026 `tools/call` is checked against on an endpoint that offers
-/// handles: the upstream's, and `task_status`'s `taskId` as `Mcp-Param-Task-Id`
-/// (SEP-2243).
+/// The header map a 2026 `tools/call` of `tool` is checked against: the upstream's,
+/// but for `task_status` on an endpoint that offers handles, whose `taskId` travels as
+/// `Mcp-Param-Task-Id` (SEP-2243). Only that call builds a map of its own.
 pub(super) fn tool_headers(
+    gw: &super::gateway::Gateway,
     upstream: &Upstream,
-    prefix: &str,
-    base: Option<Arc<ToolHeaders>>,
+    tool: &str,
 ) -> Option<Arc<ToolHeaders>> {
-    if !upstream.cfg.offers_handles() {
-        return base;
+    let prefix = &gw.cfg.tasks.task_tools_prefix;
+    if TaskTool::named(prefix, tool) != Some(TaskTool::Status)
+        || !upstream.cfg.offers_handles()
+        || gw.task_tools_shadowed(upstream)
+    {
+        return upstream.tool_headers_to_check();
     }
-    let mut map = base.map(|m| (*m).clone()).unwrap_or_default();
+    let mut map = ToolHeaders::default();
     map.insert(
-        format!("{prefix}task_status"),
+        tool.to_string(),
         vec![ParamHeader {
             name: TaskTool::TASK_ID_HEADER.into(),
             property: "taskId".into(),
