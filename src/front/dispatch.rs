@@ -430,11 +430,11 @@ async fn tools_call<A: Answers>(
     let gw = ctx.gw;
     let id = req.id.clone();
     let call = ToolCallRequest {
-        upstream: ctx.upstream.clone(),
-        principal: ctx.principal.clone(),
+        upstream: ctx.upstream,
+        principal: &ctx.principal,
         caller: era.caller(&req),
         req,
-        server_info: server_info.clone(),
+        server_info: &server_info,
         received: ctx.received,
         timing: gw.inline_timing(),
     };
