@@ -403,11 +403,11 @@ async fn tools_call<A: Answers>(
     // A caller that cannot take a task gets its handle as a tool result (§28).
     let plain = matches!(caller, Caller::Plain | Caller::Session(_));
     let call = ToolCallRequest {
-        upstream: ctx.upstream.clone(),
-        principal: ctx.principal.clone(),
+        upstream: ctx.upstream,
+        principal: &ctx.principal,
         caller,
         req,
-        server_info: server_info.clone(),
+        server_info: &server_info,
         received: ctx.received,
         timing: gw.inline_timing(),
         handles: plain && super::task_tools::offered(ctx),

@@ -52,13 +52,15 @@ pub enum Caller {
     Session(String),
 }
 
-/// One `tools/call`, of either era, as the front hands it to the engine.
-pub struct ToolCallRequest {
-    pub upstream: Arc<Upstream>,
-    pub principal: Principal,
+/// One `tools/call`, of either era, as the front hands it to the engine. It borrows
+/// what the front keeps for rendering the answer (the principal, `serverInfo`), so
+/// the call copies neither.
+pub struct ToolCallRequest<'a> {
+    pub upstream: &'a Arc<Upstream>,
+    pub principal: &'a Principal,
     pub req: Request<ToolCallParams>,
     /// The upstream's `serverInfo`, for the answers it goes into.
-    pub server_info: Value,
+    pub server_info: &'a Value,
     pub caller: Caller,
     /// When the HTTP request arrived: a lookup before an inline call is bounded by the
     /// same `sync_timeout_ms` the call is.
@@ -83,7 +85,7 @@ fn needs_extension(why: String) -> ToolReply {
 /// The one entry for a `tools/call` of either era: the params checks, then what
 /// becomes of the call by who makes it ([`Caller`]). The upstream's
 /// `execution.taskSupport` is looked up once, here.
-pub(super) async fn call_tool(engine: &Arc<Engine>, r: ToolCallRequest) -> ToolReply {
+pub(super) async fn call_tool(engine: &Arc<Engine>, r: ToolCallRequest<'_>) -> ToolReply {
     if r.caller == Caller::SessionTask && r.req.params.task == Field::Invalid {
         return invalid("params.task must be an object");
     }
@@ -125,7 +127,7 @@ pub(super) async fn call_tool(engine: &Arc<Engine>, r: ToolCallRequest) -> ToolR
             // augmentation: followed inline (docs/design.md §25).
             let upstream_task = r
                 .upstream
-                .upstream_task_support(&r.principal, &tool)
+                .upstream_task_support(r.principal, &tool)
                 .await
                 .as_deref()
                 == Some("required");
@@ -133,9 +135,9 @@ pub(super) async fn call_tool(engine: &Arc<Engine>, r: ToolCallRequest) -> ToolR
             let mut spec = inputs::upstream_spec(r.req.method, &r.req.params.fwd, want_progress);
             spec.session = Some(session);
             let pending = if upstream_task {
-                engine.start_upstream_task_inline(&r.upstream, &r.principal, spec)
+                engine.start_upstream_task_inline(r.upstream, r.principal, spec)
             } else {
-                engine.start_call(&r.upstream, &r.principal, spec)
+                engine.start_call(r.upstream, r.principal, spec)
             };
             ToolReply::Inline {
                 pending,
@@ -151,7 +153,7 @@ pub(super) async fn call_tool(engine: &Arc<Engine>, r: ToolCallRequest) -> ToolR
 /// resumed when it is an MRTR retry.
 async fn plain_call(
     engine: &Arc<Engine>,
-    r: ToolCallRequest,
+    r: ToolCallRequest<'_>,
     tool: &str,
     promotion: &Promotion,
 ) -> ToolReply {
@@ -169,7 +171,7 @@ async fn plain_call(
             || (promotion.mode != TaskMode::Never
                 && tokio::time::timeout_at(
                     r.received + r.timing.sync_timeout,
-                    r.upstream.tool_task_support(&r.principal, tool),
+                    r.upstream.tool_task_support(r.principal, tool),
                 )
                 .await
                 .ok()
@@ -185,15 +187,15 @@ async fn plain_call(
     match mrtr_retry(
         &engine.holds,
         r.upstream.name(),
-        &r.principal,
+        r.principal,
         &r.req,
-        &r.server_info,
+        r.server_info,
     ) {
         None => {
             let fwd = &r.req.params.fwd;
             let spec =
                 inputs::upstream_spec(r.req.method, fwd, r.req.meta.progress_token.is_some());
-            let pending = engine.start_call(&r.upstream, &r.principal, spec);
+            let pending = engine.start_call(r.upstream, r.principal, spec);
             ToolReply::Inline {
                 pending,
                 req: r.req,
@@ -219,7 +221,7 @@ async fn plain_call(
 /// it, and its deadline starts again.
 async fn handle_call(
     engine: &Arc<Engine>,
-    r: ToolCallRequest,
+    r: ToolCallRequest<'_>,
     tool: String,
     mut promotion: Promotion,
 ) -> ToolReply {
@@ -228,9 +230,9 @@ async fn handle_call(
         match mrtr_retry(
             &engine.holds,
             r.upstream.name(),
-            &r.principal,
+            r.principal,
             &r.req,
-            &r.server_info,
+            r.server_info,
         ) {
             None => {}
             Some(Retry::Resumed(pending)) => return held_to_deadline(r, tool, promotion, pending),
@@ -257,19 +259,19 @@ async fn handle_call(
     if let Caller::Session(s) = &r.caller {
         spec.session = Some(s.clone());
     }
-    let pending = engine.start_call(&r.upstream, &r.principal, spec);
+    let pending = engine.start_call(r.upstream, r.principal, spec);
     held_to_deadline(r, tool, promotion, pending)
 }
 
 /// Whether a handle-mode call is a handle at once: keyed (its result must be
 /// stored), or of a tool that runs only as a task (config, or the upstream's
 /// `taskSupport`, looked up within the request's `sync_timeout_ms`).
-async fn handle_at_once(r: &ToolCallRequest, tool: &str, promotion: &Promotion) -> bool {
+async fn handle_at_once(r: &ToolCallRequest<'_>, tool: &str, promotion: &Promotion) -> bool {
     is_keyed(r, promotion)
         || promotion.mode == TaskMode::Required
         || tokio::time::timeout_at(
             r.received + r.timing.sync_timeout,
-            r.upstream.tool_task_support(&r.principal, tool),
+            r.upstream.tool_task_support(r.principal, tool),
         )
         .await
         .ok()
@@ -280,7 +282,7 @@ async fn handle_at_once(r: &ToolCallRequest, tool: &str, promotion: &Promotion) 
 
 /// Whether the call carries an idempotency key (the header, or the tool's key
 /// argument).
-fn is_keyed(r: &ToolCallRequest, promotion: &Promotion) -> bool {
+fn is_keyed(r: &ToolCallRequest<'_>, promotion: &Promotion) -> bool {
     r.req.idempotency_key.is_some()
         || promotion.idempotency_argument.as_deref().is_some_and(|a| {
             r.req
@@ -293,7 +295,7 @@ fn is_keyed(r: &ToolCallRequest, promotion: &Promotion) -> bool {
 
 /// A handle-mode call held inline until its deadline.
 fn held_to_deadline(
-    r: ToolCallRequest,
+    r: ToolCallRequest<'_>,
     tool: String,
     promotion: Promotion,
     pending: Pending,
@@ -301,22 +303,23 @@ fn held_to_deadline(
     let at = Instant::now() + promotion.promote_after;
     let req = r.req.clone();
     let session = matches!(r.caller, Caller::Session(_));
-    let call = to_tool_call(r, tool, promotion, session);
+    // The handle outlives the request that borrows the call's parts: it keeps copies.
+    let handle = Handle::new(at, to_tool_call(r, tool, promotion, session));
     ToolReply::Inline {
         pending,
         req,
-        handle: Some(Box::new(Handle::new(at, call))),
+        handle: Some(Box::new(handle)),
     }
 }
 
 /// A tasks client's call: resumed when it is an MRTR retry, else the race.
-async fn retry_or_call(engine: &Arc<Engine>, c: ToolCall) -> ToolReply {
+async fn retry_or_call(engine: &Arc<Engine>, c: ToolCall<'_>) -> ToolReply {
     match mrtr_retry(
         &engine.holds,
         c.upstream.name(),
-        &c.principal,
+        c.principal,
         &c.req,
-        &c.server_info,
+        c.server_info,
     ) {
         None => tools_call(engine, c).await.into(),
         Some(Retry::Resumed(pending)) => resume(engine, c, pending).await.into(),
@@ -369,7 +372,12 @@ pub(super) fn mrtr_retry<P: AsRef<Forward>>(
     )
 }
 
-fn to_tool_call(r: ToolCallRequest, tool: String, promotion: Promotion, session: bool) -> ToolCall {
+fn to_tool_call<'a>(
+    r: ToolCallRequest<'a>,
+    tool: String,
+    promotion: Promotion,
+    session: bool,
+) -> ToolCall<'a> {
     ToolCall {
         upstream: r.upstream,
         principal: r.principal,
@@ -488,7 +496,7 @@ fn purge_cancelled() -> Reply {
 ///
 /// A count the store cannot give refuses the call (503 + `Retry-After`: nothing was
 /// sent): an uncounted quota is no quota (docs/design.md §16 "Fail closed").
-async fn over_quota(engine: &Engine, c: &ToolCall) -> Option<Reply> {
+async fn over_quota(engine: &Engine, c: &ToolCall<'_>) -> Option<Reply> {
     let live = match engine.tasks.live_tasks(&c.principal.tenant).await {
         Ok(n) => n,
         Err(e) => {
@@ -509,7 +517,7 @@ async fn over_quota(engine: &Engine, c: &ToolCall) -> Option<Reply> {
 /// Serve a `tools/call` from a client that declared the tasks extension. A purge
 /// of the caller's tenant refuses it, or cancels it while it runs, so it never
 /// writes a task the purge would miss (docs/design.md §27 "Tenant purge").
-pub(super) async fn tools_call(engine: &Arc<Engine>, c: ToolCall) -> Reply {
+pub(super) async fn tools_call(engine: &Arc<Engine>, c: ToolCall<'_>) -> Reply {
     let Some(in_flight) = engine.tenant_calls.enter(&c.principal.tenant) else {
         return purging_refusal();
     };
@@ -519,7 +527,7 @@ pub(super) async fn tools_call(engine: &Arc<Engine>, c: ToolCall) -> Reply {
     }
 }
 
-async fn tools_call_admitted(engine: &Arc<Engine>, c: ToolCall) -> Reply {
+async fn tools_call_admitted(engine: &Arc<Engine>, c: ToolCall<'_>) -> Reply {
     let tool = c.tool.clone();
     let fp = arguments_fingerprint(&c.req.params);
     let idem = c.req.idempotency_key.clone().or_else(|| {
@@ -532,14 +540,14 @@ async fn tools_call_admitted(engine: &Arc<Engine>, c: ToolCall) -> Reply {
         // A keyed call is always a task, written before the upstream call starts
         // so concurrent duplicates never reach the upstream twice (docs/design.md §9
         // "Idempotency").
-        let index = idempotency_index(&c.principal, c.upstream.name(), &tool, key);
+        let index = idempotency_index(c.principal, c.upstream.name(), &tool, key);
         match engine.tasks.idempotency_get(&index).await {
             Ok(Some(entry)) => return tool_call::existing(engine, &c, entry, &fp).await,
             Ok(None) => {}
             Err(e) => return store_failure(e),
         }
         if c.upstream
-            .upstream_task_support(&c.principal, &tool)
+            .upstream_task_support(c.principal, &tool)
             .await
             .is_some()
         {
@@ -553,7 +561,7 @@ async fn tools_call_admitted(engine: &Arc<Engine>, c: ToolCall) -> Reply {
         return create_then_call(engine, c, rec, Some(index), fp).await;
     }
     if c.upstream
-        .upstream_task_support(&c.principal, &tool)
+        .upstream_task_support(c.principal, &tool)
         .await
         .is_some()
     {
@@ -569,14 +577,14 @@ async fn tools_call_admitted(engine: &Arc<Engine>, c: ToolCall) -> Reply {
     if let Some(r) = over_quota(engine, &c).await {
         return r;
     }
-    let call = start_call(engine, &c.upstream, &c.principal, &c.req, &c.promotion);
+    let call = start_call(engine, c.upstream, c.principal, &c.req, &c.promotion);
     race(engine, c, tool, fp, call).await
 }
 
 /// Carry on with a call held for an MRTR round (`on_input = "mrtr"`): the race
 /// against the deadline starts again now (MCP Tasks extension, "Task Creation":
 /// MRTR first, then the task).
-async fn resume(engine: &Arc<Engine>, c: ToolCall, pending: Pending) -> Reply {
+async fn resume(engine: &Arc<Engine>, c: ToolCall<'_>, pending: Pending) -> Reply {
     let Some(in_flight) = engine.tenant_calls.enter(&c.principal.tenant) else {
         return purging_refusal();
     };
@@ -593,7 +601,7 @@ async fn resume(engine: &Arc<Engine>, c: ToolCall, pending: Pending) -> Reply {
 /// store operation: docs/design.md §8 "Flow control").
 async fn create_then_call(
     engine: &Arc<Engine>,
-    c: ToolCall,
+    c: ToolCall<'_>,
     mut rec: TaskRecord,
     index: Option<Vec<u8>>,
     fp: String,
@@ -603,7 +611,7 @@ async fn create_then_call(
     if let Some(msg) = engine.limits.queue_status_if_entered(
         c.upstream.name(),
         c.upstream.cfg.max_concurrency,
-        &c.principal,
+        c.principal,
     ) {
         rec.status_message = Some(msg);
     }
@@ -627,7 +635,7 @@ async fn create_then_call(
     if let Err(e) = engine.flush().await {
         return store_failure(e);
     }
-    let call = start_call(engine, &c.upstream, &c.principal, &c.req, &c.promotion);
+    let call = start_call(engine, c.upstream, c.principal, &c.req, &c.promotion);
     launch(engine, &c, &rec, &route, call, Vec::new());
     crate::metrics::promoted(c.upstream.name(), &rec.task_id, c.client_kind());
     Reply::Task(Arc::new(rec))
@@ -636,7 +644,7 @@ async fn create_then_call(
 /// Register a promoted call and hand it to its driver.
 async fn race(
     engine: &Arc<Engine>,
-    c: ToolCall,
+    c: ToolCall<'_>,
     tool: String,
     fp: String,
     pending: Pending,
@@ -653,7 +661,7 @@ async fn race(
             Event::Finished(r) => {
                 armed.disarm();
                 crate::metrics::inline_completion(c.upstream.name());
-                return answer_of(c.req.method, c.upstream.name(), &c.server_info, r);
+                return answer_of(c.req.method, c.upstream.name(), c.server_info, r);
             }
             Event::Notice(Notice::Progress(p)) => {
                 status_message = Some(progress_message(&p));
@@ -669,11 +677,11 @@ async fn race(
                         let v = engine.holds.hold(
                             call,
                             batch,
-                            &c.principal,
+                            c.principal,
                             c.upstream.name(),
                             c.req.method,
                             &c.req.params,
-                            &c.server_info,
+                            c.server_info,
                         );
                         return Reply::InputRequired(v);
                     }

@@ -126,6 +126,8 @@ struct Rig {
     faulty: Arc<FaultyStore>,
     upstream: Arc<Upstream>,
     transport: Arc<Scripted>,
+    principal: Principal,
+    server_info: Value,
 }
 
 const CONFIG: &str = r#"
@@ -164,6 +166,8 @@ fn rig_with(config: &str, handler: Handler) -> Rig {
         faulty,
         upstream,
         transport,
+        principal: alice(),
+        server_info: json!({"name": "scripted", "version": "1"}),
     }
 }
 
@@ -213,13 +217,13 @@ impl Rig {
         req: Request<ToolCallParams>,
         promote_after_ms: u64,
         call_timeout: Option<u64>,
-    ) -> ToolCall {
+    ) -> ToolCall<'_> {
         ToolCall {
-            upstream: self.upstream.clone(),
-            principal: alice(),
+            upstream: &self.upstream,
+            principal: &self.principal,
             req,
             tool: "tool".into(),
-            server_info: json!({"name": "scripted", "version": "1"}),
+            server_info: &self.server_info,
             promotion: Promotion {
                 mode: TaskMode::Optional,
                 promote_after: Duration::from_millis(promote_after_ms),

@@ -7,25 +7,47 @@
 
 use std::sync::Arc;
 
+use serde_json::Value;
 use tokio::time::Instant;
 
 use super::engine::Engine;
 use super::events::Pending;
 use super::outcome::Reply;
+use super::promote::Promotion;
 use super::tool_call::{
     ToolCall, arguments_fingerprint, launch, new_record, new_route, store_failed_after_send,
 };
+use crate::auth::Principal;
+use crate::protocol::Request;
+use crate::protocol::params::ToolCallParams;
 use crate::store::TaskRecord;
+use crate::upstream::Upstream;
 
-/// A running inline call that becomes a task at its deadline.
+/// A running inline call that becomes a task at its deadline: the call's parts, kept
+/// past the request that borrowed them.
 pub struct Handle {
     at: Instant,
-    call: ToolCall,
+    upstream: Arc<Upstream>,
+    principal: Principal,
+    server_info: Value,
+    req: Request<ToolCallParams>,
+    tool: String,
+    promotion: Promotion,
+    answer_undeclared: bool,
 }
 
 impl Handle {
-    pub(super) fn new(at: Instant, call: ToolCall) -> Self {
-        Self { at, call }
+    pub(super) fn new(at: Instant, c: ToolCall<'_>) -> Self {
+        Self {
+            at,
+            upstream: c.upstream.clone(),
+            principal: c.principal.clone(),
+            server_info: c.server_info.clone(),
+            req: c.req,
+            tool: c.tool,
+            promotion: c.promotion,
+            answer_undeclared: c.answer_undeclared,
+        }
     }
 
     /// When the call becomes a task.
@@ -49,7 +71,26 @@ pub enum Adopted {
 /// The deadline passed: make the held call a task. A store failure now, with the call
 /// sent, is the call's outcome and cancels it (docs/design.md §16).
 pub(super) async fn adopt(engine: &Arc<Engine>, h: Box<Handle>, pending: Pending) -> Adopted {
-    let c = h.call;
+    let Handle {
+        upstream,
+        principal,
+        server_info,
+        req,
+        tool,
+        promotion,
+        answer_undeclared,
+        ..
+    } = *h;
+    let c = ToolCall {
+        upstream: &upstream,
+        principal: &principal,
+        req,
+        tool,
+        server_info: &server_info,
+        promotion,
+        answer_undeclared,
+        handle: true,
+    };
     // A purge of the tenant is running: no task it could miss.
     let Some(_in_flight) = engine.tenant_calls.enter(&c.principal.tenant) else {
         return Adopted::Kept(pending);

@@ -215,8 +215,8 @@ impl Engine {
     /// (`call::call_tool`), with no second one around it.
     pub fn call_tool(
         self: &Arc<Self>,
-        r: ToolCallRequest,
-    ) -> impl Future<Output = ToolReply> + Send + '_ {
+        r: ToolCallRequest<'_>,
+    ) -> impl Future<Output = ToolReply> + Send {
         call::call_tool(self, r)
     }
 

@@ -24,13 +24,13 @@ use crate::store::{RequestRoute, SCHEMA_VERSION, TaskRecord, TaskStatus, now_ms}
 use crate::upstream::{InputAnswer, Upstream};
 
 /// One `tools/call` that may become a task.
-pub(super) struct ToolCall {
-    pub(super) upstream: Arc<Upstream>,
-    pub(super) principal: Principal,
+pub(super) struct ToolCall<'a> {
+    pub(super) upstream: &'a Arc<Upstream>,
+    pub(super) principal: &'a Principal,
     pub(super) req: Request<ToolCallParams>,
     /// `params.name`, which `call::call_tool` checked is a string.
     pub(super) tool: String,
-    pub(super) server_info: Value,
+    pub(super) server_info: &'a Value,
     pub(super) promotion: Promotion,
     /// A 2025-era client's task: input it did not declare is answered here, as its
     /// inline calls' is (`inputs::answer_undeclared`), rather than failing the task.
@@ -39,7 +39,7 @@ pub(super) struct ToolCall {
     pub(super) handle: bool,
 }
 
-impl ToolCall {
+impl ToolCall<'_> {
     /// The client kind of the metrics: `handle` for a plain caller's task.
     pub(super) fn client_kind(&self) -> &'static str {
         if self.handle { "handle" } else { "tasks" }
@@ -49,7 +49,7 @@ impl ToolCall {
 /// A new task's record for `c`, `working` from its creation.
 pub(super) fn new_record(
     engine: &Engine,
-    c: &ToolCall,
+    c: &ToolCall<'_>,
     tool: &str,
     fp: String,
     idem: Option<String>,
@@ -83,7 +83,7 @@ pub(super) fn new_record(
 }
 
 /// The request route of `task_id`, the call of `c` that this process runs.
-pub(super) fn new_route(engine: &Engine, c: &ToolCall, task_id: &str) -> RequestRoute {
+pub(super) fn new_route(engine: &Engine, c: &ToolCall<'_>, task_id: &str) -> RequestRoute {
     let now = now_ms();
     RequestRoute {
         v: SCHEMA_VERSION,
@@ -105,7 +105,7 @@ pub(super) fn new_route(engine: &Engine, c: &ToolCall, task_id: &str) -> Request
 /// "Promotion").
 pub(super) async fn existing(
     engine: &Engine,
-    c: &ToolCall,
+    c: &ToolCall<'_>,
     entry: crate::store::IdempotencyEntry,
     fp: &str,
 ) -> Reply {
@@ -118,7 +118,7 @@ pub(super) async fn existing(
         return store_failure(e);
     }
     let task = TaskRef::to(&entry.task_id);
-    match engine.resolve(&c.principal, c.upstream.name(), &task).await {
+    match engine.resolve(c.principal, c.upstream.name(), &task).await {
         Ok(rec) => {
             // It may have finished meanwhile: its status shows once durable.
             match engine.tasks.durable(&rec).await {
@@ -134,7 +134,7 @@ pub(super) async fn existing(
 /// Register a promoted call and hand it to its driver.
 pub(super) fn launch(
     engine: &Arc<Engine>,
-    c: &ToolCall,
+    c: &ToolCall<'_>,
     rec: &TaskRecord,
     route: &RequestRoute,
     call: Pending,

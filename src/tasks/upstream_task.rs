@@ -29,18 +29,18 @@ use crate::upstream::UpstreamError;
 /// `tools/call` of a tool the upstream runs as its own task (docs/design.md §25),
 /// without an idempotency key: the upstream task first, then the gateway's, whose
 /// route names it from its first write.
-pub(super) async fn upstream_task_call(engine: &Arc<Engine>, c: ToolCall, fp: String) -> Reply {
+pub(super) async fn upstream_task_call(engine: &Arc<Engine>, c: ToolCall<'_>, fp: String) -> Reply {
     let name = c.upstream.name().to_string();
-    let answer = |r| answer_of(c.req.method, &name, &c.server_info, Ok(r));
-    let admitted = match follow::admit_task(&engine.limits, &c.upstream, &c.principal).await {
+    let answer = |r| answer_of(c.req.method, &name, c.server_info, Ok(r));
+    let admitted = match follow::admit_task(&engine.limits, c.upstream, c.principal).await {
         Ok(p) => p,
         Err(e) => return answer(Err(e)),
     };
     let call = super::inputs::upstream_spec(c.req.method, &c.req.params.fwd, false);
     let (channel, created) = match follow::create_upstream_task(
         &engine.cfg.tasks,
-        &c.upstream,
-        &c.principal,
+        c.upstream,
+        c.principal,
         call,
     )
     .await
@@ -91,7 +91,7 @@ pub(super) async fn upstream_task_call(engine: &Arc<Engine>, c: ToolCall, fp: St
 /// before it polls; a crash in between fails the task once at the next start.
 pub(super) async fn keyed_upstream_task_call(
     engine: &Arc<Engine>,
-    c: ToolCall,
+    c: ToolCall<'_>,
     fp: String,
     idem: Option<String>,
     index: Vec<u8>,
