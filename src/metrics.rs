@@ -213,6 +213,9 @@ fn describe() {
     for decision in FAIL_CLOSED {
         counter!("taskgate_fail_closed_total", "decision" => decision).increment(0);
     }
+    for client in ["tasks", "handle"] {
+        counter!("taskgate_status_reads_total", "client" => client).increment(0);
+    }
     for status in ["completed", "failed"] {
         counter!("taskgate_tasks_expired_unread_total", "status" => status).increment(0);
     }
@@ -333,8 +336,21 @@ pub fn promoted(upstream: &str, task_id: &str, client: &'static str) {
 
 /// A task's status read by its owner, by client kind: `tasks` (`tasks/get`) or
 /// `handle` (a task-status tool call, docs/design.md §28).
+///
+/// Every `tasks/get` counts here, so the two series' handles are looked up once: the
+/// recorder is installed before the first request, and a handle taken before it
+/// (a test without one) counts nowhere, as any counter would.
 pub fn status_read(client: &'static str) {
-    counter!("taskgate_status_reads_total", "client" => client).increment(1);
+    static TASKS: OnceLock<metrics::Counter> = OnceLock::new();
+    static HANDLE_TOOL: OnceLock<metrics::Counter> = OnceLock::new();
+    let series = if client == "handle" {
+        &HANDLE_TOOL
+    } else {
+        &TASKS
+    };
+    series
+        .get_or_init(|| counter!("taskgate_status_reads_total", "client" => client))
+        .increment(1);
 }
 
 pub fn inline_completion(upstream: &str) {

@@ -136,7 +136,14 @@ async fn metrics_move_with_traffic() {
         "{after:?}"
     );
     assert!(get(&after, "taskgate_throttled_total{reason=\"poll_interval\"}") >= 1.0);
-    assert!(get(&after, "taskgate_promotions_total{upstream=\"demo\"}") >= 1.0);
+    // By client kind (docs/design.md §28): these are a tasks client's.
+    assert!(
+        get(
+            &after,
+            "taskgate_promotions_total{upstream=\"demo\",client=\"tasks\"}"
+        ) >= 1.0
+    );
+    assert!(get(&after, "taskgate_status_reads_total{client=\"tasks\"}") >= 1.0);
     // Every durable creation waited on a group-commit round.
     let rounds = get(&after, "taskgate_store_flush_rounds_total");
     assert!(rounds >= 1.0, "{after:?}");
