@@ -14,7 +14,8 @@
 //! driver prints one JSON object of facts on its last stdout line; the tests assert on
 //! them, and check the wire itself with raw requests where a byte comparison matters.
 //! Upstream: the bundled demo over stdio (`src/demo/tools.rs`: `sleep`, `measure` with
-//! an `outputSchema`, `slow_elicit`).
+//! an `outputSchema`, `slow_elicit`); the upstream-outage test runs the same demo over
+//! Streamable HTTP (`taskgate demo-upstream --http`) as its own process.
 
 mod common;
 
@@ -61,11 +62,11 @@ enum Driver {
 
 /// The `[tasks]`/`[limits]` sections every gateway here shares. The burst absorbs the
 /// drivers' own polls; the limiter is exercised by `past_the_poll_burst_*`.
-fn sections(extra_tasks: &str) -> String {
+fn sections(extra_tasks: &str, poll_burst: u32) -> String {
     format!(
         "[tasks]\npromote_after_ms = {PROMOTE_MS}\npoll_interval_ms = 100\n\
          task_tools_prefix = \"taskgate_\"\nmax_status_wait_ms = 50000\n{extra_tasks}\
-         [limits]\npoll_burst = 10\n"
+         [limits]\npoll_burst = {poll_burst}\n"
     )
 }
 
@@ -82,12 +83,24 @@ impl Setup {
     /// `store_extra` goes into `[store]`, `extra_tasks` into `[tasks]`, `tools` after
     /// the `[[upstream]]` (e.g. `[upstream.tools.NAME]` tables).
     async fn start_with(store_extra: &str, extra_tasks: &str, tools: &str) -> Self {
-        require_peers();
         let upstream = demo_stdio_upstream("plain_clients = \"handle\"");
+        Self::start_full(store_extra, extra_tasks, &upstream, tools, 10).await
+    }
+
+    /// As [`Setup::start_with`], with the whole `[[upstream]]` table and the
+    /// `[limits] poll_burst` given.
+    async fn start_full(
+        store_extra: &str,
+        extra_tasks: &str,
+        upstream: &str,
+        tools: &str,
+        poll_burst: u32,
+    ) -> Self {
+        require_peers();
         let body = format!(
             "{store_extra}{}{}{upstream}{tools}",
             jwt_auth(),
-            sections(extra_tasks)
+            sections(extra_tasks, poll_burst)
         );
         let gw = Gateway::start(&body).await;
         gw.wait_ready().await;
@@ -847,4 +860,262 @@ async fn a_tool_in_hold_mode_is_held_inline() {
     assert_eq!(text(&v["result"]), "slept 2500 ms", "{v}\n{}", s.logs());
     assert!(start.elapsed() >= Duration::from_millis(2400), "{v}");
     assert!(v["result"]["structuredContent"]["taskId"].is_null(), "{v}");
+}
+
+// ---------------------------------------------------------------------------------
+// Durability, upstream outages, held status calls, inline input, metrics.
+
+/// `taskgate_task_list` as a raw 2026 plain client: the `result`.
+async fn raw_list(c: &Client2026) -> Value {
+    let r = c.call_tool(LIST, json!({})).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    r.json()["result"].clone()
+}
+
+/// The status of `id` in the owner's `taskgate_task_list`, if listed.
+async fn listed_status(c: &Client2026, id: &str) -> Option<String> {
+    let r = raw_list(c).await;
+    r["structuredContent"]["tasks"]
+        .as_array()?
+        .iter()
+        .find(|t| t["taskId"] == id)
+        .and_then(|t| t["status"].as_str().map(str::to_string))
+}
+
+/// A handle survives a SIGKILL of the gateway: a task that completed before the kill
+/// answers its stored result after the restart; one still running at the kill answers
+/// a failure naming the restart (docs/design.md §16, `recover`), never `working`
+/// forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handle_resolves_after_sigkill_and_restart() {
+    let s = Setup::start().await;
+    let id = s.raw_handle("alice", 2500).await;
+    let alice = s.raw("alice", json!({}));
+    // Wait on the list (it does not touch the result) until the task completed.
+    let start = Instant::now();
+    loop {
+        let st = listed_status(&alice, &id).await;
+        if st.as_deref() == Some("completed") {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "never completed: {st:?}\n{}",
+            s.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let s = Setup {
+        gw: s.gw.kill9_and_relaunch().await,
+    };
+    let alice = s.raw("alice", json!({}));
+    let v = raw_status(&alice, &id, None).await.json();
+    let r = &v["result"];
+    assert!(!is_error(r), "{v}\n{}", s.logs());
+    assert_eq!(text(r), "slept 2500 ms", "{v}\n{}", s.logs());
+
+    // A task still running at the kill fails with the restart as its reason.
+    let id = s.raw_handle("alice", 60000).await;
+    let v = raw_status(&alice, &id, None).await.json();
+    assert_eq!(v["result"]["structuredContent"]["status"], "working", "{v}");
+    let s = Setup {
+        gw: s.gw.kill9_and_relaunch().await,
+    };
+    let alice = s.raw("alice", json!({}));
+    let v = raw_status(&alice, &id, None).await.json();
+    let r = &v["result"];
+    assert!(is_error(r), "{v}\n{}", s.logs());
+    assert!(
+        text(r).contains("gateway restarted while the call was in flight"),
+        "{v}\n{}",
+        s.logs()
+    );
+    assert_eq!(r["structuredContent"]["status"], "failed", "{v}");
+}
+
+/// The task tools are the gateway's own: with the upstream process gone they still
+/// answer tool results (not a transport error or a 503).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_status_answers_while_the_upstream_is_down() {
+    let mut up = DemoHttp::start().await;
+    let upstream = demo_http_upstream(up.port, "plain_clients = \"handle\"");
+    let s = Setup::start_full("", "", &upstream, "", 10).await;
+    let id = s.raw_handle("alice", 60000).await;
+    up.proc.kill9();
+    // Let the gateway notice (its readiness turns 503), at most 20 s.
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(20) {
+        let r = raw(&s.gw.url("/readyz"), "GET", &[], Bytes::new()).await;
+        if r.is_ok_and(|r| r.status == 503) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let alice = s.raw("alice", json!({}));
+    // A few rounds over a few seconds: each answers a tool result.
+    for round in 0..4 {
+        let resp = raw_status(&alice, &id, None).await;
+        assert_eq!(
+            resp.status,
+            200,
+            "round {round}: {}\n{}",
+            String::from_utf8_lossy(&resp.body),
+            s.logs()
+        );
+        let v = resp.json();
+        assert!(v["error"].is_null(), "round {round}: {v}\n{}", s.logs());
+        let r = &v["result"];
+        assert!(r["content"].is_array(), "round {round}: {v}");
+        let st = &r["structuredContent"]["status"];
+        assert!(
+            st == "working" || st == "failed",
+            "round {round}: status {st}: {v}"
+        );
+        if st == "failed" {
+            assert!(is_error(r), "{v}");
+        }
+        let list = raw_list(&alice).await;
+        assert!(
+            list["structuredContent"]["tasks"]
+                .as_array()
+                .is_some_and(|t| t.iter().any(|t| t["taskId"] == id.as_str())),
+            "round {round}: {list}\n{}",
+            s.logs()
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Resident set size of `pid` in KiB (`VmRSS` in /proc/PID/status).
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no VmRSS in /proc/{pid}/status"))
+}
+
+/// A held status call waits on the store, not on the upstream: a thousand of them for
+/// one task leave the upstream's two slots free for a real call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_thousand_held_status_calls_leave_upstream_slots_free() {
+    const HELD: usize = 1000;
+    let upstream = stdio_upstream_bare("plain_clients = \"handle\"\nmax_concurrency = 2");
+    let s = Setup::start_full("", "", &upstream, "", 2000).await;
+    let id = s.raw_handle("alice", 60000).await;
+    let alice = s.raw("alice", json!({}));
+    let pid = s.gw.pid();
+    let before = rss_kib(pid);
+    // Each raw request opens its own connection (tests/common `send`): 1000 at once.
+    let started = Instant::now();
+    let calls: Vec<_> = (0..HELD)
+        .map(|_| {
+            let (c, id) = (alice.clone(), id.clone());
+            tokio::spawn(async move { raw_status(&c, &id, Some(20)).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let held_rss = rss_kib(pid);
+    let early = calls.iter().filter(|c| c.is_finished()).count();
+    let echo_start = Instant::now();
+    let echo = tokio::time::timeout(
+        Duration::from_secs(10),
+        s.raw("alice", json!({}))
+            .call_tool("echo", json!({"text": "slots free"})),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("echo did not answer within 10 s\n{}", s.logs()));
+    let echo_s = echo_start.elapsed().as_secs_f64();
+    let v = echo.json();
+    assert_eq!(text(&v["result"]), "slots free", "{v}\n{}", s.logs());
+    assert!(v["result"]["structuredContent"]["taskId"].is_null(), "{v}");
+    let mut working = 0;
+    for c in calls {
+        let r = c.await.unwrap_or_else(|e| panic!("status call: {e}"));
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        let v = r.json();
+        assert!(
+            !is_error(&v["result"]),
+            "a held status call was refused: {v}\n{}",
+            s.logs()
+        );
+        assert_eq!(v["result"]["structuredContent"]["status"], "working", "{v}");
+        working += 1;
+    }
+    assert_eq!(working, HELD);
+    eprintln!(
+        "held status calls: {HELD} (answered before the echo: {early}); gateway RSS \
+         {before} KiB before, {held_rss} KiB while held (delta {} KiB, {:.1} KiB per \
+         call); echo answered in {echo_s:.3} s; all answered after {:.1} s",
+        held_rss as i64 - before as i64,
+        (held_rss as f64 - before as f64) / HELD as f64,
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// Input the upstream asks for before `promote_after_ms` is relayed on the call itself
+/// (MRTR for a 2026 client, an SSE request for a 2025 session), and the call answers
+/// inline: no handle.
+async fn elicit_inline_flow(driver: Driver) {
+    let s = Setup::start_with("", "", "[upstream.tools.elicit]\npromote_after_ms = 5000\n").await;
+    let spec = json!({"tool": "elicit", "args": {"message": "Favourite colour?"},
+                      "answer": {"answer": "octarine"}});
+    let f = s.run(driver, "elicit_late", spec, None).await;
+    let call = f.get("call");
+    f.check(
+        f.get("task_id").is_null() && call["structuredContent"]["taskId"].is_null(),
+        "the call answered inline, not with a handle",
+    );
+    f.check(!is_error(call), "the elicit call succeeded");
+    f.check(
+        text(call).starts_with("elicited: accept") && text(call).contains("octarine"),
+        "the tool's own result carries the answer",
+    );
+    f.check(
+        f.get("asked_before_handle") == &json!(["Favourite colour?"]),
+        "the question reached the elicitation handler once, during the call",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn input_before_the_deadline_is_relayed_on_the_call_in_handle_mode() {
+    elicit_inline_flow(Driver::Py).await;
+    elicit_inline_flow(Driver::Ts).await;
+}
+
+/// The value of the first `/metrics` series named `name` whose labels contain all of
+/// `labels` (label order is not fixed).
+fn series(metrics: &str, name: &str, labels: &[&str]) -> Option<f64> {
+    metrics.lines().find_map(|l| {
+        let rest = l.strip_prefix(name)?;
+        let (lbl, value) = rest.strip_prefix('{')?.split_once('}')?;
+        labels
+            .iter()
+            .all(|want| lbl.split(',').any(|have| have == *want))
+            .then(|| value.trim().parse().ok())?
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_handles_and_status_calls_by_client_kind() {
+    let s = Setup::start().await;
+    let id = s.raw_handle("alice", 60000).await;
+    let v = raw_status(&s.raw("alice", json!({})), &id, None)
+        .await
+        .json();
+    assert_eq!(v["result"]["structuredContent"]["status"], "working", "{v}");
+    let r = raw(&s.gw.url("/metrics"), "GET", &[], Bytes::new())
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200);
+    let m = String::from_utf8_lossy(&r.body).to_string();
+    let promotions = series(
+        &m,
+        "taskgate_promotions_total",
+        &["client=\"handle\"", "upstream=\"demo\""],
+    );
+    assert!(promotions.is_some_and(|n| n >= 1.0), "{m}");
+    let reads = series(&m, "taskgate_status_reads_total", &["client=\"handle\""]);
+    assert!(reads.is_some_and(|n| n >= 1.0), "{m}");
 }
