@@ -1084,3 +1084,65 @@ async fn the_previous_release_and_this_one_serve_one_schema() {
     assert!(failed.to_string().contains("replica lost"), "{failed}");
     drop(edge);
 }
+
+/// A plain client's `taskgate_task_status` through the edge (docs/design.md §28): the
+/// `Mcp-Param-Task-Id` it carries keys it on the task ring, so every status call of
+/// one handle reaches the replica `tasks/get` of that task reaches; the handle also
+/// resolves on every other replica, as `tasks/get` does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_tool_call_reaches_the_tasks_replica_through_the_edge() {
+    let rs = Replicas::start_edited(3, "", |text| {
+        text + "[upstream.tools.sleep]\nplain_clients = \"handle\"\n"
+    })
+    .await;
+    let edge = Edge::start(&rs).await;
+    let plain = edge.client().with_caps(json!({}));
+
+    // A slow call from a client without the extension: a handle, as a tool result.
+    let r = plain.call_tool("sleep", json!({"ms": 60_000})).await;
+    let handle = ok_result(&r);
+    assert_eq!(handle["isError"], false, "{handle}");
+    let id = handle["structuredContent"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no handle: {handle}"))
+        .to_string();
+
+    let status = |c: &Client2026| {
+        let params = json!({"name": "taskgate_task_status", "arguments": {"taskId": id}});
+        let body = c.body(json!(9), "tools/call", &params);
+        let mut h = c.headers("tools/call", &params);
+        h.push(("mcp-param-task-id", id.clone()));
+        let url = c.url.clone();
+        async move {
+            raw(&url, "POST", &h, Bytes::from(body.to_string()))
+                .await
+                .unwrap_or_else(|e| panic!("status: {e}"))
+        }
+    };
+    // Every status call through the edge reaches one replica, the task's.
+    let mut seen = BTreeSet::new();
+    for _ in 0..8 {
+        let r = status(&plain).await;
+        let v = ok_result(&r);
+        assert_eq!(v["structuredContent"]["status"], "working", "{v}");
+        seen.insert(replica_of(&r));
+    }
+    assert_eq!(seen.len(), 1, "status calls of one task reached {seen:?}");
+    let polled = poll_replica(&edge.client(), &id).await;
+    assert_eq!(
+        seen.into_iter().next().unwrap_or_default(),
+        polled,
+        "the status tool and tasks/get of one task reach different replicas"
+    );
+
+    // Any replica answers it directly.
+    for i in 0..3 {
+        let direct = rs.client(i).with_caps(json!({}));
+        let v = ok_result(&status(&direct).await);
+        assert_eq!(
+            v["structuredContent"]["taskId"],
+            id.as_str(),
+            "replica {i}: {v}"
+        );
+    }
+}
