@@ -56,7 +56,7 @@ impl Handle {
     }
 }
 
-/// What [`adopt`] made of a call at its deadline.
+/// What [`Engine::adopt`](crate::tasks::Engine::adopt) made of a call at its deadline.
 pub enum Adopted {
     /// A task, durable: the handle goes out.
     Task(Arc<TaskRecord>),
