@@ -625,3 +625,65 @@ mod edge {
         }
     }
 }
+
+/// A plain client's status call of a handle (docs/design.md §28) is linked to the
+/// span that created the task, as a `tasks/get` is (§24).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_tool_call_links_to_the_handles_creation() {
+    let rx = Receiver::start().await;
+    let s = DemoSetup::start_full(
+        Transport::Stdio,
+        "",
+        &telemetry_section(&rx, "taskgate"),
+        "[upstream.tools.sleep]\nplain_clients = \"handle\"\npromote_after_ms = 0\n",
+    )
+    .await;
+    s.gw.wait_ready().await;
+    let c = s.client().with_caps(json!({}));
+    // A short call: the creation's span ends with the upstream call it carries.
+    let params = json!({"name": "sleep", "arguments": {"ms": 1500}});
+    let created = traced(&rx, &c, "tools/call", params, "header", None).await;
+    assert_eq!(created.status, 200, "{}", created.body);
+    let id = created.body["result"]["structuredContent"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no handle: {}", created.body))
+        .to_string();
+
+    let params = json!({"name": "taskgate_task_status", "arguments": {"taskId": id}});
+    let body = c.body(json!(8), "tools/call", &params);
+    let mut h = c.headers("tools/call", &params);
+    h.push(("mcp-param-task-id", id.clone()));
+    let r = raw(&c.url, "POST", &h, Bytes::from(body.to_string()))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+
+    let status_span = |spans: &[Value]| {
+        spans
+            .iter()
+            .find(|s| {
+                s["name"] == "tools/call taskgate_task_status"
+                    && s["service"] == "taskgate"
+                    && s["kind"] == "SERVER"
+            })
+            .cloned()
+    };
+    let spans = rx
+        .spans_when("the creation and the status call", |s| {
+            named(
+                &in_trace(s, &created.trace_id),
+                "tools/call sleep",
+                "taskgate",
+            )
+            .is_some()
+                && status_span(s).is_some()
+        })
+        .await;
+    let trace = in_trace(&spans, &created.trace_id);
+    let creation = named(&trace, "tools/call sleep", "taskgate").expect("creation span");
+    let status = status_span(&spans).expect("status span");
+    assert!(
+        links_to(&status, creation["span_id"].as_str().unwrap_or_default()),
+        "{status}"
+    );
+}

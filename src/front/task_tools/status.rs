@@ -57,7 +57,8 @@ impl StatusCall {
     /// Start the call; the era's responder serves what it says.
     pub(super) fn start(self, gather: Duration) -> Pending {
         let (tx, rx) = mpsc::channel(16);
-        let task = tokio::spawn(self.run(tx));
+        // In the request's span, so its read of the task links the span to the creation.
+        let task = crate::telemetry::spawn_in_current_span(self.run(tx));
         Pending::new(task, rx, gather)
     }
 
