@@ -167,18 +167,7 @@ async fn plain_call(
         // only as a task, so only its calls look the tool up (a `tools/list`
         // upstream when the cache is cold), bounded by the request's
         // `sync_timeout_ms`: past it the inline call answers at once.
-        let required = promotion.mode == TaskMode::Required
-            || (promotion.mode != TaskMode::Never
-                && tokio::time::timeout_at(
-                    r.received + r.timing.sync_timeout,
-                    r.upstream.tool_task_support(r.principal, tool),
-                )
-                .await
-                .ok()
-                .flatten()
-                .as_deref()
-                    == Some("required"));
-        if required {
+        if runs_only_as_task(&r, tool, promotion).await {
             return needs_extension(format!(
                 "tool {tool:?} runs only as a task; declare the tasks extension"
             ));
@@ -267,17 +256,24 @@ async fn handle_call(
 /// stored), or of a tool that runs only as a task (config, or the upstream's
 /// `taskSupport`, looked up within the request's `sync_timeout_ms`).
 async fn handle_at_once(r: &ToolCallRequest<'_>, tool: &str, promotion: &Promotion) -> bool {
-    is_keyed(r, promotion)
-        || promotion.mode == TaskMode::Required
-        || tokio::time::timeout_at(
-            r.received + r.timing.sync_timeout,
-            r.upstream.tool_task_support(r.principal, tool),
-        )
-        .await
-        .ok()
-        .flatten()
-        .as_deref()
-            == Some("required")
+    is_keyed(r, promotion) || runs_only_as_task(r, tool, promotion).await
+}
+
+/// Whether the tool runs only as a task: config `task = "required"`, or (unless
+/// config says `never`) the upstream's `taskSupport: "required"`, looked up within the
+/// request's `sync_timeout_ms` (a `tools/list` upstream when the cache is cold).
+async fn runs_only_as_task(r: &ToolCallRequest<'_>, tool: &str, promotion: &Promotion) -> bool {
+    promotion.mode == TaskMode::Required
+        || (promotion.mode != TaskMode::Never
+            && tokio::time::timeout_at(
+                r.received + r.timing.sync_timeout,
+                r.upstream.tool_task_support(r.principal, tool),
+            )
+            .await
+            .ok()
+            .flatten()
+            .as_deref()
+                == Some("required"))
 }
 
 /// Whether the call carries an idempotency key (the header, or the tool's key
